@@ -1,0 +1,314 @@
+"""Argument checking and normalisation shared by ``lstm_forward`` and ``lstm_backward``.
+
+Everything here runs before any computation. It never writes to the caller's arrays:
+conversions (dtype, contiguity) make new arrays, and unchanged arrays are only read.
+"""
+from dataclasses import dataclass
+from numbers import Integral, Real
+
+import numpy as np
+
+GATE_NAMES = ("w_ih", "w_hh", "b_ih", "b_hh")
+SAVED_NAMES = ("i", "g", "f", "o", "h", "c", "tanhc")
+
+
+def _is_bfloat16(dtype):
+    return dtype.name == "bfloat16"
+
+
+def is_supported_float(dtype):
+    """Whether ``dtype`` is one of float16, bfloat16, float32, float64."""
+    return dtype in (np.float16, np.float32, np.float64) or _is_bfloat16(dtype)
+
+
+def compute_dtype_for(dtype):
+    """float32/float64 are computed natively, float16/bfloat16 in float32."""
+    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+
+
+def _describe(value):
+    if isinstance(value, np.ndarray):
+        return f"array of shape {value.shape} and dtype {value.dtype}"
+    return f"{type(value).__name__} {value!r}" if isinstance(value, (int, float, str)) else type(value).__name__
+
+
+def as_array(name, value, ndim):
+    """Return ``value`` as an ndarray of rank ``ndim`` (any rank if None) with a floating dtype.
+
+    No copy is made when ``value`` already is an ndarray.
+    """
+    kind = f"{ndim}-D floating-point array" if ndim is not None else "floating-point array"
+    if value is None:
+        raise TypeError(f"{name} must be a {kind}, got None")
+    if isinstance(value, (str, bytes, list, tuple, dict, set)) or np.isscalar(value) or not (
+            isinstance(value, np.ndarray) or hasattr(value, "__array__")
+            or hasattr(value, "__array_interface__")):
+        raise TypeError(f"{name} must be a {kind}, got {_describe(value)}")
+    array = np.asarray(value)
+    if array.dtype.kind not in "fV" or not is_supported_float(array.dtype):
+        raise TypeError(
+            f"{name} must have dtype float16, bfloat16, float32 or float64, got {array.dtype}")
+    if ndim is not None and array.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {array.shape}")
+    return array
+
+
+def expect_shape(name, array, shape, meaning=None):
+    if array.shape != tuple(shape):
+        what = f" ({meaning})" if meaning else ""
+        raise ValueError(f"{name} must have shape {tuple(shape)}{what}, got {array.shape}")
+
+
+def as_list(name, value, length, what):
+    if value is None or isinstance(value, (str, bytes, np.ndarray)) or not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} must be a list of {length} arrays ({what}), got {_describe(value)}")
+    if len(value) != length:
+        raise ValueError(f"{name} must hold {length} arrays ({what}), got {len(value)}")
+    return list(value)
+
+
+def check_bool(name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {_describe(value)}")
+    return bool(value)
+
+
+@dataclass
+class Problem:
+    """Sizes, layout and normalised arrays of one call.
+
+    Row maps: the row of ``(t, b)`` in a caller-layout 2-D view is
+    ``step_row[t] + b * batch_stride``; ``rows_packed`` says that row equals the packed
+    row ``packed_start[t] + b`` for every active ``(t, b)``.
+    """
+
+    T: int
+    B: int
+    I: int
+    H: int
+    L: int
+    D: int
+    dtype: np.dtype
+    compute_dtype: np.dtype
+    has_bias: bool
+    layout: str                 # "time_major", "batch_first", "packed" or "padded_2d"
+    batch_sizes: np.ndarray     # intp [T]
+    packed_start: np.ndarray    # intp [T]
+    uniform: bool               # every step has all B rows
+    step_row: np.ndarray        # intp [T], caller layout
+    batch_stride: int
+    rows_packed: bool
+    x_rows: np.ndarray          # input as [rows, I], compute dtype, C-contiguous
+    h0: np.ndarray              # [L*D, B, H]
+    c0: np.ndarray
+    weights: list               # per layer*D + d: (w_ih, w_hh, bias_sum) in compute dtype
+    input_shape: tuple
+
+    @property
+    def N(self):
+        """Number of active (t, b) positions."""
+        return int(self.packed_start[-1] + self.batch_sizes[-1]) if self.T else 0
+
+    def output_shape(self, features):
+        """Shape of y / dy (caller layout) with ``features`` columns."""
+        return self.input_shape[:-1] + (features,)
+
+    @property
+    def time_major_map(self):
+        """Row map of an internal time-major ``[T*B, F]`` buffer."""
+        step_row = np.arange(self.T, dtype=np.intp) * self.B
+        return step_row, 1, self.uniform
+
+
+def to_compute(array, dtype):
+    """C-contiguous array in ``dtype``; no copy when it already is one."""
+    return np.ascontiguousarray(array, dtype=dtype)
+
+
+def _check_batch_sizes(batch_sizes):
+    if isinstance(batch_sizes, (str, bytes)) or np.isscalar(batch_sizes):
+        raise TypeError(f"batch_sizes must be a 1-D integer array, got {_describe(batch_sizes)}")
+    try:
+        sizes = np.asarray(batch_sizes)
+    except Exception as exc:  # ragged lists and the like
+        raise TypeError(f"batch_sizes must be a 1-D integer array, got {_describe(batch_sizes)}") from exc
+    if sizes.dtype.kind not in "iu":
+        raise TypeError(f"batch_sizes must be a 1-D integer array, got dtype {sizes.dtype}")
+    if sizes.ndim != 1:
+        raise ValueError(f"batch_sizes must be 1-D ([T]), got shape {sizes.shape}")
+    if sizes.size and sizes.min() < 1:
+        raise ValueError("batch_sizes must be positive (each step has at least one sequence), "
+                         f"got minimum {sizes.min()}")
+    if sizes.size > 1 and np.any(np.diff(sizes.astype(np.int64)) > 0):
+        raise ValueError("batch_sizes must be non-increasing (sequences sorted longest first, "
+                         "as in PyTorch's PackedSequence)")
+    return sizes.astype(np.intp)
+
+
+def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, batch_first,
+                  batch_sizes, arrays_for_dtype=()):
+    """Validate the arguments common to forward and backward; return a :class:`Problem`.
+
+    ``arrays_for_dtype`` lists further ``(name, array)`` pairs that must share the dtype.
+    """
+    has_bias = check_bool("has_bias", has_bias)
+    bidirectional = check_bool("bidirectional", bidirectional)
+    batch_first = check_bool("batch_first", batch_first)
+    if isinstance(num_layers, (bool, np.bool_)) or not isinstance(num_layers, Integral):
+        raise TypeError(f"num_layers must be an int, got {_describe(num_layers)}")
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+    L = int(num_layers)
+    D = 2 if bidirectional else 1
+
+    x = as_array("input", input, None)
+    sizes = None if batch_sizes is None else _check_batch_sizes(batch_sizes)
+
+    # Weights first: they fix H.
+    per_dir = 4 if has_bias else 2
+    params = as_list("params", params, L * D * per_dir,
+                     f"{per_dir} per layer and direction for num_layers={L}, "
+                     f"bidirectional={bidirectional}, has_bias={has_bias}")
+    w_hh0 = as_array("params[1] (w_hh of layer 0)", params[1], 2)
+    H = w_hh0.shape[1]
+
+    if x.ndim == 3:
+        if batch_first:
+            B, T, I = x.shape
+        else:
+            T, B, I = x.shape
+        if sizes is not None:
+            if sizes.shape[0] != T:
+                raise ValueError(f"batch_sizes must have length T={T} (the input's time axis), "
+                                 f"got {sizes.shape[0]}")
+            if T and sizes[0] != B:
+                raise ValueError(f"batch_sizes[0] must equal the batch size B={B}, got {sizes[0]}")
+        layout = "batch_first" if batch_first else "time_major"
+    elif x.ndim == 2:
+        if sizes is None:
+            raise ValueError("input must be 3-D [T, B, I] ([B, T, I] if batch_first); "
+                             f"2-D input (got shape {x.shape}) needs batch_sizes")
+        T = sizes.shape[0]
+        I = x.shape[1]
+        if T:
+            B = int(sizes[0])
+        else:
+            B = _batch_from_hx(hx, L * D)
+        rows = x.shape[0]
+        if rows == int(sizes.sum()):
+            layout = "packed"
+        elif rows == T * B:
+            layout = "padded_2d"
+        else:
+            raise ValueError(f"2-D input must have sum(batch_sizes)={int(sizes.sum())} rows "
+                             f"(packed) or T*B={T * B} rows (padded), got {rows}")
+    else:
+        raise ValueError(f"input must be 3-D [T, B, I] ([B, T, I] if batch_first) or 2-D with "
+                         f"batch_sizes, got shape {x.shape}")
+    if sizes is None:
+        sizes = np.full(T, B, dtype=np.intp)
+    dtype = x.dtype
+
+    # Initial states.
+    if hx is None:
+        h0 = c0 = None
+    else:
+        if isinstance(hx, np.ndarray) or not isinstance(hx, (list, tuple)):
+            raise TypeError(f"hx must be a tuple (h0, c0) or None, got {_describe(hx)}")
+        if len(hx) != 2:
+            raise ValueError(f"hx must be a tuple (h0, c0) of 2 arrays, got {len(hx)}")
+        state_shape = (L * D, B, H)
+        h0 = as_array("hx[0] (h0)", hx[0], 3)
+        c0 = as_array("hx[1] (c0)", hx[1], 3)
+        expect_shape("hx[0] (h0)", h0, state_shape, "[num_layers*num_directions, B, H]")
+        expect_shape("hx[1] (c0)", c0, state_shape, "[num_layers*num_directions, B, H]")
+
+    checked_params = []
+    for layer in range(L):
+        in_size = I if layer == 0 else D * H
+        for direction in range(D):
+            base = (layer * D + direction) * per_dir
+            where = f"layer {layer}, {'reverse' if direction else 'forward'} direction"
+            expected = [(4 * H, in_size), (4 * H, H), (4 * H,), (4 * H,)]
+            for k in range(per_dir):
+                name = f"params[{base + k}] ({GATE_NAMES[k]} of {where})"
+                arr = as_array(name, params[base + k], len(expected[k]))
+                expect_shape(name, arr, expected[k])
+                checked_params.append((name, arr))
+
+    named = [("input", x)] + checked_params
+    if h0 is not None:
+        named += [("hx[0] (h0)", h0), ("hx[1] (c0)", c0)]
+    named += list(arrays_for_dtype)
+    for name, arr in named:
+        if arr.dtype != dtype:
+            raise TypeError(f"all arrays must share one dtype: input is {dtype} but {name} is "
+                            f"{arr.dtype} (convert explicitly; there is no silent promotion)")
+
+    compute = compute_dtype_for(dtype)
+    packed_start = np.zeros(T, dtype=np.intp)
+    if T > 1:
+        np.cumsum(sizes[:-1], out=packed_start[1:])
+    uniform = bool(T == 0 or sizes[-1] == B)
+
+    if layout == "batch_first":
+        x_rows = to_compute(x, compute).reshape(B * T, I)
+        step_row, stride = np.arange(T, dtype=np.intp), T
+    elif layout == "time_major":
+        x_rows = to_compute(x, compute).reshape(T * B, I)
+        step_row, stride = np.arange(T, dtype=np.intp) * B, 1
+    elif layout == "packed":
+        x_rows = to_compute(x, compute)
+        step_row, stride = packed_start.copy(), 1
+    else:
+        x_rows = to_compute(x, compute)
+        step_row, stride = np.arange(T, dtype=np.intp) * B, 1
+    rows_packed = bool(np.array_equal(step_row, packed_start) and (stride == 1 or np.all(sizes <= 1)))
+
+    if h0 is None:
+        h0 = np.zeros((L * D, B, H), dtype=compute)
+        c0 = np.zeros((L * D, B, H), dtype=compute)
+    else:
+        h0 = to_compute(h0, compute)
+        c0 = to_compute(c0, compute)
+
+    weights = []
+    arrays = [to_compute(arr, compute) for _, arr in checked_params]
+    for k in range(L * D):
+        w_ih, w_hh = arrays[k * per_dir], arrays[k * per_dir + 1]
+        if has_bias:
+            bias = arrays[k * per_dir + 2] + arrays[k * per_dir + 3]
+        else:
+            bias = np.zeros(4 * H, dtype=compute)
+        weights.append((w_ih, w_hh, bias))
+
+    return Problem(T=T, B=B, I=I, H=H, L=L, D=D, dtype=dtype, compute_dtype=compute,
+                   has_bias=has_bias, layout=layout, batch_sizes=sizes, packed_start=packed_start,
+                   uniform=uniform, step_row=step_row, batch_stride=stride, rows_packed=rows_packed,
+                   x_rows=x_rows, h0=h0, c0=c0, weights=weights, input_shape=tuple(x.shape))
+
+
+def _batch_from_hx(hx, n_states):
+    if hx is not None and isinstance(hx, (list, tuple)) and len(hx) == 2 and hasattr(hx[0], "shape") \
+            and len(hx[0].shape) == 3:
+        return int(hx[0].shape[1])
+    return 0
+
+
+def check_dropout(dropout):
+    if isinstance(dropout, (bool, np.bool_)) or not isinstance(dropout, Real):
+        raise TypeError(f"dropout must be a float in [0, 1), got {_describe(dropout)}")
+    dropout = float(dropout)
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    return dropout
+
+
+def check_output_mask(output_mask):
+    if isinstance(output_mask, (str, bytes, np.ndarray)) or not isinstance(output_mask, (list, tuple)):
+        raise TypeError("output_mask must be a tuple of 4 bools (dx, dh_prev, dc_prev, dparams), "
+                        f"got {_describe(output_mask)}")
+    if len(output_mask) != 4:
+        raise ValueError("output_mask must hold 4 bools (dx, dh_prev, dc_prev, dparams), "
+                         f"got {len(output_mask)}")
+    return tuple(check_bool(f"output_mask[{k}]", v) for k, v in enumerate(output_mask))

@@ -1,0 +1,44 @@
+"""Build lstmcy's Cython extensions.
+
+Compiler directives are set here, once for every module. Set ``LSTMCY_DEBUG=1``
+when building to turn on bounds and initialisation checks (and -O0 -g) for debugging.
+"""
+import os
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+DEBUG = os.environ.get("LSTMCY_DEBUG", "0") not in ("", "0")
+
+directives = {
+    "language_level": 3,
+    "boundscheck": DEBUG,
+    "wraparound": False,
+    "initializedcheck": DEBUG,
+    "cdivision": True,
+    "embedsignature": True,
+}
+
+compile_args = ["-O0", "-g"] if DEBUG else ["-O3"]
+
+extensions = [
+    Extension(
+        f"lstmcy.{name}",
+        [f"src/lstmcy/{name}.pyx"],
+        include_dirs=[np.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_9_API_VERSION")],
+        extra_compile_args=compile_args,
+    )
+    for name in ("_blas", "_lstm")
+]
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        include_path=["src"],
+        compiler_directives=directives,
+        # A debug build must not reuse C files generated without the checks.
+        force=DEBUG,
+    ),
+)
