@@ -16,6 +16,8 @@ array ``[T, B, W]`` with zeros at inactive positions; at step ``t`` only rows
 decreasing order).
 """
 
+import functools
+
 import numpy as np
 
 from ._cache import LSTMCache
@@ -29,6 +31,19 @@ _GATE_NAMES = ("i", "g", "f", "o", "h", "c", "tanhc")
 # helpers
 # ---------------------------------------------------------------------------
 
+def _quiet(function):
+    """Run ``function`` without numpy floating-point warnings.
+
+    Non-finite inputs are legitimate (they propagate as in PyTorch), so the
+    overflow and invalid-operation warnings they cause are silenced.
+    """
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return function(*args, **kwargs)
+    return wrapper
+
+
 def _sigmoid(x):
     """Logistic function ``1 / (1 + exp(-x))`` (overflow to inf gives 0)."""
     with np.errstate(over="ignore"):
@@ -36,13 +51,14 @@ def _sigmoid(x):
 
 
 def _mask_dtype(dtype):
-    """Dtype of the dropout masks: float64 for float64 input, else float32.
+    """Dtype of the dropout masks: the input dtype.
 
-    The masks are stored in the dtype the Cython core computes in (float32 for
-    float16, bfloat16 and float32 inputs) so that both implementations, given
-    the same seed, use bit-identical masks.
+    Like every other array in the cache, the masks are stored in the caller's
+    dtype (as :mod:`lstmcy._core` does), so both implementations, given the
+    same seed, use bit-identical masks (``1 / (1 - dropout)`` rounded to that
+    dtype).
     """
-    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+    return np.dtype(dtype)
 
 
 class _Layout:
@@ -322,6 +338,7 @@ def _backward_direction(x, dy, dh, dc, h0, c0, saved, w_ih, w_hh, batch_sizes,
 # public API
 # ---------------------------------------------------------------------------
 
+@_quiet
 def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
                  train=True, bidirectional=False, batch_first=False,
                  batch_sizes=None, seed=None):
@@ -353,8 +370,8 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
         3-D sequence tensors are ``[B, T, *]``.
     batch_sizes : array_like of int64 or None, optional
         Active sequences per step, non-increasing, ``batch_sizes[0] == B``.
-    seed : int or None, optional
-        Seed of ``numpy.random.default_rng`` drawing the dropout masks.
+    seed : int, numpy.random.Generator or None, optional
+        Passed to ``numpy.random.default_rng`` to draw the dropout masks.
 
     Returns
     -------
@@ -371,8 +388,9 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
     Notes
     -----
     The masks are ``(rng.random((T, B, D * H)) >= dropout) / (1 - dropout)``
-    with ``rng = numpy.random.default_rng(seed)``, one per layer boundary in
-    order, stored as float64 for float64 input and float32 otherwise.
+    with ``rng = numpy.random.default_rng(seed)`` (``seed`` may also be a
+    ``numpy.random.Generator``), one per layer boundary in order, stored in
+    the input dtype.
     """
     x_in = np.asarray(input)
     dtype = x_in.dtype
@@ -420,6 +438,7 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
     return y, h_n.astype(dtype), c_n.astype(dtype), cache
 
 
+@_quiet
 def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
                   batch_sizes=None, has_bias=True, num_layers=1, dropout=0.0,
                   train=True, bidirectional=False, batch_first=False,

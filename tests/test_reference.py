@@ -427,13 +427,14 @@ def test_dropout_masks():
         expected = (draw.random((T, B, 2 * H)) >= p) / (1 - p)
         np.testing.assert_array_equal(mask, expected)
     assert set(np.unique(masks[0])) <= {0.0, 1.0 / (1 - p)}
-    # float32 input: masks stored in float32.
-    _, _, _, cache32 = ref.lstm_forward(x.astype(np.float32), None,
-                                        [w.astype(np.float32) for w in params],
-                                        seed=9, **kwargs)
-    assert cache32.dropout_masks[0].dtype == np.float32
-    np.testing.assert_array_equal(cache32.dropout_masks[0],
-                                  masks[0].astype(np.float32))
+    # Masks are stored in the input dtype; a Generator works as seed too.
+    for low in (np.float32, np.float16):
+        _, _, _, cache_low = ref.lstm_forward(
+            x.astype(low), None, [w.astype(low) for w in params],
+            seed=np.random.default_rng(9), **kwargs)
+        assert cache_low.dropout_masks[0].dtype == low
+        np.testing.assert_array_equal(cache_low.dropout_masks[0],
+                                      masks[0].astype(low))
     # No masks in inference, for one layer, or without dropout.
     assert ref.lstm_forward(x, None, params, seed=9, train=False,
                             **kwargs)[3].dropout_masks is None
@@ -525,3 +526,13 @@ def test_nonfinite_pattern_matches_torch(target, value):
                                       err_msg=name)
         finite = np.isfinite(theirs)
         assert_close(mine[finite], theirs[finite], what=name)
+
+
+def test_signatures_match_public_api():
+    import inspect
+
+    import lstmcy
+
+    for name in ("lstm_forward", "lstm_backward"):
+        assert (inspect.signature(getattr(ref, name))
+                == inspect.signature(getattr(lstmcy, name))), name
