@@ -9,8 +9,8 @@ import numpy as np
 
 from lstmcy import _lstm
 from lstmcy._cache import LSTMCache
-from lstmcy._validation import (SAVED_NAMES, as_array, as_list, check_bool, check_dropout,
-                                check_output_mask, check_problem, expect_shape, to_compute)
+from lstmcy._validation import (SAVED_NAMES, check_backward, check_bool, check_dropout,
+                                check_output_mask, check_problem, to_compute)
 
 __all__ = ["lstm_forward", "lstm_backward"]
 
@@ -184,64 +184,28 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, bat
     dparams : list of ndarray or None
         Shaped like ``params``; ``db_ih`` equals ``db_hh``.
     """
-    train = check_bool("train", train)
-    dropout = check_dropout(dropout)
+    p, arrays = check_backward(
+        input, hx, params, dy, dh, dc, (i, g, f, o, h, c, tanhc), batch_sizes=batch_sizes,
+        has_bias=has_bias, num_layers=num_layers, dropout=dropout, train=train,
+        bidirectional=bidirectional, batch_first=batch_first, dropout_masks=dropout_masks)
     output_mask = check_output_mask(output_mask)
-    # The layer count and direction flag are needed to size the lists below; check_problem
-    # validates them again with the rest.
-    L = num_layers if isinstance(num_layers, int) and num_layers >= 1 else 1
-    D = 2 if bidirectional is True else 1
-    saved_in = dict(zip(SAVED_NAMES, (i, g, f, o, h, c, tanhc)))
-    saved_lists = {name: as_list(name, value, L * D, "one [T, B, H] array per layer and direction")
-                   for name, value in saved_in.items()}
-    extra = [("dy", as_array("dy", dy, None))]
-    if dh is not None:
-        extra.append(("dh", as_array("dh", dh, 3)))
-    if dc is not None:
-        extra.append(("dc", as_array("dc", dc, 3)))
-    for name, arrays in saved_lists.items():
-        extra += [(f"{name}[{k}]", as_array(f"{name}[{k}]", a, 3)) for k, a in enumerate(arrays)]
-    needs_masks = train and dropout > 0 and L > 1
-    if needs_masks:
-        if dropout_masks is None:
-            raise ValueError("dropout_masks is required when dropout > 0, train and num_layers > 1: "
-                             "pass cache.dropout_masks from lstm_forward")
-        masks_in = as_list("dropout_masks", dropout_masks, L - 1, "one [T, B, D*H] array per layer boundary")
-        extra += [(f"dropout_masks[{k}]", as_array(f"dropout_masks[{k}]", m, 3))
-                  for k, m in enumerate(masks_in)]
-
-    p = check_problem(input, hx, params, has_bias=has_bias, num_layers=num_layers,
-                      bidirectional=bidirectional, batch_first=batch_first,
-                      batch_sizes=batch_sizes, arrays_for_dtype=extra)
-    T, B, I, H, N = p.T, p.B, p.I, p.H, p.N
+    T, B, I, H, L, D, N = p.T, p.B, p.I, p.H, p.L, p.D, p.N
     cdt = p.compute_dtype
-    named = dict(extra)
-
-    dy_arr = named["dy"]
-    expect_shape("dy", dy_arr, p.output_shape(D * H), "like the output y")
     state_shape = (L * D, B, H)
-    for name in ("dh", "dc"):
-        if name in named:
-            expect_shape(name, named[name], state_shape, "[num_layers*num_directions, B, H]")
-    for name in SAVED_NAMES:
-        for k in range(L * D):
-            expect_shape(f"{name}[{k}]", named[f"{name}[{k}]"], (T, B, H), "time-major [T, B, H]")
+    named = arrays
     masks = None
-    if needs_masks:
-        masks = []
-        for k in range(L - 1):
-            expect_shape(f"dropout_masks[{k}]", named[f"dropout_masks[{k}]"], (T, B, D * H))
-            masks.append(to_compute(named[f"dropout_masks[{k}]"], cdt).reshape(T * B, D * H))
+    if "dropout_masks" in arrays:
+        masks = [to_compute(m, cdt).reshape(T * B, D * H) for m in arrays["dropout_masks"]]
 
     want_dx, want_dh, want_dc, want_dparams = output_mask
     if not any(output_mask):
         return None, None, None, None
 
-    dy_rows = _as_rows(to_compute(dy_arr, cdt))
+    dy_rows = _as_rows(to_compute(named["dy"], cdt))
     # Working state: in, the gradients of h_n / c_n; out, those of h0 / c0.
     dh_state = to_compute(named["dh"], cdt).copy() if "dh" in named else np.zeros(state_shape, cdt)
     dc_state = to_compute(named["dc"], cdt).copy() if "dc" in named else np.zeros(state_shape, cdt)
-    saved = {name: [to_compute(named[f"{name}[{k}]"], cdt).reshape(T * B, H) for k in range(L * D)]
+    saved = {name: [to_compute(a, cdt).reshape(T * B, H) for a in named[name]]
              for name in SAVED_NAMES}
 
     alloc = np.empty if p.uniform else np.zeros

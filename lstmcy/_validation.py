@@ -312,3 +312,59 @@ def check_output_mask(output_mask):
         raise ValueError("output_mask must hold 4 bools (dx, dh_prev, dc_prev, dparams), "
                          f"got {len(output_mask)}")
     return tuple(check_bool(f"output_mask[{k}]", v) for k, v in enumerate(output_mask))
+
+
+def check_backward(input, hx, params, dy, dh, dc, saved, *, batch_sizes, has_bias, num_layers,
+                   dropout, train, bidirectional, batch_first, dropout_masks):
+    """Validate ``lstm_backward``'s arguments.
+
+    Returns
+    -------
+    problem : Problem
+    arrays : dict
+        ``dy``, ``dh`` and ``dc`` (absent when None), each name of :data:`SAVED_NAMES`
+        mapped to its list, and ``dropout_masks`` when the masks are in use. Arrays are
+        the caller's, unconverted (shapes and the shared dtype checked).
+    """
+    train = check_bool("train", train)
+    dropout = check_dropout(dropout)
+    bidirectional = check_bool("bidirectional", bidirectional)
+    if isinstance(num_layers, (bool, np.bool_)) or not isinstance(num_layers, Integral):
+        raise TypeError(f"num_layers must be an int, got {_describe(num_layers)}")
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+    L, D = int(num_layers), 2 if bidirectional else 1
+
+    arrays = {"dy": as_array("dy", dy, None)}
+    extra = [("dy", arrays["dy"])]
+    for name, value in (("dh", dh), ("dc", dc)):
+        if value is not None:
+            arrays[name] = as_array(name, value, 3)
+            extra.append((name, arrays[name]))
+    for name, value in zip(SAVED_NAMES, saved):
+        items = as_list(name, value, L * D, "one [T, B, H] array per layer and direction")
+        arrays[name] = [as_array(f"{name}[{k}]", a, 3) for k, a in enumerate(items)]
+        extra += [(f"{name}[{k}]", a) for k, a in enumerate(arrays[name])]
+    if train and dropout > 0 and L > 1:
+        if dropout_masks is None:
+            raise ValueError("dropout_masks is required when dropout > 0, train and num_layers > 1: "
+                             "pass cache.dropout_masks from lstm_forward")
+        items = as_list("dropout_masks", dropout_masks, L - 1,
+                        "one [T, B, D*H] array per layer boundary")
+        arrays["dropout_masks"] = [as_array(f"dropout_masks[{k}]", m, 3) for k, m in enumerate(items)]
+        extra += [(f"dropout_masks[{k}]", m) for k, m in enumerate(arrays["dropout_masks"])]
+
+    p = check_problem(input, hx, params, has_bias=has_bias, num_layers=L,
+                      bidirectional=bidirectional, batch_first=batch_first,
+                      batch_sizes=batch_sizes, arrays_for_dtype=extra)
+    H = p.H
+    expect_shape("dy", arrays["dy"], p.output_shape(D * H), "like the output y")
+    for name in ("dh", "dc"):
+        if name in arrays:
+            expect_shape(name, arrays[name], (L * D, p.B, H), "[num_layers*num_directions, B, H]")
+    for name in SAVED_NAMES:
+        for k, a in enumerate(arrays[name]):
+            expect_shape(f"{name}[{k}]", a, (p.T, p.B, H), "time-major [T, B, H]")
+    for k, m in enumerate(arrays.get("dropout_masks", ())):
+        expect_shape(f"dropout_masks[{k}]", m, (p.T, p.B, D * H), "[T, B, D*H]")
+    return p, arrays
