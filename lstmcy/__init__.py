@@ -1,10 +1,13 @@
 """lstmcy: fast, exact LSTM forward and backward on the CPU.
 
 The backward follows Huawei CANN's ``aclnnLstmBackward`` operator, which mirrors
-PyTorch's ``aten::lstm`` backward. See :func:`lstm_forward` and :func:`lstm_backward`.
+PyTorch's ``aten::lstm`` backward. See :func:`lstm_forward` and :func:`lstm_backward`;
+:class:`LSTMPlan` reuses work buffers across calls.
 """
 from lstmcy._cache import LSTMCache
-from lstmcy._core import lstm_backward, lstm_forward
+from lstmcy._core import LSTMPlan, lstm_backward, lstm_forward
+from lstmcy._threads import get_num_threads, set_num_threads
 
 __version__ = "0.1.0"
-__all__ = ["lstm_forward", "lstm_backward", "LSTMCache", "__version__"]
+__all__ = ["lstm_forward", "lstm_backward", "LSTMPlan", "LSTMCache", "set_num_threads",
+           "get_num_threads", "__version__"]

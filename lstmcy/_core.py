@@ -1,27 +1,33 @@
 """Public forward and backward: validate, allocate, and run the Cython kernels.
 
-The kernels (``lstmcy._lstm``) handle one layer and one direction. This module loops
-over layers and directions, routes each layer's output (and, backwards, its input
-gradient) to the next, applies dropout masks between layers and converts the results
-back to the caller's dtype and layout.
+The kernels (``lstmcy._lstm``) process one layer, both directions. This module loops over
+layers, routes each layer's output (and, backwards, its input gradient) to the next,
+applies dropout masks between layers and converts results to the caller's dtype and
+layout. :class:`LSTMPlan` keeps the work buffers between calls (the two-phase use of the
+Ascend operator: plan once, run many times); the plain functions use a fresh one.
 """
+import math
+
 import numpy as np
 
 from lstmcy import _lstm
 from lstmcy._cache import LSTMCache
+from lstmcy._threads import blas_single_threaded, threads_for
 from lstmcy._validation import (SAVED_NAMES, check_backward, check_bool, check_dropout,
                                 check_output_mask, check_problem, to_compute)
 
-__all__ = ["lstm_forward", "lstm_backward"]
+__all__ = ["lstm_forward", "lstm_backward", "LSTMPlan"]
+
+# Target number of rows (time steps x batch) of one chunk of the batched GEMMs.
+_CHUNK_ROWS = 128
+_MAX_CHUNKS = 8
 
 
-def _intp(values):
-    return np.ascontiguousarray(values, dtype=np.intp)
-
-
-def _flat_workspace(size, dtype):
-    """One flat buffer whose leading part is reshaped per layer (a C-contiguous view)."""
-    return np.empty(max(int(size), 0), dtype=dtype)
+def _chunk_steps(T, B):
+    """Steps per chunk: a function of the shape only, so results never depend on threads."""
+    if T == 0:
+        return 1
+    return min(T, max(math.ceil(T / _MAX_CHUNKS), math.ceil(_CHUNK_ROWS / max(B, 1))))
 
 
 def _as_rows(array):
@@ -29,8 +35,36 @@ def _as_rows(array):
     return array.reshape(int(np.prod(array.shape[:-1])), array.shape[-1])
 
 
-def _view(buffer, rows, cols):
-    return buffer[: rows * cols].reshape(rows, cols)
+def _out_dtype(array, dtype):
+    return array if array.dtype == dtype else array.astype(dtype)
+
+
+def _stacked(arrays, layer, D, shape, dtype):
+    """The arrays of one layer's directions as one C-contiguous ``[D, *shape]`` array.
+
+    Lists produced by :func:`lstm_forward` are consecutive views of one block, which is
+    sliced without copying; anything else is stacked (and converted) into a new array.
+    """
+    items = arrays[layer * D:(layer + 1) * D]
+    base = items[0].base
+    if (isinstance(base, np.ndarray) and base.dtype == dtype and base.flags.c_contiguous
+            and base.ndim == 1 + items[0].ndim and base.shape[1:] == items[0].shape):
+        first = (items[0].__array_interface__["data"][0] - base.__array_interface__["data"][0])
+        step = base.strides[0]
+        k0, rem = divmod(first, step)
+        if rem == 0 and k0 + D <= base.shape[0] and all(
+                a.base is base and a.__array_interface__["data"][0] == base[k0 + k].__array_interface__["data"][0]
+                for k, a in enumerate(items)):
+            return base[k0:k0 + D].reshape((D,) + tuple(shape))
+    return np.ascontiguousarray(np.stack([np.asarray(a, dtype=dtype) for a in items])).reshape(
+        (D,) + tuple(shape))
+
+
+def _layer_weights(problem, layer):
+    """``w_ih [D, 4H, I_l]``, ``w_hh [D, 4H, H]`` and ``b_ih + b_hh [D, 4H]`` of one layer."""
+    D = problem.D
+    per_dir = problem.weights[layer * D:(layer + 1) * D]
+    return tuple(np.stack([w[k] for w in per_dir]) for k in range(3))
 
 
 def _draw_masks(problem, dropout, seed):
@@ -38,15 +72,227 @@ def _draw_masks(problem, dropout, seed):
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     shape = (problem.T, problem.B, problem.D * problem.H)
     scale = 1.0 / (1.0 - dropout)
-    masks = []
-    for _ in range(problem.L - 1):
-        keep = rng.random(shape) >= dropout
-        masks.append(np.where(keep, scale, 0.0).astype(problem.dtype))
-    return masks
+    return [np.where(rng.random(shape) >= dropout, scale, 0.0).astype(problem.dtype)
+            for _ in range(problem.L - 1)]
 
 
-def _out_dtype(array, dtype):
-    return array if array.dtype == dtype else array.astype(dtype)
+class LSTMPlan:
+    """Work buffers kept between calls: plan once, run many times.
+
+    The plain :func:`lstm_forward` and :func:`lstm_backward` allocate their work buffers on
+    every call. A training loop that calls them repeatedly with the same shapes can use a
+    plan instead: :meth:`forward` and :meth:`backward` take the same arguments and return
+    the same results, and reuse the buffers (grown when a larger problem arrives). A plan is
+    not thread-safe; use one per thread.
+
+    Parameters
+    ----------
+    n_threads : int or None
+        Threads of the kernels (1 or 2); None follows :func:`lstmcy.set_num_threads`.
+
+    Attributes
+    ----------
+    workspace_size : int
+        Bytes currently held in work buffers.
+    """
+
+    def __init__(self, n_threads=None):
+        if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)
+                                      or n_threads < 1):
+            raise ValueError(f"n_threads must be a positive int or None, got {n_threads!r}")
+        self.n_threads = n_threads
+        self._buffers = {}
+
+    @property
+    def workspace_size(self):
+        return sum(b.nbytes for b in self._buffers.values())
+
+    @staticmethod
+    def required_workspace(T, B, input_size, hidden_size, *, num_layers=1, bidirectional=False,
+                           batch_sizes=None, dtype=np.float32, backward=True):
+        """Bytes of work buffers one call needs (the analogue of ``GetWorkspaceSize``).
+
+        The workspace is O(T*B*4H) per direction: the gate (gradient) buffer, plus one
+        chunk of ``[x_t, h_{t-1}]`` rows for the weight gradients and, where the input is
+        not in packed order, a packed copy of the input (gradient).
+        """
+        D = 2 if bidirectional else 1
+        N = int(np.sum(batch_sizes)) if batch_sizes is not None else T * B
+        width = max(input_size, D * hidden_size) if num_layers > 1 else input_size
+        chunk_rows = _chunk_steps(T, B) * B
+        elements = D * N * 4 * hidden_size + D * N * width
+        if backward:
+            elements += D * chunk_rows * (width + hidden_size)
+        return int(elements * np.dtype(dtype).itemsize if np.dtype(dtype).itemsize >= 4
+                   else elements * 4)
+
+    def _take(self, name, shape, dtype):
+        """A C-contiguous ``shape`` view into the named buffer (grown if too small)."""
+        size = int(np.prod(shape))
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.dtype != dtype or buffer.size < size:
+            buffer = np.empty(max(size, 1), dtype=dtype)
+            self._buffers[name] = buffer
+        return buffer[:size].reshape(shape)
+
+    def _threads(self, problem, flops):
+        return threads_for(flops, max(problem.D, math.ceil(problem.T / _chunk_steps(problem.T, problem.B))),
+                           self.n_threads)
+
+    def forward(self, input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0, train=True,
+                bidirectional=False, batch_first=False, batch_sizes=None, seed=None):
+        """Same as :func:`lstm_forward`, reusing this plan's buffers."""
+        train = check_bool("train", train)
+        dropout = check_dropout(dropout)
+        p = check_problem(input, hx, params, has_bias=has_bias, num_layers=num_layers,
+                          bidirectional=bidirectional, batch_first=batch_first,
+                          batch_sizes=batch_sizes)
+        T, B, H, L, D, N = p.T, p.B, p.H, p.L, p.D, p.N
+        cdt = p.compute_dtype
+        alloc = np.empty if p.uniform else np.zeros
+        chunk = _chunk_steps(T, B)
+        masks = _draw_masks(p, dropout, seed) if (train and dropout > 0 and L > 1) else None
+
+        y = alloc(p.output_shape(D * H), dtype=cdt)
+        y_rows = _as_rows(y)
+        h_n = p.h0.copy()  # the kernels update the states in place
+        c_n = p.c0.copy()
+        if train:
+            saved = {name: alloc((L * D, T * B, H), dtype=cdt) for name in SAVED_NAMES}
+        else:
+            no_cache = np.empty((1, 0, H), dtype=cdt)
+        internal_step_row, _, internal_packed = p.time_major_map
+
+        layer_in, in_step_row, in_stride, in_packed = p.x_rows, p.step_row, p.batch_stride, p.rows_packed
+        with blas_single_threaded():
+            for layer in range(L):
+                last = layer == L - 1
+                if last:
+                    out, out_step_row, out_stride = y_rows, p.step_row, p.batch_stride
+                else:
+                    out = alloc((T * B, D * H), dtype=cdt)
+                    out_step_row, out_stride = internal_step_row, 1
+                in_size = layer_in.shape[1]
+                w_ih, w_hh, bias = _layer_weights(p, layer)
+                ks = slice(layer * D, (layer + 1) * D)
+                cache = ([saved[name][ks] for name in ("i", "f", "g", "o", "c", "tanhc", "h")]
+                         if train else [no_cache] * 7)
+                gates = self._take("gates", (D, N, 4 * H), cdt)
+                x_packed = self._take("x_packed", (D, 0 if in_packed else N, in_size), cdt)
+                _lstm.forward_layer(
+                    layer_in, in_step_row, in_stride, in_packed, w_ih, w_hh, bias,
+                    p.batch_sizes, p.packed_start, out, out_step_row, out_stride,
+                    h_n[ks], c_n[ks], *cache, train, gates, x_packed, chunk,
+                    self._threads(p, 8.0 * D * N * H * (in_size + H)))
+                if not last:
+                    if masks is not None:
+                        with np.errstate(invalid="ignore"):  # inf * 0 -> NaN, as in torch; no warning
+                            out *= to_compute(masks[layer], cdt).reshape(T * B, D * H)
+                    layer_in, in_step_row, in_stride, in_packed = out, internal_step_row, 1, internal_packed
+
+        dtype = p.dtype
+        y, h_n, c_n = (_out_dtype(a, dtype) for a in (y, h_n, c_n))
+        if not train:
+            return y, h_n, c_n, None
+        cache = LSTMCache(**{name: list(_out_dtype(saved[name], dtype).reshape(L * D, T, B, H))
+                             for name in SAVED_NAMES}, dropout_masks=masks)
+        return y, h_n, c_n, cache
+
+    def backward(self, input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, batch_sizes=None,
+                 has_bias=True, num_layers=1, dropout=0.0, train=True, bidirectional=False,
+                 batch_first=False, output_mask=(True, True, True, True), dropout_masks=None):
+        """Same as :func:`lstm_backward`, reusing this plan's buffers."""
+        p, arrays = check_backward(
+            input, hx, params, dy, dh, dc, (i, g, f, o, h, c, tanhc), batch_sizes=batch_sizes,
+            has_bias=has_bias, num_layers=num_layers, dropout=dropout, train=train,
+            bidirectional=bidirectional, batch_first=batch_first, dropout_masks=dropout_masks)
+        output_mask = check_output_mask(output_mask)
+        want_dx, want_dh, want_dc, want_dparams = output_mask
+        if not any(output_mask):
+            return None, None, None, None
+        T, B, I, H, L, D, N = p.T, p.B, p.I, p.H, p.L, p.D, p.N
+        cdt = p.compute_dtype
+        chunk = _chunk_steps(T, B)
+        masks = None
+        if "dropout_masks" in arrays:
+            masks = [to_compute(m, cdt).reshape(T * B, D * H) for m in arrays["dropout_masks"]]
+
+        dy_rows = _as_rows(to_compute(arrays["dy"], cdt))
+        # Working state: in, the gradients of h_n / c_n; out, those of h0 / c0.
+        state_shape = (L * D, B, H)
+        dh_state = np.array(arrays["dh"], dtype=cdt, order="C") if "dh" in arrays else np.zeros(state_shape, cdt)
+        dc_state = np.array(arrays["dc"], dtype=cdt, order="C") if "dc" in arrays else np.zeros(state_shape, cdt)
+
+        alloc = np.empty if p.uniform else np.zeros
+        internal_step_row, _, internal_packed = p.time_major_map
+        per_dir = 4 if p.has_bias else 2
+        dparams = [None] * (L * D * per_dir)
+        dx = None
+        upper_dy, dy_step_row, dy_stride = dy_rows, p.step_row, p.batch_stride
+        with blas_single_threaded():
+            for layer in reversed(range(L)):
+                ks = slice(layer * D, (layer + 1) * D)
+                saved = {name: _stacked(arrays[name], layer, D, (T * B, H), cdt) for name in SAVED_NAMES}
+                if layer == 0:
+                    layer_in, in_step_row, in_stride, in_packed = p.x_rows, p.step_row, p.batch_stride, p.rows_packed
+                    layer_dx_needed = want_dx
+                else:
+                    below = _stacked(arrays["h"], layer - 1, D, (T * B, H), cdt)
+                    layer_in = np.concatenate(list(below), axis=-1)
+                    if masks is not None:
+                        with np.errstate(invalid="ignore"):  # inf * 0 -> NaN, as in torch; no warning
+                            layer_in *= masks[layer - 1]
+                    in_step_row, in_stride, in_packed = internal_step_row, 1, internal_packed
+                    layer_dx_needed = True
+                in_size = layer_in.shape[1]
+                if layer_dx_needed:
+                    layer_dx = alloc(layer_in.shape, dtype=cdt)
+                else:
+                    layer_dx = np.empty((0, in_size), dtype=cdt)
+                if want_dparams:
+                    dw_ih = np.empty((D, 4 * H, in_size), dtype=cdt)
+                    dw_hh = np.empty((D, 4 * H, H), dtype=cdt)
+                    db = np.empty((D, 4 * H), dtype=cdt)
+                else:
+                    dw_ih = np.empty((D, 0, in_size), dtype=cdt)
+                    dw_hh = np.empty((D, 0, H), dtype=cdt)
+                    db = np.empty((D, 0), dtype=cdt)
+                w_ih, w_hh, _ = _layer_weights(p, layer)
+                direct_dx = D == 1 and in_packed
+                _lstm.backward_layer(
+                    layer_in, in_step_row, in_stride, in_packed,
+                    upper_dy, dy_step_row, dy_stride,
+                    w_ih, w_hh, p.h0[ks], p.c0[ks],
+                    saved["i"], saved["f"], saved["g"], saved["o"], saved["c"], saved["tanhc"], saved["h"],
+                    p.batch_sizes, p.packed_start, dh_state[ks], dc_state[ks],
+                    layer_dx, layer_dx_needed, dw_ih, dw_hh, db, want_dparams,
+                    self._take("dgates", (D, N, 4 * H), cdt),
+                    self._take("z", (D, chunk * B if want_dparams else 0, in_size + H), cdt),
+                    (layer_dx.reshape(1, N, in_size) if direct_dx and layer_dx_needed
+                     else self._take("dx_packed", (D, N if layer_dx_needed else 0, in_size), cdt)),
+                    chunk, self._threads(p, 16.0 * D * N * H * (in_size + H)))
+                if want_dparams:
+                    for d in range(D):
+                        base = (layer * D + d) * per_dir
+                        dparams[base] = dw_ih[d]
+                        dparams[base + 1] = dw_hh[d]
+                        if p.has_bias:
+                            dparams[base + 2] = db[d]
+                            dparams[base + 3] = db[d].copy()
+                if layer > 0:
+                    if masks is not None:
+                        with np.errstate(invalid="ignore"):  # inf * 0 -> NaN, as in torch; no warning
+                            layer_dx *= masks[layer - 1]
+                    upper_dy, dy_step_row, dy_stride = layer_dx, internal_step_row, 1
+                elif want_dx:
+                    dx = layer_dx.reshape(p.input_shape)
+
+        dtype = p.dtype
+        dx = _out_dtype(dx, dtype) if want_dx else None
+        dh_prev = _out_dtype(dh_state, dtype) if want_dh else None
+        dc_prev = _out_dtype(dc_state, dtype) if want_dc else None
+        dparams = [_out_dtype(a, dtype) for a in dparams] if want_dparams else None
+        return dx, dh_prev, dc_prev, dparams
 
 
 def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0, train=True,
@@ -89,72 +335,16 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
     cache : LSTMCache or None
         Saved activations and dropout masks (None when ``train`` is False).
     """
-    train = check_bool("train", train)
-    dropout = check_dropout(dropout)
-    problem = check_problem(input, hx, params, has_bias=has_bias, num_layers=num_layers,
-                            bidirectional=bidirectional, batch_first=batch_first,
-                            batch_sizes=batch_sizes)
-    p = problem
-    T, B, H, L, D, N = p.T, p.B, p.H, p.L, p.D, p.N
-    cdt = p.compute_dtype
-    alloc = np.empty if p.uniform else np.zeros
-
-    masks = _draw_masks(p, dropout, seed) if (train and dropout > 0 and L > 1) else None
-
-    y = alloc(p.output_shape(D * H), dtype=cdt)
-    y_rows = _as_rows(y)
-    h_n = np.empty((L * D, B, H), dtype=cdt)
-    c_n = np.empty((L * D, B, H), dtype=cdt)
-    if train:
-        saved = {name: alloc((L * D, T, B, H), dtype=cdt) for name in SAVED_NAMES}
-    else:
-        no_cache = np.empty((0, H), dtype=cdt)
-
-    gates = np.empty((N, 4 * H), dtype=cdt)
-    max_in = max(p.I, D * H) if L > 1 else p.I
-    x_packed = _flat_workspace(N * max_in, cdt)
-    internal_step_row, _, internal_packed = p.time_major_map
-
-    layer_in, in_step_row, in_stride, in_packed = p.x_rows, p.step_row, p.batch_stride, p.rows_packed
-    for layer in range(L):
-        last = layer == L - 1
-        if last:
-            out, out_step_row, out_stride = y_rows, p.step_row, p.batch_stride
-        else:
-            out = alloc((T * B, D * H), dtype=cdt)
-            out_step_row, out_stride = internal_step_row, 1
-        in_size = layer_in.shape[1]
-        for direction in range(D):
-            k = layer * D + direction
-            w_ih, w_hh, bias = p.weights[k]
-            if train:
-                rows = [saved[name][k].reshape(T * B, H) for name in ("i", "f", "g", "o", "c", "tanhc", "h")]
-            else:
-                rows = [no_cache] * 7
-            _lstm.forward_layer(
-                layer_in, in_step_row, in_stride, in_packed,
-                w_ih, w_hh, bias, p.h0[k], p.c0[k],
-                p.batch_sizes, p.packed_start, direction == 1,
-                out, out_step_row, out_stride, direction * H,
-                h_n[k], c_n[k], *rows, train,
-                gates, _view(x_packed, N, in_size))
-        if not last:
-            if masks is not None:
-                out = out * to_compute(masks[layer], cdt).reshape(T * B, D * H)
-            layer_in, in_step_row, in_stride, in_packed = out, internal_step_row, 1, internal_packed
-
-    dtype = p.dtype
-    y, h_n, c_n = (_out_dtype(a, dtype) for a in (y, h_n, c_n))
-    if not train:
-        return y, h_n, c_n, None
-    cache = LSTMCache(**{name: list(_out_dtype(saved[name], dtype)) for name in SAVED_NAMES},
-                      dropout_masks=masks)
-    return y, h_n, c_n, cache
+    return LSTMPlan().forward(
+        input, hx, params, has_bias=has_bias, num_layers=num_layers, dropout=dropout,
+        train=train, bidirectional=bidirectional, batch_first=batch_first,
+        batch_sizes=batch_sizes, seed=seed)
 
 
 def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, batch_sizes=None,
                   has_bias=True, num_layers=1, dropout=0.0, train=True, bidirectional=False,
-                  batch_first=False, output_mask=(True, True, True, True), dropout_masks=None):
+                  batch_first=False, output_mask=(True, True, True, True), dropout_masks=None,
+                  backend="cpu"):
     """Gradients of an LSTM forward: the semantics of ``aclnnLstmBackward``.
 
     Parameters
@@ -174,6 +364,10 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, bat
     dropout_masks : list of ndarray, optional
         ``cache.dropout_masks``; required when ``dropout > 0``, ``train`` and
         ``num_layers > 1``.
+    backend : {"cpu", "aclnn", "auto"}
+        "aclnn" runs Huawei CANN's ``aclnnLstmBackward`` on an Ascend NPU through
+        :mod:`lstmcy.aclnn` (float32/float16, no dropout between layers); "auto" uses it
+        when a device is available and supports the call, else the CPU.
 
     Returns
     -------
@@ -184,94 +378,34 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, bat
     dparams : list of ndarray or None
         Shaped like ``params``; ``db_ih`` equals ``db_hh``.
     """
-    p, arrays = check_backward(
-        input, hx, params, dy, dh, dc, (i, g, f, o, h, c, tanhc), batch_sizes=batch_sizes,
+    if backend not in ("cpu", "aclnn", "auto"):
+        raise ValueError(f'backend must be "cpu", "aclnn" or "auto", got {backend!r}')
+    if backend != "cpu":
+        # Validate here, so that both backends refuse bad input with the same errors.
+        p, arrays = check_backward(
+            input, hx, params, dy, dh, dc, (i, g, f, o, h, c, tanhc), batch_sizes=batch_sizes,
+            has_bias=has_bias, num_layers=num_layers, dropout=dropout, train=train,
+            bidirectional=bidirectional, batch_first=batch_first, dropout_masks=dropout_masks)
+        output_mask = check_output_mask(output_mask)
+        from lstmcy import aclnn
+
+        use_npu = backend == "aclnn" or (
+            aclnn.is_available()
+            and aclnn.unsupported_reason(p.dtype, dropout=dropout, train=train,
+                                         num_layers=num_layers) is None)
+        if use_npu:
+            states = (p.L * p.D, p.B, p.H)
+            if hx is None:
+                hx = (np.zeros(states, p.dtype), np.zeros(states, p.dtype))
+            dh = np.zeros(states, p.dtype) if dh is None else dh
+            dc = np.zeros(states, p.dtype) if dc is None else dc
+            return aclnn.lstm_backward(
+                input, tuple(hx), params, dy, dh, dc, i, g, f, o, h, c, tanhc,
+                batch_sizes=batch_sizes, has_bias=has_bias, num_layers=num_layers,
+                dropout=dropout, train=train, bidirectional=bidirectional,
+                batch_first=batch_first, output_mask=output_mask)
+    return LSTMPlan().backward(
+        input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, batch_sizes=batch_sizes,
         has_bias=has_bias, num_layers=num_layers, dropout=dropout, train=train,
-        bidirectional=bidirectional, batch_first=batch_first, dropout_masks=dropout_masks)
-    output_mask = check_output_mask(output_mask)
-    T, B, I, H, L, D, N = p.T, p.B, p.I, p.H, p.L, p.D, p.N
-    cdt = p.compute_dtype
-    state_shape = (L * D, B, H)
-    named = arrays
-    masks = None
-    if "dropout_masks" in arrays:
-        masks = [to_compute(m, cdt).reshape(T * B, D * H) for m in arrays["dropout_masks"]]
-
-    want_dx, want_dh, want_dc, want_dparams = output_mask
-    if not any(output_mask):
-        return None, None, None, None
-
-    dy_rows = _as_rows(to_compute(named["dy"], cdt))
-    # Working state: in, the gradients of h_n / c_n; out, those of h0 / c0.
-    dh_state = to_compute(named["dh"], cdt).copy() if "dh" in named else np.zeros(state_shape, cdt)
-    dc_state = to_compute(named["dc"], cdt).copy() if "dc" in named else np.zeros(state_shape, cdt)
-    saved = {name: [to_compute(a, cdt).reshape(T * B, H) for a in named[name]]
-             for name in SAVED_NAMES}
-
-    alloc = np.empty if p.uniform else np.zeros
-    internal_step_row, _, internal_packed = p.time_major_map
-    max_in = max(I, D * H) if L > 1 else I
-    dgates = np.empty((N, 4 * H), dtype=cdt)
-    z_buf = _flat_workspace(N * (max_in + H), cdt) if want_dparams else np.empty(0, cdt)
-    dw_buf = _flat_workspace(4 * H * (max_in + H), cdt) if want_dparams else np.empty(0, cdt)
-    dx_packed_buf = _flat_workspace(N * max_in, cdt)
-    dparams = [None] * (L * D * (4 if p.has_bias else 2))
-
-    dx = None
-    upper_dy, dy_step_row, dy_stride = dy_rows, p.step_row, p.batch_stride
-    for layer in reversed(range(L)):
-        if layer == 0:
-            layer_in, in_step_row, in_stride, in_packed = p.x_rows, p.step_row, p.batch_stride, p.rows_packed
-            layer_dx_needed = want_dx
-        else:
-            below = [saved["h"][(layer - 1) * D + d].reshape(T, B, H) for d in range(D)]
-            layer_in = np.concatenate(below, axis=-1).reshape(T * B, D * H)
-            if masks is not None:
-                layer_in *= masks[layer - 1]
-            in_step_row, in_stride, in_packed = internal_step_row, 1, internal_packed
-            layer_dx_needed = True
-        in_size = layer_in.shape[1]
-        layer_dx = alloc(layer_in.shape, dtype=cdt) if layer_dx_needed else np.empty((0, in_size), cdt)
-        for direction in range(D):
-            k = layer * D + direction
-            w_ih, w_hh, _ = p.weights[k]
-            if want_dparams:
-                dw_ih = np.empty((4 * H, in_size), dtype=cdt)
-                dw_hh = np.empty((4 * H, H), dtype=cdt)
-                db = np.empty(4 * H, dtype=cdt)
-            else:
-                dw_ih = dw_hh = np.empty((0, 0), dtype=cdt)
-                db = np.empty(0, dtype=cdt)
-            _lstm.backward_layer(
-                layer_in, in_step_row, in_stride, in_packed,
-                upper_dy, dy_step_row, dy_stride, direction * H,
-                w_ih, w_hh, p.h0[k], p.c0[k],
-                saved["i"][k], saved["f"][k], saved["g"][k], saved["o"][k],
-                saved["c"][k], saved["tanhc"][k], saved["h"][k],
-                p.batch_sizes, p.packed_start, direction == 1,
-                dh_state[k], dc_state[k],
-                layer_dx, layer_dx_needed, direction > 0,
-                dw_ih, dw_hh, db, want_dparams,
-                dgates, _view(z_buf, N, in_size + H) if want_dparams else np.empty((0, 0), cdt),
-                _view(dw_buf, 4 * H, in_size + H) if want_dparams else np.empty((0, 0), cdt),
-                _view(dx_packed_buf, N, in_size))
-            if want_dparams:
-                base = k * (4 if p.has_bias else 2)
-                dparams[base] = dw_ih
-                dparams[base + 1] = dw_hh
-                if p.has_bias:
-                    dparams[base + 2] = db
-                    dparams[base + 3] = db.copy()
-        if layer > 0:
-            if masks is not None:
-                layer_dx *= masks[layer - 1]
-            upper_dy, dy_step_row, dy_stride = layer_dx, internal_step_row, 1
-        elif want_dx:
-            dx = layer_dx.reshape(p.input_shape)
-
-    dtype = p.dtype
-    dx = _out_dtype(dx, dtype) if want_dx else None
-    dh_prev = _out_dtype(dh_state, dtype) if want_dh else None
-    dc_prev = _out_dtype(dc_state, dtype) if want_dc else None
-    dparams = [_out_dtype(a, dtype) for a in dparams] if want_dparams else None
-    return dx, dh_prev, dc_prev, dparams
+        bidirectional=bidirectional, batch_first=batch_first, output_mask=output_mask,
+        dropout_masks=dropout_masks)

@@ -44,7 +44,16 @@ def as_array(name, value, ndim):
             isinstance(value, np.ndarray) or hasattr(value, "__array__")
             or hasattr(value, "__array_interface__")):
         raise TypeError(f"{name} must be a {kind}, got {_describe(value)}")
-    array = np.asarray(value)
+    try:
+        array = np.asarray(value)
+    except Exception as exc:  # e.g. a torch tensor that requires grad, or on another device
+        raise TypeError(f"{name} must be a {kind}; converting {_describe(value)} to a numpy "
+                        f"array failed: {exc}") from exc
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"{name} must be a {kind}, got {_describe(value)}")
+    if array.dtype.kind in "fc" and not array.dtype.isnative:
+        raise TypeError(f"{name} must have dtype float16, bfloat16, float32 or float64 in native "
+                        f"byte order, got {array.dtype.str} (convert with .astype(native dtype))")
     if array.dtype.kind not in "fV" or not is_supported_float(array.dtype):
         raise TypeError(
             f"{name} must have dtype float16, bfloat16, float32 or float64, got {array.dtype}")
@@ -125,24 +134,56 @@ def to_compute(array, dtype):
     return np.ascontiguousarray(array, dtype=dtype)
 
 
+#: Largest dimension (rows, columns, leading dimension) the BLAS behind
+#: ``scipy.linalg.cython_blas`` can address: its integer arguments are 32-bit.
+BLAS_INT_MAX = 2 ** 31 - 1
+
+
 def _check_batch_sizes(batch_sizes):
-    if isinstance(batch_sizes, (str, bytes)) or np.isscalar(batch_sizes):
-        raise TypeError(f"batch_sizes must be a 1-D integer array, got {_describe(batch_sizes)}")
+    expected = "a 1-D integer array [T] (non-increasing, positive, batch_sizes[0] == B)"
+    if isinstance(batch_sizes, (str, bytes, dict, set)) or np.isscalar(batch_sizes):
+        raise TypeError(f"batch_sizes must be {expected}, got {_describe(batch_sizes)}")
     try:
         sizes = np.asarray(batch_sizes)
     except Exception as exc:  # ragged lists and the like
-        raise TypeError(f"batch_sizes must be a 1-D integer array, got {_describe(batch_sizes)}") from exc
+        raise TypeError(f"batch_sizes must be {expected}, got {_describe(batch_sizes)}") from exc
+    if sizes.size == 0 and sizes.dtype.kind in "fiu":
+        sizes = sizes.astype(np.int64)  # [] (float64 to numpy) is the empty sequence
     if sizes.dtype.kind not in "iu":
-        raise TypeError(f"batch_sizes must be a 1-D integer array, got dtype {sizes.dtype}")
+        raise TypeError(f"batch_sizes must be {expected}, got dtype {sizes.dtype}")
     if sizes.ndim != 1:
         raise ValueError(f"batch_sizes must be 1-D ([T]), got shape {sizes.shape}")
     if sizes.size and sizes.min() < 1:
         raise ValueError("batch_sizes must be positive (each step has at least one sequence), "
                          f"got minimum {sizes.min()}")
-    if sizes.size > 1 and np.any(np.diff(sizes.astype(np.int64)) > 0):
+    if sizes.size and sizes.max() > BLAS_INT_MAX:
+        raise ValueError(f"batch_sizes must be at most {BLAS_INT_MAX} (the BLAS uses 32-bit "
+                         f"integers), got maximum {sizes.max()}")
+    sizes = sizes.astype(np.intp)
+    if sizes.size > 1 and np.any(np.diff(sizes) > 0):
         raise ValueError("batch_sizes must be non-increasing (sequences sorted longest first, "
                          "as in PyTorch's PackedSequence)")
-    return sizes.astype(np.intp)
+    return sizes
+
+
+def check_blas_limits(T, B, I, H, L, D):
+    """Raise ValueError when a matrix the kernels hand to BLAS has a dimension above 2**31 - 1.
+
+    ``scipy.linalg.cython_blas`` takes 32-bit ``int`` sizes and leading dimensions; a
+    larger value would wrap around instead of failing. Row counts are at most ``T*B``;
+    column counts and leading dimensions at most ``4*D*H`` or ``max(I, D*H) + D*H``.
+    Runs before anything proportional to the sizes is allocated.
+    """
+    width = max(I, D * H) if L > 1 else I
+    limits = [
+        ("input", T * B, f"T*B = {T}*{B} = {T * B} time steps times batch"),
+        ("input", width + D * H, f"input size + num_directions*H = {width + D * H}"),
+        ("params (hidden size H)", 4 * D * H, f"4*num_directions*H = {4 * D * H}"),
+    ]
+    for name, value, what in limits:
+        if value > BLAS_INT_MAX:
+            raise ValueError(f"{name} is too large: {what} exceeds {BLAS_INT_MAX}, the largest "
+                             "matrix dimension the BLAS (32-bit integers) can address")
 
 
 def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, batch_first,
@@ -169,7 +210,7 @@ def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, bat
     params = as_list("params", params, L * D * per_dir,
                      f"{per_dir} per layer and direction for num_layers={L}, "
                      f"bidirectional={bidirectional}, has_bias={has_bias}")
-    w_hh0 = as_array("params[1] (w_hh of layer 0)", params[1], 2)
+    w_hh0 = as_array("params[1] (w_hh of layer 0, forward direction)", params[1], 2)
     H = w_hh0.shape[1]
 
     if x.ndim == 3:
@@ -205,6 +246,7 @@ def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, bat
     else:
         raise ValueError(f"input must be 3-D [T, B, I] ([B, T, I] if batch_first) or 2-D with "
                          f"batch_sizes, got shape {x.shape}")
+    check_blas_limits(T, B, I, H, L, D)
     if sizes is None:
         sizes = np.full(T, B, dtype=np.intp)
     dtype = x.dtype
@@ -304,7 +346,27 @@ def check_dropout(dropout):
     return dropout
 
 
+def check_seed(seed):
+    """Return a ``numpy.random.Generator`` for ``seed`` (None, int >= 0, sequence of such ints,
+    ``SeedSequence``, ``BitGenerator`` or ``Generator``), raising TypeError/ValueError naming it.
+    """
+    if isinstance(seed, np.random.Generator):
+        return seed
+    expected = ("None, a non-negative int, a sequence of such ints, a numpy SeedSequence, "
+                "BitGenerator or Generator")
+    if isinstance(seed, (bool, np.bool_, float, complex, str, bytes)):
+        raise TypeError(f"seed must be {expected}, got {_describe(seed)}")
+    try:
+        return np.random.default_rng(seed)
+    except TypeError as exc:
+        raise TypeError(f"seed must be {expected}, got {_describe(seed)}") from exc
+    except ValueError as exc:
+        raise ValueError(f"seed must be {expected}, got {_describe(seed)} ({exc})") from exc
+
+
 def check_output_mask(output_mask):
+    if isinstance(output_mask, np.ndarray) and output_mask.dtype == np.bool_ and output_mask.ndim == 1:
+        output_mask = tuple(output_mask)
     if isinstance(output_mask, (str, bytes, np.ndarray)) or not isinstance(output_mask, (list, tuple)):
         raise TypeError("output_mask must be a tuple of 4 bools (dx, dh_prev, dc_prev, dparams), "
                         f"got {_describe(output_mask)}")
@@ -349,6 +411,16 @@ def check_backward(input, hx, params, dy, dh, dc, saved, *, batch_sizes, has_bia
         if dropout_masks is None:
             raise ValueError("dropout_masks is required when dropout > 0, train and num_layers > 1: "
                              "pass cache.dropout_masks from lstm_forward")
+    elif dropout_masks is not None and not (isinstance(dropout_masks, (list, tuple))
+                                            and len(dropout_masks) == 0):
+        # Masks that would be ignored mean the call does not describe the forward that
+        # made them (typically dropout or train forgotten): refuse rather than silently
+        # return the gradients of a network without dropout.
+        raise ValueError(
+            "dropout_masks must be None unless dropout > 0, train and num_layers > 1 (got masks "
+            f"with dropout={dropout}, train={train}, num_layers={L}); pass the dropout and train "
+            "given to lstm_forward")
+    if train and dropout > 0 and L > 1:
         items = as_list("dropout_masks", dropout_masks, L - 1,
                         "one [T, B, D*H] array per layer boundary")
         arrays["dropout_masks"] = [as_array(f"dropout_masks[{k}]", m, 3) for k, m in enumerate(items)]

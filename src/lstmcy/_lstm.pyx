@@ -1,45 +1,67 @@
-"""LSTM kernels for one layer and one direction, forward (training) and backward.
+"""LSTM kernels: one layer (both directions) forward and backward.
 
-Conventions shared by both kernels
-----------------------------------
-* Time steps run over ``t = 0 .. T-1``; at step ``t`` the rows ``b < batch_sizes[t]``
-  are active (sequences sorted by length, longest first, as in PyTorch's
-  ``PackedSequence``). Uniform batches simply have ``batch_sizes[t] == B``.
-* Internal work buffers (``gates``/``dgates``, ``z``) are *packed*: the active rows of
-  step ``t`` are the contiguous rows ``packed_start[t] .. packed_start[t] + batch_sizes[t]``.
-  For uniform batches this is the plain time-major ``[T*B, ...]`` layout.
-* Caller-layout arrays (input, output, their gradients) are 2-D row tables: the row of
-  ``(t, b)`` is ``step_row[t] + b * batch_stride``. Time-major, batch-first, packed and
-  padded inputs are all expressed this way without copying.
-* Saved activations are time-major ``[T*B, H]``: row ``t*B + b``.
+Conventions
+-----------
+* Time steps ``t = 0 .. T-1``; at step ``t`` rows ``b < batch_sizes[t]`` are active
+  (sequences sorted longest first, as in PyTorch's ``PackedSequence``).
+* Work buffers (``gates``, ``dgates``) are *packed*: the active rows of step ``t`` are the
+  contiguous rows ``packed_start[t] .. packed_start[t] + batch_sizes[t]``. For uniform
+  batches this is the plain time-major ``[T*B, 4H]`` layout.
+* Caller-layout arrays (input, output and their gradients) are 2-D row tables: the row
+  of ``(t, b)`` is ``step_row[t] + b * batch_stride``. Time-major, batch-first, packed
+  and padded layouts are all expressed this way without copies.
+* Per-direction arrays are stacked on a leading axis of length D (direction 1 runs in
+  reverse time). Saved activations are ``[D, T*B, H]``, row ``t*B + b``.
 * The previous state of row ``b`` at step ``t`` is the saved state of the step processed
   just before (``t-1`` forward, ``t+1`` reverse) if the row was active there, else the
-  initial state; this is what makes each reverse sequence start at its own last step.
+  initial state: this makes every reverse sequence start at its own last step.
+
+Threads
+-------
+Steps are grouped in fixed chunks (the chunk length depends on the shape only). With two
+threads, either the two directions run side by side, or (one direction) one thread runs
+the sequential recurrence while the other does the batched GEMMs of the chunks already
+finished. Every GEMM is single-threaded and the chunking is the same for any thread
+count, so results are bitwise identical whatever the number of threads.
 """
 from cython cimport floating
-from libc.math cimport exp, expf, tanh, tanhf
+from cython.parallel cimport parallel, threadid
+cimport openmp
 
 from lstmcy._blas cimport gemm, NoTrans, Trans
+from lstmcy._fastmath cimport fast_sigmoid, fast_tanh
+
+cdef extern from *:
+    """
+    static inline Py_ssize_t lstmcy_load_acquire(Py_ssize_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    static inline void lstmcy_store_release(Py_ssize_t *p, Py_ssize_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+    """
+    Py_ssize_t load_acquire "lstmcy_load_acquire"(Py_ssize_t *p) noexcept nogil
+    void store_release "lstmcy_store_release"(Py_ssize_t *p, Py_ssize_t v) noexcept nogil
+
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
 
 
-cdef inline floating _sigmoid(floating x) noexcept nogil:
-    cdef floating one = 1
-    if floating is float:
-        return one / (one + expf(-x))
+cdef inline void _wait_for(Py_ssize_t *progress, Py_ssize_t chunks) noexcept nogil:
+    """Block until the producer has published ``chunks`` finished chunks."""
+    while load_acquire(progress) < chunks:
+        sched_yield()
+
+
+cdef inline void _chunk_bounds(Py_ssize_t c, Py_ssize_t chunk, Py_ssize_t T, bint descending,
+                               Py_ssize_t *t_lo, Py_ssize_t *t_hi) noexcept nogil:
+    """Time range ``[t_lo, t_hi)`` of the ``c``-th chunk in processing order."""
+    if descending:
+        t_hi[0] = T - c * chunk
+        t_lo[0] = T - (c + 1) * chunk if T - (c + 1) * chunk > 0 else 0
     else:
-        return one / (one + exp(-x))
-
-
-cdef inline floating _tanh(floating x) noexcept nogil:
-    if floating is float:
-        return tanhf(x)
-    else:
-        return tanh(x)
+        t_lo[0] = c * chunk
+        t_hi[0] = (c + 1) * chunk if (c + 1) * chunk < T else T
 
 
 cdef inline Py_ssize_t _prev_step(Py_ssize_t t, Py_ssize_t b, Py_ssize_t T,
-                                  const Py_ssize_t[::1] batch_sizes,
-                                  bint reverse) noexcept nogil:
+                                  const Py_ssize_t[::1] batch_sizes, bint reverse) noexcept nogil:
     """Time step whose saved state feeds row ``b`` at step ``t``, or -1 for the initial state."""
     if reverse:
         if t + 1 < T and b < batch_sizes[t + 1]:
@@ -48,289 +70,493 @@ cdef inline Py_ssize_t _prev_step(Py_ssize_t t, Py_ssize_t b, Py_ssize_t T,
     return t - 1
 
 
-def forward_layer(
+# ----------------------------------------------------------------------------- forward
+
+cdef void _forward_projection(
         const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
-        bint x_rows_packed,
-        const floating[:, ::1] w_ih, const floating[:, ::1] w_hh, const floating[::1] bias,
-        const floating[:, ::1] h0, const floating[:, ::1] c0,
+        bint x_rows_packed, const floating[:, ::1] w_ih,
         const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start, bint reverse,
+        floating[:, ::1] gates, floating[:, ::1] x_packed,
+        Py_ssize_t chunk, Py_ssize_t *progress) noexcept nogil:
+    """``gates = x @ w_ih^T`` chunk by chunk, in the order the recurrence consumes them."""
+    cdef Py_ssize_t T = batch_sizes.shape[0]
+    cdef Py_ssize_t I = w_ih.shape[1]
+    cdef Py_ssize_t G = w_ih.shape[0]
+    cdef Py_ssize_t n_chunks = (T + chunk - 1) // chunk
+    cdef Py_ssize_t c, t, b, j, t_lo, t_hi, r0, r1, xr, n
+    cdef const floating *a
+    for c in range(n_chunks):
+        _chunk_bounds(c, chunk, T, reverse, &t_lo, &t_hi)
+        r0 = packed_start[t_lo]
+        r1 = packed_start[t_hi - 1] + batch_sizes[t_hi - 1]
+        if r1 == r0:
+            store_release(progress, c + 1)
+            continue
+        a = NULL
+        if I > 0:
+            if x_rows_packed:
+                a = &x[r0, 0]
+            else:
+                for t in range(t_lo, t_hi):
+                    for b in range(batch_sizes[t]):
+                        xr = x_step_row[t] + b * x_batch_stride
+                        n = packed_start[t] + b
+                        for j in range(I):
+                            x_packed[n, j] = x[xr, j]
+                a = &x_packed[r0, 0]
+        if G > 0:
+            gemm(NoTrans, Trans, <int>(r1 - r0), <int>G, <int>I, <floating>1, a, <int>I,
+                 &w_ih[0, 0] if I > 0 else NULL, <int>I, <floating>0, &gates[r0, 0], <int>G)
+        store_release(progress, c + 1)
+
+
+cdef void _forward_recurrence(
+        const floating[:, ::1] w_hh, const floating[::1] bias,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start, bint reverse,
+        floating[:, ::1] gates, floating[:, ::1] h_state, floating[:, ::1] c_state,
         floating[:, ::1] y, const Py_ssize_t[::1] y_step_row, Py_ssize_t y_batch_stride,
         Py_ssize_t y_col,
-        floating[:, ::1] h_n, floating[:, ::1] c_n,
         floating[:, ::1] cache_i, floating[:, ::1] cache_f, floating[:, ::1] cache_g,
         floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
         floating[:, ::1] cache_h, bint store_cache,
-        floating[:, ::1] gates, floating[:, ::1] x_packed):
-    """Run one direction of one layer forward, storing gate activations.
+        Py_ssize_t chunk, Py_ssize_t *progress) noexcept nogil:
+    """The sequential part of the forward: per step one GEMM and the fused elementwise pass."""
+    cdef Py_ssize_t T = batch_sizes.shape[0]
+    cdef Py_ssize_t B = h_state.shape[0]
+    cdef Py_ssize_t H = h_state.shape[1]
+    cdef Py_ssize_t G = 4 * H
+    cdef Py_ssize_t s, t, b, j, k, n, n0, nb, row, yr
+    cdef floating *act
+    cdef floating v_tc, v_h
+    if H == 0 or B == 0:
+        return
+    for s in range(T):
+        if s % chunk == 0:
+            _wait_for(progress, s // chunk + 1)
+        t = T - 1 - s if reverse else s
+        nb = batch_sizes[t]
+        n0 = packed_start[t]
+        # gates += h @ w_hh^T for the active rows.
+        gemm(NoTrans, Trans, <int>nb, <int>G, <int>H, <floating>1, &h_state[0, 0], <int>H,
+             &w_hh[0, 0], <int>H, <floating>1, &gates[n0, 0], <int>G)
+        for b in range(nb):
+            n = n0 + b
+            row = t * B + b
+            yr = y_step_row[t] + b * y_batch_stride
+            act = &gates[n, 0]
+            # Activations in place (short loops over one row, so they can vectorise).
+            for k in range(2 * H):
+                act[k] = fast_sigmoid(act[k] + bias[k])
+            for k in range(2 * H, 3 * H):
+                act[k] = fast_tanh(act[k] + bias[k])
+            for k in range(3 * H, G):
+                act[k] = fast_sigmoid(act[k] + bias[k])
+            # c = f * c_prev + i * g, as PyTorch: (f * c_prev) + (i * g).
+            for j in range(H):
+                c_state[b, j] = act[H + j] * c_state[b, j] + act[j] * act[2 * H + j]
+            for j in range(H):
+                h_state[b, j] = fast_tanh(c_state[b, j])
+            if store_cache:
+                for j in range(H):
+                    cache_i[row, j] = act[j]
+                    cache_f[row, j] = act[H + j]
+                    cache_g[row, j] = act[2 * H + j]
+                    cache_o[row, j] = act[3 * H + j]
+                    cache_c[row, j] = c_state[b, j]
+                    cache_tanhc[row, j] = h_state[b, j]
+            for j in range(H):
+                v_h = act[3 * H + j] * h_state[b, j]
+                h_state[b, j] = v_h
+                y[yr, y_col + j] = v_h
+            if store_cache:
+                for j in range(H):
+                    cache_h[row, j] = h_state[b, j]
+
+
+cdef void _forward_direction(
+        int part, Py_ssize_t d,
+        const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
+        bint x_rows_packed,
+        const floating[:, :, ::1] w_ih, const floating[:, :, ::1] w_hh, const floating[:, ::1] bias,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
+        floating[:, ::1] y, const Py_ssize_t[::1] y_step_row, Py_ssize_t y_batch_stride,
+        floating[:, :, ::1] h_n, floating[:, :, ::1] c_n,
+        floating[:, :, ::1] cache_i, floating[:, :, ::1] cache_f, floating[:, :, ::1] cache_g,
+        floating[:, :, ::1] cache_o, floating[:, :, ::1] cache_c, floating[:, :, ::1] cache_tanhc,
+        floating[:, :, ::1] cache_h, bint store_cache,
+        floating[:, :, ::1] gates, floating[:, :, ::1] x_packed,
+        Py_ssize_t chunk, Py_ssize_t *progress) noexcept nogil:
+    """Direction ``d``: ``part`` 0 = all of it, 1 = the projection only, 2 = the recurrence only."""
+    cdef bint reverse = d == 1
+    cdef Py_ssize_t s = d if store_cache else 0
+    if part != 2:
+        _forward_projection(x, x_step_row, x_batch_stride, x_rows_packed, w_ih[d],
+                            batch_sizes, packed_start, reverse, gates[d], x_packed[d],
+                            chunk, progress)
+    if part != 1:
+        _forward_recurrence(w_hh[d], bias[d], batch_sizes, packed_start, reverse, gates[d],
+                            h_n[d], c_n[d], y, y_step_row, y_batch_stride, d * h_n.shape[2],
+                            cache_i[s], cache_f[s], cache_g[s], cache_o[s], cache_c[s],
+                            cache_tanhc[s], cache_h[s], store_cache, chunk, progress)
+
+
+def forward_layer(
+        const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
+        bint x_rows_packed,
+        const floating[:, :, ::1] w_ih, const floating[:, :, ::1] w_hh,
+        const floating[:, ::1] bias,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
+        floating[:, ::1] y, const Py_ssize_t[::1] y_step_row, Py_ssize_t y_batch_stride,
+        floating[:, :, ::1] h_n, floating[:, :, ::1] c_n,
+        floating[:, :, ::1] cache_i, floating[:, :, ::1] cache_f, floating[:, :, ::1] cache_g,
+        floating[:, :, ::1] cache_o, floating[:, :, ::1] cache_c, floating[:, :, ::1] cache_tanhc,
+        floating[:, :, ::1] cache_h, bint store_cache,
+        floating[:, :, ::1] gates, floating[:, :, ::1] x_packed,
+        Py_ssize_t chunk, int n_threads):
+    """Run both directions of one layer forward, storing gate activations.
 
     Parameters
     ----------
-    x : ndarray [rows, I]
-        Layer input as a row table (see module docstring).
-    x_step_row, x_batch_stride : row of ``(t, b)`` in ``x`` is ``x_step_row[t] + b * x_batch_stride``.
-    x_rows_packed : bool
-        True when the rows of ``x`` already are in packed order (row ``n`` is packed row ``n``);
-        then ``x`` is used in place, else it is gathered into ``x_packed``.
-    w_ih, w_hh, bias : ndarray
-        ``[4H, I]``, ``[4H, H]`` and ``b_ih + b_hh`` ``[4H]`` (zeros without bias).
-    h0, c0 : ndarray [B, H]
-        Initial state.
+    x, x_step_row, x_batch_stride, x_rows_packed
+        Layer input as a row table; ``x_rows_packed`` says row ``n`` of ``x`` is packed row
+        ``n`` (then ``x`` is used in place, else gathered into ``x_packed``).
+    w_ih, w_hh : ndarray [D, 4H, I], [D, 4H, H]
+    bias : ndarray [D, 4H]
+        ``b_ih + b_hh`` (zeros without bias).
     batch_sizes, packed_start : ndarray [T] of intp
-        Active rows per step and the first packed row of each step.
-    reverse : bool
-        Process steps ``T-1 .. 0``.
-    y, y_step_row, y_batch_stride, y_col : output row table; ``h`` of ``(t, b)`` goes to
-        ``y[row, y_col:y_col + H]``.
-    h_n, c_n : ndarray [B, H]
-        Final states (written; also used as the running state).
-    cache_* : ndarray [T*B, H]
-        Saved activations, written at active rows when ``store_cache``.
-    gates : ndarray [N, 4H]
-        Workspace, ``N = sum(batch_sizes)``.
-    x_packed : ndarray [N, I]
-        Workspace for the gathered input (unused when ``x_rows_packed``).
+    y, y_step_row, y_batch_stride
+        Output row table; direction ``d`` writes columns ``d*H .. (d+1)*H``.
+    h_n, c_n : ndarray [D, B, H]
+        In: initial states. Out: final states (they are the running state).
+    cache_* : ndarray [D, T*B, H]
+        Saved activations i, f, g, o, c, tanh(c), h (written when ``store_cache``).
+    gates, x_packed : ndarray [D, N, 4H], [D, N, I]
+        Workspaces.
+    chunk : int
+        Steps per chunk (fixed by the shape).
+    n_threads : int
+        1 or 2.
     """
+    cdef Py_ssize_t D = w_ih.shape[0]
+    cdef Py_ssize_t progress[2]
+    cdef Py_ssize_t d
+    cdef int tid, nt
+    progress[0] = 0
+    progress[1] = 0
+    with nogil:
+        if n_threads < 2:
+            for d in range(D):
+                _forward_direction(0, d, x, x_step_row, x_batch_stride, x_rows_packed, w_ih, w_hh,
+                                   bias, batch_sizes, packed_start, y, y_step_row, y_batch_stride,
+                                   h_n, c_n, cache_i, cache_f, cache_g, cache_o, cache_c,
+                                   cache_tanhc, cache_h, store_cache, gates, x_packed, chunk,
+                                   &progress[d])
+        else:
+            with parallel(num_threads=2):
+                tid = threadid()
+                nt = openmp.omp_get_num_threads()
+                if nt < 2:
+                    for d in range(D):
+                        _forward_direction(0, d, x, x_step_row, x_batch_stride, x_rows_packed,
+                                           w_ih, w_hh, bias, batch_sizes, packed_start, y,
+                                           y_step_row, y_batch_stride, h_n, c_n, cache_i,
+                                           cache_f, cache_g, cache_o, cache_c, cache_tanhc,
+                                           cache_h, store_cache, gates, x_packed, chunk,
+                                           &progress[d])
+                elif D == 2:
+                    _forward_direction(0, tid, x, x_step_row, x_batch_stride, x_rows_packed,
+                                       w_ih, w_hh, bias, batch_sizes, packed_start, y,
+                                       y_step_row, y_batch_stride, h_n, c_n, cache_i, cache_f,
+                                       cache_g, cache_o, cache_c, cache_tanhc, cache_h,
+                                       store_cache, gates, x_packed, chunk, &progress[tid])
+                else:
+                    # Thread 1 projects the input chunk by chunk; thread 0 follows with the
+                    # recurrence.
+                    _forward_direction(2 - tid, 0, x, x_step_row, x_batch_stride, x_rows_packed,
+                                       w_ih, w_hh, bias, batch_sizes, packed_start, y,
+                                       y_step_row, y_batch_stride, h_n, c_n, cache_i, cache_f,
+                                       cache_g, cache_o, cache_c, cache_tanhc, cache_h,
+                                       store_cache, gates, x_packed, chunk, &progress[0])
+
+
+# ---------------------------------------------------------------------------- backward
+
+cdef void _backward_recurrence(
+        const floating[:, ::1] dy, const Py_ssize_t[::1] dy_step_row, Py_ssize_t dy_batch_stride,
+        Py_ssize_t dy_col,
+        const floating[:, ::1] w_hh, const floating[:, ::1] c0,
+        const floating[:, ::1] cache_i, const floating[:, ::1] cache_f,
+        const floating[:, ::1] cache_g, const floating[:, ::1] cache_o,
+        const floating[:, ::1] cache_c, const floating[:, ::1] cache_tanhc,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start, bint reverse,
+        floating[:, ::1] dh_state, floating[:, ::1] dc_state, floating[:, ::1] dgates,
+        Py_ssize_t chunk, Py_ssize_t *progress) noexcept nogil:
+    """The sequential part of the backward: per step one fused elementwise pass writing the
+    four gate gradients and updating dc, then one GEMM for dh."""
+    cdef Py_ssize_t T = batch_sizes.shape[0]
+    cdef Py_ssize_t B = dh_state.shape[0]
+    cdef Py_ssize_t H = dh_state.shape[1]
+    cdef Py_ssize_t G = 4 * H
+    cdef Py_ssize_t s, t, b, j, n, n0, nb, row, prev_t, dyr
+    cdef floating v_dh, v_dc, v_i, v_f, v_g, v_o, v_tc
+    cdef floating one = 1
+    cdef const floating *c_prev
+    cdef floating *dg
+    if H == 0 or B == 0:
+        store_release(progress, (T + chunk - 1) // chunk)
+        return
+    for s in range(T):
+        t = s if reverse else T - 1 - s
+        nb = batch_sizes[t]
+        n0 = packed_start[t]
+        for b in range(nb):
+            n = n0 + b
+            row = t * B + b
+            dyr = dy_step_row[t] + b * dy_batch_stride
+            prev_t = _prev_step(t, b, T, batch_sizes, reverse)
+            c_prev = &cache_c[prev_t * B + b, 0] if prev_t >= 0 else &c0[b, 0]
+            dg = &dgates[n, 0]
+            for j in range(H):
+                v_i = cache_i[row, j]
+                v_f = cache_f[row, j]
+                v_g = cache_g[row, j]
+                v_o = cache_o[row, j]
+                v_tc = cache_tanhc[row, j]
+                # Multiplication order follows PyTorch's autograd formulas (tanh_backward,
+                # sigmoid_backward, mul_backward), so that overflow and NaN appear exactly
+                # where float64 autograd has them.
+                v_dh = dy[dyr, dy_col + j] + dh_state[b, j]
+                v_dc = (v_dh * v_o) * (one - v_tc * v_tc) + dc_state[b, j]
+                dg[j] = (v_dc * v_g) * (one - v_i) * v_i
+                dg[H + j] = (v_dc * c_prev[j]) * (one - v_f) * v_f
+                dg[2 * H + j] = (v_dc * v_i) * (one - v_g * v_g)
+                dg[3 * H + j] = (v_dh * v_tc) * (one - v_o) * v_o
+                dc_state[b, j] = v_dc * v_f
+        # dh for the previous step: dgates_t @ w_hh.
+        gemm(NoTrans, NoTrans, <int>nb, <int>H, <int>G, one, &dgates[n0, 0], <int>G,
+             &w_hh[0, 0], <int>H, <floating>0, &dh_state[0, 0], <int>H)
+        if (s + 1) % chunk == 0 or s + 1 == T:
+            store_release(progress, (s + chunk) // chunk)
+
+
+cdef void _backward_weights(
+        const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
+        const floating[:, ::1] h0, const floating[:, ::1] cache_h,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start, bint reverse,
+        const floating[:, ::1] dgates,
+        floating[:, ::1] dw_ih, floating[:, ::1] dw_hh, floating[::1] db,
+        floating[:, ::1] z, Py_ssize_t chunk, Py_ssize_t *progress) noexcept nogil:
+    """``[dW_ih | dW_hh] += dgates^T [x | h_prev]`` and ``db += sum(dgates)``, chunk by
+    chunk as the recurrence finishes them (fixed order: bitwise reproducible)."""
     cdef Py_ssize_t T = batch_sizes.shape[0]
     cdef Py_ssize_t B = h0.shape[0]
     cdef Py_ssize_t H = h0.shape[1]
-    cdef Py_ssize_t I = w_ih.shape[1]
+    cdef Py_ssize_t I = dw_ih.shape[1]
     cdef Py_ssize_t G = 4 * H
-    cdef Py_ssize_t N = gates.shape[0]
-    cdef Py_ssize_t s, t, b, j, n, n0, nb, row, xr, yr
-    cdef floating a_i, a_f, a_g, a_o, v_i, v_f, v_g, v_o, v_c, v_tc, v_h
-    cdef const floating *x_rows = NULL
-    cdef const floating *w_ih_ptr = NULL
-    cdef const floating *w_hh_ptr = NULL
-    cdef floating *gates_ptr = NULL
-    cdef floating *h_state = NULL
+    cdef Py_ssize_t K = I + H
+    cdef Py_ssize_t n_chunks = (T + chunk - 1) // chunk
+    cdef Py_ssize_t c, t, b, j, k, n, t_lo, t_hi, r0, r1, zr, xr, prev_t
+    cdef const floating *h_prev
+    cdef floating one = 1
+    if G == 0:
+        return
+    for k in range(G):
+        for j in range(I):
+            dw_ih[k, j] = 0
+        for j in range(H):
+            dw_hh[k, j] = 0
+        db[k] = 0
+    for c in range(n_chunks):
+        _wait_for(progress, c + 1)
+        _chunk_bounds(c, chunk, T, not reverse, &t_lo, &t_hi)
+        r0 = packed_start[t_lo]
+        r1 = packed_start[t_hi - 1] + batch_sizes[t_hi - 1]
+        if r1 == r0:
+            continue
+        for t in range(t_lo, t_hi):
+            for b in range(batch_sizes[t]):
+                zr = packed_start[t] + b - r0
+                xr = x_step_row[t] + b * x_batch_stride
+                for j in range(I):
+                    z[zr, j] = x[xr, j]
+                prev_t = _prev_step(t, b, T, batch_sizes, reverse)
+                h_prev = &cache_h[prev_t * B + b, 0] if prev_t >= 0 else &h0[b, 0]
+                for j in range(H):
+                    z[zr, I + j] = h_prev[j]
+        if I > 0:
+            gemm(Trans, NoTrans, <int>G, <int>I, <int>(r1 - r0), one, &dgates[r0, 0], <int>G,
+                 &z[0, 0], <int>K, one, &dw_ih[0, 0], <int>I)
+        gemm(Trans, NoTrans, <int>G, <int>H, <int>(r1 - r0), one, &dgates[r0, 0], <int>G,
+             &z[0, I], <int>K, one, &dw_hh[0, 0], <int>H)
+        for n in range(r0, r1):
+            for k in range(G):
+                db[k] += dgates[n, k]
 
-    if N > 0 and G > 0:
-        gates_ptr = &gates[0, 0]
-    if G > 0 and I > 0:
-        w_ih_ptr = &w_ih[0, 0]
-    if G > 0 and H > 0:
-        w_hh_ptr = &w_hh[0, 0]
-    if B > 0 and H > 0:
-        h_state = &h_n[0, 0]
 
-    with nogil:
-        for b in range(B):
-            for j in range(H):
-                h_n[b, j] = h0[b, j]
-                c_n[b, j] = c0[b, j]
-        if N == 0 or G == 0:
-            # Nothing to compute (H == 0 also leaves y untouched: it has no columns).
-            pass
-        else:
-            if I > 0:
-                if x_rows_packed:
-                    x_rows = &x[0, 0]
-                else:
-                    for t in range(T):
-                        for b in range(batch_sizes[t]):
-                            xr = x_step_row[t] + b * x_batch_stride
-                            n = packed_start[t] + b
-                            for j in range(I):
-                                x_packed[n, j] = x[xr, j]
-                    x_rows = &x_packed[0, 0]
-            # Input projection for all steps at once: gates = x @ w_ih^T.
-            gemm(NoTrans, Trans, <int>N, <int>G, <int>I, <floating>1, x_rows, <int>I,
-                 w_ih_ptr, <int>I, <floating>0, gates_ptr, <int>G)
-            for s in range(T):
-                t = T - 1 - s if reverse else s
-                nb = batch_sizes[t]
-                n0 = packed_start[t]
-                # Recurrent projection of the running state: gates += h @ w_hh^T.
-                gemm(NoTrans, Trans, <int>nb, <int>G, <int>H, <floating>1, h_state, <int>H,
-                     w_hh_ptr, <int>H, <floating>1, gates_ptr + n0 * G, <int>G)
-                for b in range(nb):
-                    n = n0 + b
-                    row = t * B + b
-                    yr = y_step_row[t] + b * y_batch_stride
-                    for j in range(H):
-                        a_i = gates[n, j] + bias[j]
-                        a_f = gates[n, H + j] + bias[H + j]
-                        a_g = gates[n, 2 * H + j] + bias[2 * H + j]
-                        a_o = gates[n, 3 * H + j] + bias[3 * H + j]
-                        v_i = _sigmoid(a_i)
-                        v_f = _sigmoid(a_f)
-                        v_g = _tanh(a_g)
-                        v_o = _sigmoid(a_o)
-                        v_c = v_f * c_n[b, j] + v_i * v_g
-                        v_tc = _tanh(v_c)
-                        v_h = v_o * v_tc
-                        c_n[b, j] = v_c
-                        h_n[b, j] = v_h
-                        y[yr, y_col + j] = v_h
-                        if store_cache:
-                            cache_i[row, j] = v_i
-                            cache_f[row, j] = v_f
-                            cache_g[row, j] = v_g
-                            cache_o[row, j] = v_o
-                            cache_c[row, j] = v_c
-                            cache_tanhc[row, j] = v_tc
-                            cache_h[row, j] = v_h
+cdef void _backward_dx(const floating[:, ::1] dgates, const floating[:, ::1] w_ih,
+                       floating[:, ::1] dx) noexcept nogil:
+    """``dx = dgates @ w_ih`` over all rows in one GEMM (zeros when H == 0)."""
+    cdef Py_ssize_t N = dgates.shape[0]
+    cdef Py_ssize_t G = dgates.shape[1]
+    cdef Py_ssize_t I = w_ih.shape[1]
+    if N == 0 or I == 0:
+        return
+    gemm(NoTrans, NoTrans, <int>N, <int>I, <int>G, <floating>1,
+         &dgates[0, 0] if G > 0 else NULL, <int>G, &w_ih[0, 0] if G > 0 else NULL, <int>I,
+         <floating>0, &dx[0, 0], <int>I)
+
+
+cdef void _backward_direction(
+        int part, Py_ssize_t d,
+        const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
+        const floating[:, ::1] dy, const Py_ssize_t[::1] dy_step_row, Py_ssize_t dy_batch_stride,
+        const floating[:, :, ::1] w_ih, const floating[:, :, ::1] w_hh,
+        const floating[:, :, ::1] h0, const floating[:, :, ::1] c0,
+        const floating[:, :, ::1] cache_i, const floating[:, :, ::1] cache_f,
+        const floating[:, :, ::1] cache_g, const floating[:, :, ::1] cache_o,
+        const floating[:, :, ::1] cache_c, const floating[:, :, ::1] cache_tanhc,
+        const floating[:, :, ::1] cache_h,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
+        floating[:, :, ::1] dh_state, floating[:, :, ::1] dc_state,
+        bint want_dx, floating[:, ::1] dx_target,
+        floating[:, :, ::1] dw_ih, floating[:, :, ::1] dw_hh, floating[:, ::1] db,
+        bint want_dparams, floating[:, :, ::1] dgates, floating[:, :, ::1] z,
+        Py_ssize_t chunk, Py_ssize_t *progress) noexcept nogil:
+    """Direction ``d``: ``part`` 0 = all of it, 1 = recurrence then dx, 2 = weight gradients."""
+    cdef bint reverse = d == 1
+    if part != 2:
+        _backward_recurrence(dy, dy_step_row, dy_batch_stride, d * dh_state.shape[2],
+                             w_hh[d], c0[d], cache_i[d], cache_f[d], cache_g[d], cache_o[d],
+                             cache_c[d], cache_tanhc[d], batch_sizes, packed_start, reverse,
+                             dh_state[d], dc_state[d], dgates[d], chunk, progress)
+    if part != 1 and want_dparams:
+        _backward_weights(x, x_step_row, x_batch_stride, h0[d], cache_h[d], batch_sizes,
+                          packed_start, reverse, dgates[d], dw_ih[d], dw_hh[d], db[d], z[d],
+                          chunk, progress)
+    if part != 2 and want_dx:
+        _backward_dx(dgates[d], w_ih[d], dx_target)
 
 
 def backward_layer(
         const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
         bint x_rows_packed,
         const floating[:, ::1] dy, const Py_ssize_t[::1] dy_step_row, Py_ssize_t dy_batch_stride,
-        Py_ssize_t dy_col,
-        const floating[:, ::1] w_ih, const floating[:, ::1] w_hh,
-        const floating[:, ::1] h0, const floating[:, ::1] c0,
-        const floating[:, ::1] cache_i, const floating[:, ::1] cache_f,
-        const floating[:, ::1] cache_g, const floating[:, ::1] cache_o,
-        const floating[:, ::1] cache_c, const floating[:, ::1] cache_tanhc,
-        const floating[:, ::1] cache_h,
-        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start, bint reverse,
-        floating[:, ::1] dh_state, floating[:, ::1] dc_state,
-        floating[:, ::1] dx, bint want_dx, bint dx_accumulate,
-        floating[:, ::1] dw_ih, floating[:, ::1] dw_hh, floating[::1] db, bint want_dparams,
-        floating[:, ::1] dgates, floating[:, ::1] z, floating[:, ::1] dw,
-        floating[:, ::1] dx_packed):
-    """Backpropagate through one direction of one layer.
+        const floating[:, :, ::1] w_ih, const floating[:, :, ::1] w_hh,
+        const floating[:, :, ::1] h0, const floating[:, :, ::1] c0,
+        const floating[:, :, ::1] cache_i, const floating[:, :, ::1] cache_f,
+        const floating[:, :, ::1] cache_g, const floating[:, :, ::1] cache_o,
+        const floating[:, :, ::1] cache_c, const floating[:, :, ::1] cache_tanhc,
+        const floating[:, :, ::1] cache_h,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
+        floating[:, :, ::1] dh_state, floating[:, :, ::1] dc_state,
+        floating[:, ::1] dx, bint want_dx,
+        floating[:, :, ::1] dw_ih, floating[:, :, ::1] dw_hh, floating[:, ::1] db,
+        bint want_dparams,
+        floating[:, :, ::1] dgates, floating[:, :, ::1] z, floating[:, :, ::1] dx_packed,
+        Py_ssize_t chunk, int n_threads):
+    """Backpropagate through both directions of one layer.
 
     Parameters
     ----------
     x, x_step_row, x_batch_stride, x_rows_packed
-        The layer input as a row table (see ``forward_layer``); ``dx`` uses the same rows.
-    dy, dy_step_row, dy_batch_stride, dy_col
-        Gradient of this direction's output: ``dy[row, dy_col:dy_col + H]``.
-    w_ih, w_hh : ndarray
-        Weights ``[4H, I]``, ``[4H, H]``.
-    h0, c0 : ndarray [B, H]
-        Initial state of the forward pass.
-    cache_* : ndarray [T*B, H]
-        Saved activations i, f, g, o, c, tanh(c), h (time-major).
-    batch_sizes, packed_start, reverse
-        As in ``forward_layer``.
-    dh_state, dc_state : ndarray [B, H]
+        Layer input as a row table; ``dx`` has the same rows.
+    dy, dy_step_row, dy_batch_stride
+        Gradient of the layer output (direction ``d`` reads columns ``d*H .. (d+1)*H``).
+    w_ih, w_hh : ndarray [D, 4H, I], [D, 4H, H]
+    h0, c0 : ndarray [D, B, H]
+        Initial states of the forward.
+    cache_* : ndarray [D, T*B, H]
+        Saved activations i, f, g, o, c, tanh(c), h.
+    batch_sizes, packed_start : ndarray [T] of intp
+    dh_state, dc_state : ndarray [D, B, H]
         In: gradients of ``h_n``, ``c_n``. Out: gradients of ``h0``, ``c0``.
     dx : ndarray [rows, I]
-        Gradient of the input (written at active rows; assigned, or added when
-        ``dx_accumulate``). Untouched unless ``want_dx``.
-    dw_ih, dw_hh, db : ndarray
-        Weight and bias gradients (overwritten) when ``want_dparams``.
-    dgates : ndarray [N, 4H]
-        Workspace for the gate gradients of every step.
-    z : ndarray [N, I + H]
-        Workspace holding ``[x_t, h_{t-1}]`` rows, so that ``dW = dgates^T z`` is one GEMM.
-    dw : ndarray [4H, I + H]
-        Workspace for that product.
-    dx_packed : ndarray [N, I]
-        Workspace for ``dx`` in packed order (unused when ``x_rows_packed``).
+        Input gradient, written at active rows when ``want_dx`` (padded rows untouched).
+    dw_ih, dw_hh, db : ndarray [D, 4H, I], [D, 4H, H], [D, 4H]
+        Parameter gradients, written when ``want_dparams``.
+    dgates, z : ndarray [D, N, 4H], [D, chunk rows, I + H]
+        Workspaces.
+    dx_packed : ndarray [D, N, I]
+        Each direction's dx in packed order, summed into ``dx`` at the end; with one
+        direction and packed rows, the caller passes ``dx`` itself (as ``[1, N, I]``).
+    chunk : int
+        Steps per chunk (fixed by the shape).
+    n_threads : int
+        1 or 2.
     """
+    cdef Py_ssize_t D = w_ih.shape[0]
     cdef Py_ssize_t T = batch_sizes.shape[0]
-    cdef Py_ssize_t B = h0.shape[0]
-    cdef Py_ssize_t H = h0.shape[1]
-    cdef Py_ssize_t I = w_ih.shape[1]
-    cdef Py_ssize_t G = 4 * H
-    cdef Py_ssize_t K = I + H
-    cdef Py_ssize_t N = dgates.shape[0]
-    cdef Py_ssize_t s, t, b, j, k, n, n0, nb, row, prev_row, prev_t, xr, dyr
-    cdef floating v_dh, v_dc, v_i, v_f, v_g, v_o, v_tc, v_cprev
-    cdef floating one = 1
-    cdef floating *dgates_ptr = NULL
-    cdef const floating *w_ih_ptr = NULL
-    cdef const floating *w_hh_ptr = NULL
-    cdef floating *dh_ptr = NULL
-    cdef floating *z_ptr = NULL
-    cdef floating *dw_ptr = NULL
-    cdef floating *dx_target = NULL
-
-    if N > 0 and G > 0:
-        dgates_ptr = &dgates[0, 0]
-    if G > 0 and I > 0:
-        w_ih_ptr = &w_ih[0, 0]
-    if G > 0 and H > 0:
-        w_hh_ptr = &w_hh[0, 0]
-    if B > 0 and H > 0:
-        dh_ptr = &dh_state[0, 0]
-    if want_dparams and N > 0 and K > 0:
-        z_ptr = &z[0, 0]
-    if want_dparams and G > 0 and K > 0:
-        dw_ptr = &dw[0, 0]
-    if want_dx and N > 0 and I > 0:
-        dx_target = &dx[0, 0] if x_rows_packed else &dx_packed[0, 0]
-
+    cdef Py_ssize_t I = w_ih.shape[2]
+    cdef Py_ssize_t progress[2]
+    cdef Py_ssize_t d, t, b, j, n, xr
+    cdef int tid, nt
+    # With one direction and packed rows, dx_packed is dx itself; otherwise each direction
+    # writes its own part, summed into dx in a fixed order below.
+    cdef bint direct_dx = D == 1 and x_rows_packed
+    progress[0] = 0
+    progress[1] = 0
     with nogil:
-        # Sequential part: the recurrence of dh and dc through time.
-        for s in range(T):
-            t = s if reverse else T - 1 - s
-            nb = batch_sizes[t]
-            n0 = packed_start[t]
-            for b in range(nb):
-                n = n0 + b
-                row = t * B + b
-                dyr = dy_step_row[t] + b * dy_batch_stride
-                prev_t = _prev_step(t, b, T, batch_sizes, reverse)
-                prev_row = prev_t * B + b
-                for j in range(H):
-                    v_i = cache_i[row, j]
-                    v_f = cache_f[row, j]
-                    v_g = cache_g[row, j]
-                    v_o = cache_o[row, j]
-                    v_tc = cache_tanhc[row, j]
-                    v_cprev = cache_c[prev_row, j] if prev_t >= 0 else c0[b, j]
-                    # Multiplication order follows PyTorch's autograd formulas
-                    # (tanh_backward, sigmoid_backward, mul_backward), so that
-                    # overflow and NaN appear exactly where float64 autograd has them.
-                    v_dh = dy[dyr, dy_col + j] + dh_state[b, j]
-                    v_dc = (v_dh * v_o) * (one - v_tc * v_tc) + dc_state[b, j]
-                    dgates[n, j] = (v_dc * v_g) * (one - v_i) * v_i
-                    dgates[n, H + j] = (v_dc * v_cprev) * (one - v_f) * v_f
-                    dgates[n, 2 * H + j] = (v_dc * v_i) * (one - v_g * v_g)
-                    dgates[n, 3 * H + j] = (v_dh * v_tc) * (one - v_o) * v_o
-                    dc_state[b, j] = v_dc * v_f
-            # dh of the previous step: dgates_t @ w_hh.
-            gemm(NoTrans, NoTrans, <int>nb, <int>H, <int>G, one, dgates_ptr + n0 * G, <int>G,
-                 w_hh_ptr, <int>H, <floating>0, dh_ptr, <int>H)
-
-        # Batched part: every step's gate gradients are known.
-        if want_dparams:
+        if n_threads < 2:
+            for d in range(D):
+                _backward_direction(0, d, x, x_step_row, x_batch_stride, dy, dy_step_row,
+                                    dy_batch_stride, w_ih, w_hh, h0, c0, cache_i, cache_f, cache_g,
+                                    cache_o, cache_c, cache_tanhc, cache_h, batch_sizes,
+                                    packed_start, dh_state, dc_state, want_dx,
+                                    dx_packed[d], dw_ih, dw_hh, db,
+                                    want_dparams, dgates, z, chunk, &progress[d])
+        else:
+            with parallel(num_threads=2):
+                tid = threadid()
+                nt = openmp.omp_get_num_threads()
+                if nt < 2:
+                    for d in range(D):
+                        _backward_direction(0, d, x, x_step_row, x_batch_stride, dy, dy_step_row,
+                                            dy_batch_stride, w_ih, w_hh, h0, c0, cache_i,
+                                            cache_f, cache_g, cache_o, cache_c, cache_tanhc,
+                                            cache_h, batch_sizes, packed_start, dh_state,
+                                            dc_state, want_dx,
+                                            dx_packed[d], dw_ih, dw_hh,
+                                            db, want_dparams, dgates, z, chunk, &progress[d])
+                elif D == 2:
+                    _backward_direction(0, tid, x, x_step_row, x_batch_stride, dy, dy_step_row,
+                                        dy_batch_stride, w_ih, w_hh, h0, c0, cache_i, cache_f,
+                                        cache_g, cache_o, cache_c, cache_tanhc, cache_h,
+                                        batch_sizes, packed_start, dh_state, dc_state, want_dx,
+                                        dx_packed[tid], dw_ih, dw_hh,
+                                        db, want_dparams, dgates, z, chunk, &progress[tid])
+                else:
+                    # Thread 0: recurrence, then dx. Thread 1: weight gradients of the chunks
+                    # the recurrence has finished.
+                    _backward_direction(tid + 1, 0, x, x_step_row, x_batch_stride, dy,
+                                        dy_step_row, dy_batch_stride, w_ih, w_hh, h0, c0,
+                                        cache_i, cache_f, cache_g, cache_o, cache_c, cache_tanhc,
+                                        cache_h, batch_sizes, packed_start, dh_state, dc_state,
+                                        want_dx, dx_packed[0], dw_ih, dw_hh, db, want_dparams,
+                                        dgates, z, chunk, &progress[0])
+        if want_dx and not direct_dx and I > 0:
             for t in range(T):
                 for b in range(batch_sizes[t]):
                     n = packed_start[t] + b
                     xr = x_step_row[t] + b * x_batch_stride
-                    for j in range(I):
-                        z[n, j] = x[xr, j]
-                    prev_t = _prev_step(t, b, T, batch_sizes, reverse)
-                    if prev_t >= 0:
-                        prev_row = prev_t * B + b
-                        for j in range(H):
-                            z[n, I + j] = cache_h[prev_row, j]
+                    if D == 2:
+                        for j in range(I):
+                            dx[xr, j] = dx_packed[0, n, j] + dx_packed[1, n, j]
                     else:
-                        for j in range(H):
-                            z[n, I + j] = h0[b, j]
-            # [dW_ih | dW_hh] = dgates^T @ [x | h_prev] over all steps at once.
-            gemm(Trans, NoTrans, <int>G, <int>K, <int>N, one, dgates_ptr, <int>G,
-                 z_ptr, <int>K, <floating>0, dw_ptr, <int>K)
-            for k in range(G):
-                for j in range(I):
-                    dw_ih[k, j] = dw[k, j]
-                for j in range(H):
-                    dw_hh[k, j] = dw[k, I + j]
-            # Fixed-order reduction, so results are bitwise reproducible.
-            for k in range(G):
-                db[k] = 0
-            for n in range(N):
-                for k in range(G):
-                    db[k] += dgates[n, k]
+                        for j in range(I):
+                            dx[xr, j] = dx_packed[0, n, j]
 
-        if want_dx and N > 0 and I > 0:
-            # dx = dgates @ w_ih, straight into dx when its rows are in packed order.
-            gemm(NoTrans, NoTrans, <int>N, <int>I, <int>G, one, dgates_ptr, <int>G,
-                 w_ih_ptr, <int>I, <floating>(1 if (dx_accumulate and x_rows_packed) else 0),
-                 dx_target, <int>I)
-            if not x_rows_packed:
-                for t in range(T):
-                    for b in range(batch_sizes[t]):
-                        n = packed_start[t] + b
-                        xr = x_step_row[t] + b * x_batch_stride
-                        if dx_accumulate:
-                            for j in range(I):
-                                dx[xr, j] += dx_packed[n, j]
-                        else:
-                            for j in range(I):
-                                dx[xr, j] = dx_packed[n, j]
+
+def _vector_sigmoid(const floating[::1] x, floating[::1] out):
+    """Test hook: ``out = sigmoid(x)`` with the kernels' own implementation."""
+    cdef Py_ssize_t k
+    with nogil:
+        for k in range(x.shape[0]):
+            out[k] = fast_sigmoid(x[k])
+
+
+def _vector_tanh(const floating[::1] x, floating[::1] out):
+    """Test hook: ``out = tanh(x)`` with the kernels' own implementation."""
+    cdef Py_ssize_t k
+    with nogil:
+        for k in range(x.shape[0]):
+            out[k] = fast_tanh(x[k])

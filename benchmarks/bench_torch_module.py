@@ -1,0 +1,119 @@
+"""Training-step benchmark: ``lstmcy.torch.LSTM`` against ``torch.nn.LSTM`` on the CPU.
+
+One step is: forward of the LSTM, a linear classifier on the last layer's final hidden
+state (both directions if bidirectional), cross-entropy, backward, optimiser step. The
+two models start from the same weights and see the same batches; their steps are timed
+alternately in one process (so machine noise hits both alike) and the medians are
+reported side by side with the speed-up ``torch time / lstmcy time``.
+
+Run::
+
+    python benchmarks/bench_torch_module.py                 # default shapes, float32, Adam
+    python benchmarks/bench_torch_module.py --optim sgd --dtype float64 --repeats 100
+    python benchmarks/bench_torch_module.py --shape 32,16,32,64,1,0   # T,B,I,H,layers,bidir
+"""
+import argparse
+import statistics
+import time
+
+import torch
+from torch import nn
+
+import lstmcy.torch as lstmcy_torch
+
+DEFAULT_SHAPES = [
+    # T, B, I, H, num_layers, bidirectional
+    (32, 16, 32, 64, 1, False),     # the target case
+    (32, 16, 32, 64, 2, True),
+    (64, 32, 64, 128, 1, False),
+    (128, 64, 128, 256, 1, False),
+]
+NUM_CLASSES = 10
+
+
+class Classifier(nn.Module):
+    """LSTM followed by a linear layer on the final hidden state of the last layer."""
+
+    def __init__(self, lstm_class, T, B, I, H, num_layers, bidirectional, dtype):
+        super().__init__()
+        self.rnn = lstm_class(I, H, num_layers=num_layers, bidirectional=bidirectional,
+                              dtype=dtype)
+        self.head = nn.Linear((2 if bidirectional else 1) * H, NUM_CLASSES, dtype=dtype)
+        self.bidirectional = bidirectional
+
+    def forward(self, x):
+        _, (h_n, _) = self.rnn(x)
+        last = torch.cat([h_n[-2], h_n[-1]], dim=1) if self.bidirectional else h_n[-1]
+        return self.head(last)
+
+
+def make_step(model, optim_name, lr=1e-3):
+    optimizer = (torch.optim.Adam(model.parameters(), lr=lr) if optim_name == "adam"
+                 else torch.optim.SGD(model.parameters(), lr=lr))
+    loss_fn = nn.CrossEntropyLoss()
+
+    def step(x, target):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), target)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step
+
+
+def bench_shape(shape, dtype, optim_name, repeats, warmup, seed=0):
+    T, B, I, H, L, bidir = shape
+    torch.manual_seed(seed)
+    ours = Classifier(lstmcy_torch.LSTM, T, B, I, H, L, bidir, dtype)
+    ref = Classifier(nn.LSTM, T, B, I, H, L, bidir, dtype)
+    ref.load_state_dict(ours.state_dict())
+    steps = {"lstmcy": make_step(ours, optim_name), "torch": make_step(ref, optim_name)}
+    batches = [(torch.randn(T, B, I, dtype=dtype), torch.randint(NUM_CLASSES, (B,)))
+               for _ in range(8)]
+    times = {name: [] for name in steps}
+    for k in range(warmup + repeats):
+        x, target = batches[k % len(batches)]
+        order = ("lstmcy", "torch") if k % 2 == 0 else ("torch", "lstmcy")
+        for name in order:
+            start = time.perf_counter()
+            steps[name](x, target)
+            elapsed = time.perf_counter() - start
+            if k >= warmup:
+                times[name].append(elapsed)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def parse_shape(text):
+    values = [int(v) for v in text.split(",")]
+    if len(values) != 6:
+        raise argparse.ArgumentTypeError("shape is T,B,I,H,num_layers,bidirectional(0/1)")
+    return (*values[:5], bool(values[5]))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--optim", choices=("adam", "sgd"), default="adam")
+    parser.add_argument("--repeats", type=int, default=60, help="timed steps per model and shape")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--shape", type=parse_shape, action="append",
+                        help="T,B,I,H,num_layers,bidirectional(0/1); repeatable")
+    args = parser.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    shapes = args.shape or DEFAULT_SHAPES
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, "
+          f"mkldnn {'on' if torch.backends.mkldnn.is_available() else 'off'}; "
+          f"{args.dtype}, {args.optim}, median of {args.repeats} steps (after {args.warmup} warm-up)")
+    print(f"{'T':>4} {'B':>4} {'I':>4} {'H':>4} {'L':>2} {'bi':>3} | "
+          f"{'lstmcy ms':>10} {'torch ms':>10} {'speed-up':>9}")
+    for shape in shapes:
+        result = bench_shape(shape, dtype, args.optim, args.repeats, args.warmup)
+        T, B, I, H, L, bidir = shape
+        ours, ref = result["lstmcy"] * 1e3, result["torch"] * 1e3
+        print(f"{T:>4} {B:>4} {I:>4} {H:>4} {L:>2} {('yes' if bidir else 'no'):>3} | "
+              f"{ours:>10.3f} {ref:>10.3f} {ref / ours:>8.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()

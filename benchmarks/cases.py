@@ -1,0 +1,217 @@
+"""The benchmark cases of issue 7: shapes, inputs, FLOP counts and targets.
+
+A :class:`Case` is one LSTM configuration ``(T, B, I, H, L)`` plus direction count,
+dtype and whether the batch has variable lengths. :func:`make_inputs` builds the
+numpy arrays (parameters drawn by ``torch.nn.LSTM``'s own initialiser, so both
+libraries see identical weights) and :func:`make_torch` the matching PyTorch module
+and tensors.
+
+Targets are "torch time / lstmcy time" ratios (higher is better for lstmcy) and
+efficiencies (achieved GF/s over the GEMM peak measured in the same run).
+"""
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+
+import numpy as np
+
+__all__ = ["Case", "CASES", "select_cases", "make_inputs", "backward_flops", "forward_flops",
+           "lengths_spread"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark configuration.
+
+    Parameters
+    ----------
+    name : str
+        Unique name, used by ``--shapes``.
+    T, B, I, H, L : int
+        Sequence length, batch, input size, hidden size, layers.
+    bidirectional : bool
+        Two directions per layer.
+    dtype : str
+        ``"float32"`` or ``"float64"``.
+    packed : bool
+        Variable-length batch (lengths spread 1..T, PackedSequence layout).
+    group : str
+        ``"tiny"``, ``"small"`` or ``"large"`` (decides which targets apply).
+    quick : bool
+        Part of the ``--quick`` subset.
+    targets : dict
+        ``metric -> (minimum, source)``; metrics are ``bwd_ratio``, ``fwd_ratio``,
+        ``bwd_efficiency``, ``packed_vs_torch_packed`` and ``packed_vs_own_padded``.
+    note : str
+        Where the shape comes from.
+    """
+
+    name: str
+    T: int
+    B: int
+    I: int
+    H: int
+    L: int = 1
+    bidirectional: bool = False
+    dtype: str = "float32"
+    packed: bool = False
+    group: str = "small"
+    quick: bool = False
+    targets: dict = field(default_factory=dict, hash=False, compare=False)
+    note: str = ""
+
+    @property
+    def D(self):
+        return 2 if self.bidirectional else 1
+
+    @property
+    def shape_label(self):
+        bi = " bi" if self.bidirectional else ""
+        return f"({self.T},{self.B},{self.I},{self.H},{self.L}){bi}"
+
+
+ISSUE = "issue 7"
+HEADLINE = "issue 7 headline (ahead of PyTorch on every shape)"
+
+# (name, T, B, I, H, L, group, fp32 bwd target, fp64 bwd target, note, in quick subset)
+_BASE = [
+    ("tiny", 20, 1, 16, 32, 1, "tiny", 5.0, 12.0, "", True),
+    ("small-32x16", 32, 16, 32, 64, 1, "small", 1.3, 3.0, "", False),
+    ("small-50x8", 50, 8, 64, 64, 1, "small", 1.5, 3.5, "", False),
+    ("small-50x32", 50, 32, 64, 128, 1, "small", 1.0, 2.5, "", True),
+    ("braun", 100, 64, 125, 320, 1, "large", 0.9, None, "Braun 2018 rnn benchmark", False),
+    ("large-256", 50, 64, 256, 256, 1, "large", 0.9, None, "", False),
+    ("deepbench-512", 25, 32, 512, 512, 1, "large", 0.9, None, "DeepBench-style", True),
+    ("ptb-medium", 35, 20, 650, 650, 2, "large", 0.9, None, "PTB medium", False),
+]
+
+
+def _build_cases():
+    cases = []
+    for name, T, B, I, H, L, group, t32, t64, note, quick in _BASE:
+        targets = {"bwd_ratio": (t32, ISSUE)}
+        if group == "large":
+            targets["bwd_efficiency"] = (0.80, ISSUE)
+            targets["fwd_ratio"] = (0.9, ISSUE)
+        else:
+            # "faster than PyTorch's training forward on the small shapes"
+            targets["fwd_ratio"] = (1.0, ISSUE)
+        cases.append(Case(name, T, B, I, H, L, group=group, quick=quick, targets=targets, note=note))
+    for name, T, B, I, H, L, group, t32, t64, note, quick in _BASE:
+        if t64 is not None:
+            targets = {"bwd_ratio": (t64, ISSUE)}
+        else:
+            targets = {"bwd_ratio": (1.0, HEADLINE)}
+        cases.append(Case(name + "-f64", T, B, I, H, L, dtype="float64", group=group,
+                          quick=quick and name in ("tiny", "small-50x32"), targets=targets, note=note))
+    cases.append(Case("bidir2-small", 50, 32, 64, 128, 2, bidirectional=True, group="small", quick=True,
+                      targets={"bwd_ratio": (1.0, HEADLINE)}, note="bidirectional 2-layer"))
+    cases.append(Case("bidir2-large", 50, 64, 256, 256, 2, bidirectional=True, group="large",
+                      targets={"bwd_ratio": (0.9, ISSUE + " (large-shape target)"),
+                               "bwd_efficiency": (0.80, ISSUE + " (large-shape target)")},
+                      note="bidirectional 2-layer"))
+    packed_targets = {"packed_vs_torch_packed": (4.0, ISSUE), "packed_vs_own_padded": (1.0, ISSUE)}
+    cases.append(Case("packed-small", 50, 32, 64, 128, 1, packed=True, group="small", quick=True,
+                      targets=dict(packed_targets), note="lengths spread 1..T"))
+    cases.append(Case("packed-large", 50, 64, 256, 256, 1, packed=True, group="large",
+                      targets=dict(packed_targets), note="lengths spread 1..T"))
+    return cases
+
+
+CASES = _build_cases()
+
+
+def select_cases(patterns=None, quick=False):
+    """Cases whose name matches one of the comma-separated glob ``patterns`` (or contains it).
+
+    ``quick`` keeps only the quick subset (before filtering).
+    """
+    cases = [c for c in CASES if c.quick] if quick else list(CASES)
+    if not patterns:
+        return cases
+    wanted = [p.strip() for p in patterns.split(",") if p.strip()]
+    chosen = [c for c in cases
+              if any(fnmatchcase(c.name, p) or (not any(ch in p for ch in "*?[") and p in c.name)
+                     for p in wanted)]
+    if not chosen:
+        names = ", ".join(c.name for c in cases)
+        raise SystemExit(f"--shapes {patterns!r} matches no case; cases are: {names}")
+    return chosen
+
+
+def lengths_spread(T, B):
+    """``B`` sequence lengths spread evenly over ``1..T``, sorted longest first."""
+    if B == 1:
+        return np.array([T], dtype=np.int64)
+    return np.rint(np.linspace(T, 1, B)).astype(np.int64)
+
+
+def _layer_inputs(case):
+    return [case.I if layer == 0 else case.D * case.H for layer in range(case.L)]
+
+
+def _tokens(case):
+    if case.packed:
+        return int(lengths_spread(case.T, case.B).sum())
+    return case.T * case.B
+
+
+def backward_flops(case, padded=False):
+    """``16 T B H (I_l + H)`` per layer and direction (the GEMMs only).
+
+    For a packed case ``T*B`` is replaced by the number of real tokens, unless
+    ``padded`` (the same shape run as a full ``T x B`` batch).
+    """
+    tokens = case.T * case.B if padded else _tokens(case)
+    return sum(16 * tokens * case.H * (i + case.H) * case.D for i in _layer_inputs(case))
+
+
+def forward_flops(case, padded=False):
+    """``8 T B H (I_l + H)`` per layer and direction (the gate GEMMs)."""
+    return backward_flops(case, padded) // 2
+
+
+def make_inputs(case, seed=0):
+    """Inputs for one case, as numpy arrays of the case's dtype.
+
+    Returns
+    -------
+    dict
+        ``x`` ``[T, B, I]`` (zero beyond each length when packed), ``h0``, ``c0``
+        ``[L*D, B, H]``, ``params`` (torch.nn.LSTM's initialisation), ``dy``
+        ``[T, B, D*H]`` (zero beyond each length), ``dh``, ``dc``; for packed
+        cases also ``lengths``, ``batch_sizes``, ``x_packed`` ``[N, I]`` and
+        ``dy_packed`` ``[N, D*H]`` (PyTorch's packed row order).
+    """
+    import torch
+
+    dtype = np.dtype(case.dtype)
+    rng = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+    module = torch.nn.LSTM(case.I, case.H, case.L, bidirectional=case.bidirectional)
+    params = [p.detach().double().numpy().astype(dtype) for p in module._flat_weights]
+    T, B, D, H = case.T, case.B, case.D, case.H
+    out = {
+        "x": rng.standard_normal((T, B, case.I)).astype(dtype),
+        "h0": (0.5 * rng.standard_normal((case.L * D, B, H))).astype(dtype),
+        "c0": (0.5 * rng.standard_normal((case.L * D, B, H))).astype(dtype),
+        "params": params,
+        "dy": rng.standard_normal((T, B, D * H)).astype(dtype),
+        "dh": rng.standard_normal((case.L * D, B, H)).astype(dtype),
+        "dc": rng.standard_normal((case.L * D, B, H)).astype(dtype),
+    }
+    if case.packed:
+        lengths = lengths_spread(T, B)
+        batch_sizes = np.array([(lengths > t).sum() for t in range(T)], dtype=np.int64)
+        active = np.arange(T)[:, None] < lengths[None, :]  # [T, B]
+        out["x"] *= active[:, :, None]
+        out["dy"] *= active[:, :, None]
+        # PackedSequence rows: step by step, the active sequences in batch order.
+        out.update(lengths=lengths, batch_sizes=batch_sizes,
+                   x_packed=np.ascontiguousarray(out["x"][active]),
+                   dy_packed=np.ascontiguousarray(out["dy"][active]))
+    return out
+
+
+def lstm_kwargs(case):
+    """Keyword arguments shared by lstmcy's forward and backward for ``case``."""
+    return dict(num_layers=case.L, bidirectional=case.bidirectional, has_bias=True)

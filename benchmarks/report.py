@@ -1,0 +1,228 @@
+#!/usr/bin/env python
+"""Tables (plain text or Markdown) and a PNG chart from a benchmark JSON file.
+
+``run.py`` prints :func:`text_report` and draws :func:`chart`. To turn a saved run
+into Markdown (as pasted into ``RESULTS.md``)::
+
+    python benchmarks/report.py benchmarks/results/<timestamp>.json [--chart out.png]
+"""
+import argparse
+import json
+import sys
+
+__all__ = ["format_peaks", "tables", "text_report", "markdown_report", "chart"]
+
+
+def format_peaks(peaks):
+    parts = []
+    for dt, p in peaks.items():
+        runs = ", ".join(f"{k} {v:.0f}" for k, v in p["runs"].items())
+        parts.append(f"{dt} {p['peak_gflops']:.1f} GF/s ({runs})")
+    return "; ".join(parts)
+
+
+def _ms(seconds):
+    if seconds is None:
+        return "-"
+    ms = seconds * 1e3
+    return f"{ms:.3f}" if ms < 1 else f"{ms:.2f}" if ms < 100 else f"{ms:.0f}"
+
+
+def _x(ratio):
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def _pct(fraction):
+    return f"{100 * fraction:.0f}%"
+
+
+def _spread(t):
+    """Median with the inter-quartile range as a +- percentage."""
+    return f"{_ms(t['median'])} ±{100 * t['iqr'] / 2 / t['median']:.0f}%"
+
+
+def _ref(result):
+    ref = result["reference"]
+    if ref["status"] != "ran":
+        return f"skipped (~{ref['estimate_s']:.0f} s)"
+    return f"{_ms(ref['fwd'])} / {_ms(ref['bwd'])}"
+
+
+def tables(doc):
+    """``[(title, header, rows, notes)]`` for a results document."""
+    cases = doc["cases"]
+    out = []
+    header = ["case", "(T,B,I,H,L)", "dtype", "bwd GFLOP", "lstmcy bwd ms", "torch bwd ms",
+              "torch/lstmcy bwd", "lstmcy bwd GF/s (peak)", "torch bwd GF/s (peak)",
+              "lstmcy fwd ms", "torch fwd ms", "torch/lstmcy fwd", "numpy ref fwd/bwd ms",
+              "max rel err vs torch", "others' cores"]
+    rows = []
+    for r in cases:
+        t, g, e = r["times"], r["gflops"], r.get("efficiency", {})
+        rows.append([r["name"], r["label"] + (" packed" if r["packed"] else ""), r["dtype"].replace("float", "f"),
+                     f"{r['flops']['bwd'] / 1e9:.3f}",
+                     _spread(t["lstmcy_bwd"]), _spread(t["torch_bwd"]), _x(r["ratios"]["bwd_ratio"]),
+                     f"{g['lstmcy_bwd']:.1f} ({_pct(e.get('lstmcy_bwd', 0))})",
+                     f"{g['torch_bwd']:.1f} ({_pct(e.get('torch_bwd', 0))})",
+                     _spread(t["lstmcy_fwd"]), _spread(t["torch_fwd"]), _x(r["ratios"]["fwd_ratio"]),
+                     _ref(r), f"{r['max_rel_err_vs_torch']:.1e}",
+                     "-" if r.get("others_cores") is None else f"{r['others_cores']:.1f}"])
+    out.append(("Backward and training forward (median ± half the inter-quartile range)", header, rows,
+                ["torch bwd = torch.autograd.grad(retain_graph=True) on a recorded forward; packed rows "
+                 "compare PyTorch's PackedSequence path.",
+                 "GF/s from 16·T·B·H·(I_l+H) per layer-direction (backward) and half that (forward), "
+                 "tokens actually processed for packed cases; (peak) = share of the GEMM peak of that "
+                 "dtype measured in the same run.",
+                 "others' cores = CPU other processes used during the case's timing (/proc/stat), out of "
+                 "the machine's cores: above 0.2 the numbers are contaminated by outside load."]))
+
+    packed = [r for r in cases if r["packed"]]
+    if packed:
+        header = ["case", "tokens / T·B", "lstmcy packed bwd ms", "lstmcy padded bwd ms",
+                  "torch packed bwd ms", "torch padded bwd ms", "torch packed / lstmcy packed",
+                  "lstmcy padded / lstmcy packed", "torch packed / torch padded",
+                  "lstmcy packed / padded fwd"]
+        rows = []
+        for r in packed:
+            t, q = r["times"], r["ratios"]
+            rows.append([r["name"], f"{r['tokens']} / {r['shape']['T'] * r['shape']['B']}",
+                         _ms(t["lstmcy_bwd"]["median"]), _ms(t["lstmcy_padded_bwd"]["median"]),
+                         _ms(t["torch_bwd"]["median"]), _ms(t["torch_padded_bwd"]["median"]),
+                         _x(q["packed_vs_torch_packed"]), _x(q["packed_vs_own_padded"]),
+                         _x(q["torch_packed_over_padded"]), _x(q["packed_fwd_vs_own_padded"])])
+        out.append(("Variable-length batch (lengths spread 1..T): packed vs padded with the same tokens",
+                    header, rows, []))
+
+    header = ["case", "dtype", "target", "required", "measured", "met", "source"]
+    rows = []
+    for r in cases:
+        for c in r.get("targets", []):
+            metric = c["metric"]
+            if metric == "bwd_efficiency":
+                req, got = f">= {_pct(c['min'])} of peak", _pct(c["measured"])
+            elif metric == "fwd_ratio" and c["min"] == 1.0:
+                req, got = "> 1.00x", _x(c["measured"])
+            else:
+                req, got = f">= {c['min']:.2f}x", _x(c["measured"])
+            rows.append([r["name"], r["dtype"].replace("float", "f"), metric, req, got,
+                         "yes" if c["met"] else "NO", c["source"]])
+    n_met = sum(1 for r in cases for c in r.get("targets", []) if c["met"])
+    n_all = sum(len(r.get("targets", [])) for r in cases)
+    out.append((f"Targets ({n_met} of {n_all} met)", header, rows,
+                ["bwd_ratio / fwd_ratio = torch time / lstmcy time; bwd_efficiency = lstmcy backward "
+                 "GF/s / GEMM peak."]))
+
+    header = ["case", "lstmcy fwd peak MB (results MB)", "lstmcy bwd peak MB (results MB)",
+              "T·B·4H MB", "torch bwd top ops (self CPU)"]
+    rows = []
+    for r in cases:
+        m = r["memory"]
+        rows.append([r["name"], f"{m['fwd_peak_bytes'] / 2**20:.2f} ({m['fwd_result_bytes'] / 2**20:.2f})",
+                     f"{m['bwd_peak_bytes'] / 2**20:.2f} ({m['bwd_result_bytes'] / 2**20:.2f})",
+                     f"{m['T_B_4H_bytes'] / 2**20:.2f}", ", ".join(r["torch_ops"]["bwd"][:3])])
+    out.append(("Memory per call (tracemalloc: numpy allocations, results included) and PyTorch's "
+                "backward kernels", header, rows, []))
+    return out
+
+
+def _text_table(header, rows):
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    lines = ["  ".join(str(h).ljust(w) for h, w in zip(header, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def _md_table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _peak_lines(doc):
+    lines = []
+    for dt, p in doc["peaks"].items():
+        lines.append(f"{dt}: peak {p['peak_gflops']:.1f} GF/s ({p['best']}); "
+                     f"start: {format_peaks({dt: p['start']}).split(' ', 1)[1]}; "
+                     f"end: {format_peaks({dt: p['end']}).split(' ', 1)[1]}")
+    return lines
+
+
+def text_report(doc):
+    parts = ["GEMM peak (GF/s, same run):"] + ["  " + ln for ln in _peak_lines(doc)]
+    for title, header, rows, notes in tables(doc):
+        parts += ["", title, _text_table(header, rows)] + notes
+    return "\n".join(parts)
+
+
+def markdown_report(doc):
+    meta = doc["meta"]
+    parts = [f"Run {meta['timestamp']}: {len(doc['cases'])} cases, {meta['repeats']} rounds, "
+             f"threads={meta['threads'] or 'default'}, load average "
+             f"{meta['loadavg_start'][0]:.2f} -> {meta['loadavg_end'][0]:.2f}, {meta['wall_s']:.0f} s.", "",
+             "GEMM peak measured in the same run:", ""]
+    parts += [f"- {ln}" for ln in _peak_lines(doc)]
+    for title, header, rows, notes in tables(doc):
+        parts += ["", f"### {title}", "", _md_table(header, rows)]
+        if notes:
+            parts += [""] + [f"- {n}" for n in notes]
+    return "\n".join(parts)
+
+
+def chart(doc, path):
+    """Bar chart of torch/lstmcy backward and forward ratios and of efficiency; False without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    cases = doc["cases"]
+    names = [r["name"] for r in cases]
+    xs = range(len(cases))
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(8, 0.6 * len(cases) + 3), 8), sharex=True)
+    width = 0.4
+    bwd = [r["ratios"]["bwd_ratio"] for r in cases]
+    fwd = [r["ratios"]["fwd_ratio"] for r in cases]
+    ax1.bar([x - width / 2 for x in xs], bwd, width, label="backward")
+    ax1.bar([x + width / 2 for x in xs], fwd, width, label="training forward")
+    for x, r in zip(xs, cases):
+        for c in r.get("targets", []):
+            if c["metric"] in ("bwd_ratio", "packed_vs_torch_packed"):
+                ax1.plot([x - width, x], [c["min"]] * 2, color="black", lw=2)
+    ax1.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax1.set_yscale("log")
+    ax1.set_ylabel("torch time / lstmcy time")
+    ax1.set_title("lstmcy vs PyTorch CPU (black ticks: backward targets)")
+    ax1.legend()
+    eff_cy = [100 * r["efficiency"]["lstmcy_bwd"] for r in cases]
+    eff_pt = [100 * r["efficiency"]["torch_bwd"] for r in cases]
+    ax2.bar([x - width / 2 for x in xs], eff_cy, width, label="lstmcy backward")
+    ax2.bar([x + width / 2 for x in xs], eff_pt, width, label="torch backward")
+    ax2.axhline(80, color="black", lw=0.8, ls="--")
+    ax2.set_ylabel("% of GEMM peak (same run)")
+    ax2.set_xticks(list(xs))
+    ax2.set_xticklabels(names, rotation=45, ha="right")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Markdown tables (and a chart) from a benchmark JSON")
+    parser.add_argument("json")
+    parser.add_argument("--chart", default=None, help="also draw the PNG chart here")
+    parser.add_argument("--text", action="store_true", help="plain-text tables instead of Markdown")
+    args = parser.parse_args(argv)
+    with open(args.json) as fh:
+        doc = json.load(fh)
+    print(text_report(doc) if args.text else markdown_report(doc))
+    if args.chart and not chart(doc, args.chart):
+        print("matplotlib not importable: no chart", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

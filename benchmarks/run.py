@@ -1,0 +1,469 @@
+#!/usr/bin/env python
+"""lstmcy vs PyTorch CPU LSTM: backward and training forward, side by side (issue 7).
+
+Usage::
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/run.py            # full suite
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/run.py --quick    # < 60 s subset
+    python benchmarks/run.py --shapes 'tiny,small-*' --repeats 11 --threads 1
+    python benchmarks/run.py --list
+
+(The script also re-executes itself without ``OPENBLAS_CORETYPE`` /
+``OPENBLAS_L2_SIZE`` when they are set: OpenBLAS reads them when it is loaded and
+they select older kernels.)
+
+For every case, in one process and in interleaved rounds (median over
+``--repeats`` rounds, see ``timing.py``):
+
+* lstmcy backward (``lstm_backward`` with all outputs) and training forward
+  (``lstm_forward(train=True)``, which saves the cache);
+* PyTorch backward only: ``torch.autograd.grad(..., retain_graph=True)`` on one
+  recorded forward of ``torch.nn.LSTM`` (float32 takes oneDNN's RNN primitive,
+  float64 ATen's native path; the aten ops seen are recorded), and PyTorch's
+  training forward (autograd recording);
+* the numpy reference ``lstmcy.reference`` once (skipped when a short probe
+  predicts more than ``--ref-budget`` seconds);
+* for packed cases, also PyTorch's PackedSequence path and lstmcy / PyTorch on the
+  same tokens as a full padded ``T x B`` batch;
+* sgemm/dgemm peak (numpy, scipy and torch square GEMMs) at the start and end of
+  the run; efficiency = achieved GF/s / peak with backward FLOPs
+  ``16 T B H (I_l + H)`` per layer and direction (forward: half).
+
+Output: a table on stdout, ``benchmarks/results/<timestamp>.json`` (or ``--json``)
+and, when matplotlib is importable, a PNG chart beside it.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _env import reexec_without_openblas_overrides  # noqa: E402  (no numpy import)
+
+if __name__ == "__main__":
+    reexec_without_openblas_overrides()
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import time  # noqa: E402
+import tracemalloc  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS_DIR = os.path.join(HERE, "results")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="small subset, fewer repeats, shorter batches (< 60 s)")
+    parser.add_argument("--shapes", default=None,
+                        help="comma-separated case names or globs, e.g. 'tiny,small-*,*-f64'")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="timed rounds per implementation (default 7, quick 3)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="BLAS/OpenMP threads (threadpoolctl) and torch.set_num_threads; "
+                             "default: the libraries' defaults")
+    parser.add_argument("--json", default=None, help="write the JSON results here "
+                        "(default benchmarks/results/<timestamp>.json)")
+    parser.add_argument("--chart", default=None, help="PNG chart path (default: beside the JSON)")
+    parser.add_argument("--no-chart", action="store_true", help="do not draw the PNG chart")
+    parser.add_argument("--ref-budget", type=float, default=None,
+                        help="skip the numpy reference when predicted to take longer (s; default 5, quick 1)")
+    parser.add_argument("--min-time", type=float, default=None,
+                        help="length of one timed batch in seconds (default 0.05, quick 0.02)")
+    parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                        help="before each case, wait up to this long until other processes use less "
+                             "than 0.3 cores (shared machines); default 0: do not wait")
+    parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    args = parser.parse_args(argv)
+    args.repeats = args.repeats or (3 if args.quick else 7)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be >= 1")
+    args.ref_budget = args.ref_budget if args.ref_budget is not None else (1.0 if args.quick else 5.0)
+    args.min_time = args.min_time if args.min_time is not None else (0.02 if args.quick else 0.05)
+    args.warm_time = 0.005 if args.quick else 0.02
+    args.peak_sizes = (1024,) if args.quick else (1024, 2048)
+    return args
+
+
+# --------------------------------------------------------------------------- torch side
+
+def _torch_dtype(torch, dtype):
+    return torch.float32 if np.dtype(dtype) == np.float32 else torch.float64
+
+
+def torch_setup(case, inp, packed):
+    """``torch.nn.LSTM`` with lstmcy's parameters, and forward / backward closures.
+
+    ``packed`` selects the PackedSequence path (input ``x_packed`` and ``batch_sizes``);
+    otherwise the padded ``[T, B, I]`` input is used.
+    """
+    import torch
+    from torch.nn.utils.rnn import PackedSequence
+
+    tdt = _torch_dtype(torch, case.dtype)
+    module = torch.nn.LSTM(case.I, case.H, case.L, bidirectional=case.bidirectional).to(tdt)
+    with torch.no_grad():
+        for weight, value in zip(module._flat_weights, inp["params"]):
+            weight.copy_(torch.from_numpy(value))
+    h0 = torch.from_numpy(inp["h0"].copy()).requires_grad_()
+    c0 = torch.from_numpy(inp["c0"].copy()).requires_grad_()
+    if packed:
+        x = torch.from_numpy(inp["x_packed"].copy()).requires_grad_()
+        batch_sizes = torch.from_numpy(inp["batch_sizes"].copy())
+        dy = torch.from_numpy(inp["dy_packed"].copy())
+
+        def forward():
+            out, (h_n, c_n) = module(PackedSequence(x, batch_sizes), (h0, c0))
+            return out.data, h_n, c_n
+    else:
+        x = torch.from_numpy(inp["x"].copy()).requires_grad_()
+        dy = torch.from_numpy(inp["dy"].copy())
+
+        def forward():
+            out, (h_n, c_n) = module(x, (h0, c0))
+            return out, h_n, c_n
+    dh, dc = torch.from_numpy(inp["dh"].copy()), torch.from_numpy(inp["dc"].copy())
+    outputs = forward()  # the recorded forward that backward differentiates
+    inputs = [x, h0, c0] + list(module._flat_weights)
+
+    def backward():
+        return torch.autograd.grad(list(outputs), inputs, [dy, dh, dc], retain_graph=True)
+
+    return forward, backward
+
+
+def torch_ops(fn, top=6):
+    """Names of the aten ops that took the most self CPU time in one call of ``fn``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    # Kineto writes "profiler_start/stop" lines to fd 2: silence them.
+    sys.stderr.flush()
+    saved_fd = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn()
+    finally:
+        os.dup2(saved_fd, 2)
+        os.close(saved_fd)
+        os.close(devnull)
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    return [e.key for e in events[:top] if e.self_cpu_time_total > 0]
+
+
+# --------------------------------------------------------------------------- lstmcy side
+
+def lstmcy_setup(case, inp, packed):
+    """Forward / backward closures for lstmcy (packed 2-D layout or padded ``[T, B, I]``)."""
+    import lstmcy
+    from cases import lstm_kwargs
+
+    kw = lstm_kwargs(case)
+    hx = (inp["h0"], inp["c0"])
+    params = inp["params"]
+    if packed:
+        kw["batch_sizes"] = inp["batch_sizes"]
+        x, dy = inp["x_packed"], inp["dy_packed"]
+    else:
+        x, dy = inp["x"], inp["dy"]
+
+    def forward():
+        return lstmcy.lstm_forward(x, hx, params, train=True, **kw)
+
+    _, _, _, cache = forward()
+    saved = cache.saved()
+
+    def backward():
+        return lstmcy.lstm_backward(x, hx, params, dy, inp["dh"], inp["dc"], *saved, **kw)
+
+    return forward, backward
+
+
+def reference_run(case, inp, budget, repeats):
+    """Time the numpy reference once (or a few times), unless a probe predicts > ``budget`` s."""
+    from lstmcy import reference
+
+    from cases import lstm_kwargs
+
+    kw = lstm_kwargs(case)
+    hx = (inp["h0"], inp["c0"])
+    params = inp["params"]
+    # Probe: the first few steps of the padded problem; the reference is linear in T.
+    t_probe = min(case.T, 3)
+    x_probe = inp["x"][:t_probe]
+    start = time.perf_counter()
+    y, h_n, c_n, cache = reference.lstm_forward(x_probe, hx, params, **kw)
+    reference.lstm_backward(x_probe, hx, params, np.ones_like(y), None, None, *cache.saved(), **kw)
+    estimate = (time.perf_counter() - start) * case.T / t_probe
+    if estimate > budget:
+        return {"status": "skipped", "estimate_s": estimate,
+                "reason": f"predicted {estimate:.1f} s for forward+backward > budget {budget:g} s"}
+    if case.packed:
+        kw["batch_sizes"] = inp["batch_sizes"]
+        x, dy = inp["x_packed"], inp["dy_packed"]
+    else:
+        x, dy = inp["x"], inp["dy"]
+    repeats = max(1, min(repeats, int(budget / max(estimate, 1e-9))))
+    fwd_times, bwd_times = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        y, h_n, c_n, cache = reference.lstm_forward(x, hx, params, train=True, **kw)
+        mid = time.perf_counter()
+        reference.lstm_backward(x, hx, params, dy, inp["dh"], inp["dc"], *cache.saved(), **kw)
+        fwd_times.append(mid - start)
+        bwd_times.append(time.perf_counter() - mid)
+    return {"status": "ran", "estimate_s": estimate, "repeats": repeats,
+            "fwd": float(np.median(fwd_times)), "bwd": float(np.median(bwd_times))}
+
+
+def _nbytes(obj):
+    if obj is None:
+        return 0
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(o) for o in obj)
+    if hasattr(obj, "saved"):
+        return _nbytes(list(obj.saved())) + _nbytes(getattr(obj, "dropout_masks", None))
+    return 0
+
+
+def peak_memory(fn):
+    """Peak bytes numpy allocated during one call (tracemalloc), and bytes of the results."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        result = fn()
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    return peak, _nbytes(result)
+
+
+def max_rel_err(ours, theirs):
+    """Largest ``max|a - b| / max|b|`` over the gradients (dx, dh0, dc0, dparams...)."""
+    worst = 0.0
+    flat_ours = list(ours[:3]) + list(ours[3])
+    for a, b in zip(flat_ours, theirs):
+        b = b.detach().numpy().astype(np.float64)
+        scale = max(float(np.abs(b).max(initial=0.0)), 1e-300)
+        worst = max(worst, float(np.abs(np.asarray(a, dtype=np.float64) - b).max(initial=0.0)) / scale)
+    return worst
+
+
+# --------------------------------------------------------------------------- one case
+
+def run_case(case, args):
+    from cases import backward_flops, forward_flops, make_inputs
+    from timing import measure
+
+    inp = make_inputs(case)
+    functions = {}
+    cy_fwd, cy_bwd = lstmcy_setup(case, inp, packed=case.packed)
+    pt_fwd, pt_bwd = torch_setup(case, inp, packed=case.packed)
+    functions.update(lstmcy_bwd=cy_bwd, torch_bwd=pt_bwd, lstmcy_fwd=cy_fwd, torch_fwd=pt_fwd)
+    if case.packed:
+        cyp_fwd, cyp_bwd = lstmcy_setup(case, inp, packed=False)
+        ptp_fwd, ptp_bwd = torch_setup(case, inp, packed=False)
+        functions.update(lstmcy_padded_bwd=cyp_bwd, torch_padded_bwd=ptp_bwd,
+                         lstmcy_padded_fwd=cyp_fwd, torch_padded_fwd=ptp_fwd)
+
+    result = {"name": case.name, "group": case.group, "dtype": case.dtype, "packed": case.packed,
+              "note": case.note, "shape": {"T": case.T, "B": case.B, "I": case.I, "H": case.H,
+                                           "L": case.L, "D": case.D},
+              "label": case.shape_label,
+              "flops": {"bwd": backward_flops(case), "fwd": forward_flops(case),
+                        "bwd_padded": backward_flops(case, padded=True),
+                        "fwd_padded": forward_flops(case, padded=True)}}
+    if case.packed:
+        result["lengths"] = inp["lengths"].tolist()
+        result["tokens"] = int(inp["lengths"].sum())
+
+    result["max_rel_err_vs_torch"] = max_rel_err(cy_bwd(), pt_bwd())
+    result["torch_ops"] = {"bwd": torch_ops(pt_bwd), "fwd": torch_ops(pt_fwd)}
+
+    import machine
+
+    before = machine.cpu_snapshot()
+    times = measure(functions, repeats=args.repeats, min_time=args.min_time, warm_time=args.warm_time)
+    result["others_cores"] = machine.others_cores(before, machine.cpu_snapshot())
+    result["times"] = times
+    med = {name: t["median"] for name, t in times.items()}
+    ratios = {"bwd_ratio": med["torch_bwd"] / med["lstmcy_bwd"],
+              "fwd_ratio": med["torch_fwd"] / med["lstmcy_fwd"]}
+    if case.packed:
+        ratios["packed_vs_torch_packed"] = med["torch_bwd"] / med["lstmcy_bwd"]
+        ratios["packed_vs_own_padded"] = med["lstmcy_padded_bwd"] / med["lstmcy_bwd"]
+        ratios["torch_packed_over_padded"] = med["torch_bwd"] / med["torch_padded_bwd"]
+        ratios["padded_bwd_ratio"] = med["torch_padded_bwd"] / med["lstmcy_padded_bwd"]
+        ratios["packed_fwd_vs_own_padded"] = med["lstmcy_padded_fwd"] / med["lstmcy_fwd"]
+    result["ratios"] = ratios
+    gflops = {}
+    for name, seconds in med.items():
+        kind = "bwd" if name.endswith("bwd") else "fwd"
+        flops = result["flops"][f"{kind}_padded" if "padded" in name else kind]
+        gflops[name] = flops / seconds / 1e9
+    result["gflops"] = gflops
+
+    ref = reference_run(case, inp, args.ref_budget, repeats=1)
+    result["reference"] = ref
+
+    fwd_peak, fwd_out = peak_memory(cy_fwd)
+    bwd_peak, bwd_out = peak_memory(cy_bwd)
+    itemsize = np.dtype(case.dtype).itemsize
+    gates_bytes = case.T * case.B * 4 * case.H * itemsize
+    result["memory"] = {"fwd_peak_bytes": fwd_peak, "fwd_result_bytes": fwd_out,
+                        "bwd_peak_bytes": bwd_peak, "bwd_result_bytes": bwd_out,
+                        "T_B_4H_bytes": gates_bytes}
+    return result
+
+
+def evaluate_targets(case, result, peaks):
+    """Fill ``result['efficiency']`` and ``result['targets']`` from the case's targets."""
+    peak = peaks[case.dtype]["peak_gflops"]
+    result["efficiency"] = {name: g / peak for name, g in result["gflops"].items()}
+    measured = dict(result["ratios"])
+    measured["bwd_efficiency"] = result["efficiency"]["lstmcy_bwd"]
+    checks = []
+    for metric, (minimum, source) in case.targets.items():
+        value = measured[metric]
+        # "faster than" (fwd_ratio 1.0 on small shapes) is strict; the rest are ">=".
+        met = value > minimum if (metric == "fwd_ratio" and minimum == 1.0) else value >= minimum
+        checks.append({"metric": metric, "min": minimum, "measured": value, "met": bool(met),
+                       "source": source})
+    result["targets"] = checks
+
+
+# --------------------------------------------------------------------------- main
+
+def wait_quiet(max_wait, threshold=0.3, interval=1.0):
+    """Wait until other processes use fewer than ``threshold`` cores, for at most ``max_wait`` s.
+
+    Returns ``(others_cores, waited_seconds)`` of the last sample.
+    """
+    import machine
+
+    start = time.perf_counter()
+    while True:
+        before = machine.cpu_snapshot()
+        time.sleep(interval)
+        others = machine.others_cores(before, machine.cpu_snapshot())
+        waited = time.perf_counter() - start
+        if others is None or others < threshold or waited >= max_wait:
+            return others, waited
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from cases import select_cases
+
+    cases = select_cases(args.shapes, quick=args.quick)
+    if args.list:
+        for c in cases:
+            print(f"{c.name:18s} {c.shape_label:28s} {c.dtype:8s} {'packed' if c.packed else ''} {c.note}")
+        return 0
+
+    t_start = time.perf_counter()
+    import threadpoolctl
+    import torch
+
+    import lstmcy  # noqa: F401  (loads scipy's OpenBLAS through scipy.linalg.cython_blas)
+    import machine
+    import report
+
+    limiter = None
+    if args.threads is not None:
+        limiter = threadpoolctl.threadpool_limits(limits=args.threads)  # noqa: F841  (kept alive)
+        torch.set_num_threads(args.threads)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    meta = {"timestamp": stamp, "argv": sys.argv, "quick": args.quick, "repeats": args.repeats,
+            "wait_quiet": args.wait_quiet,
+            "threads": args.threads, "min_time": args.min_time, "warm_time": args.warm_time,
+            "ref_budget": args.ref_budget, "cpu": machine.lscpu_summary(), "blas": machine.blas_info(),
+            "versions": machine.versions(), "git": machine.git_state(os.path.dirname(HERE)),
+            "loadavg_start": os.getloadavg()}
+    print(f"lstmcy benchmark {stamp}: {len(cases)} cases, {args.repeats} rounds, "
+          f"threads={args.threads or 'default'}, load average {meta['loadavg_start'][0]:.2f}")
+    for line in machine.describe_pools(meta["blas"]):
+        print("  " + line)
+    if meta["blas"]["unset_by_run_py"]:
+        print(f"  re-executed without {meta['blas']['unset_by_run_py']}")
+    leftover = [k for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ]
+    if leftover:
+        print(f"  WARNING: {leftover} still set: OpenBLAS may run older kernels")
+
+    def peaks_now():
+        return {dt: machine.gemm_peak(dt, sizes=args.peak_sizes, repeats=3 if args.quick else 7)
+                for dt in ("float32", "float64")}
+
+    peaks_start = peaks_now()
+    print("  GEMM peak at start: " + report.format_peaks(peaks_start))
+
+    results = []
+    for case in cases:
+        quiet = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
+        t0 = time.perf_counter()
+        result = run_case(case, args)
+        if quiet is not None:
+            result["wait_quiet"] = {"others_cores_before": quiet[0], "waited_s": quiet[1]}
+        result["wall_s"] = time.perf_counter() - t0
+        results.append((case, result))
+        others = result["others_cores"]
+        print(f"  {case.name:18s} {result['wall_s']:5.1f} s: torch/lstmcy bwd "
+              f"{result['ratios']['bwd_ratio']:6.2f}x, fwd {result['ratios']['fwd_ratio']:6.2f}x"
+              + (f"  (other processes busy on {others:.1f} cores)" if others is not None else ""),
+              flush=True)
+
+    peaks_end = peaks_now()
+    print("  GEMM peak at end:   " + report.format_peaks(peaks_end))
+    peaks = {}
+    for dt in peaks_start:
+        best = max((peaks_start[dt], peaks_end[dt]), key=lambda p: p["peak_gflops"])
+        peaks[dt] = {"peak_gflops": best["peak_gflops"], "best": best["best"],
+                     "start": peaks_start[dt], "end": peaks_end[dt]}
+    for case, result in results:
+        evaluate_targets(case, result, peaks)
+    meta["loadavg_end"] = os.getloadavg()
+    meta["wall_s"] = time.perf_counter() - t_start
+    doc = {"meta": meta, "peaks": peaks, "cases": [r for _, r in results]}
+
+    print()
+    print(report.text_report(doc))
+
+    json_path = args.json or os.path.join(RESULTS_DIR, f"{stamp}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+    with open(json_path, "w") as fh:
+        json.dump(doc, fh, indent=1, default=_json_default)
+    print(f"\nresults: {json_path}")
+    if not args.no_chart:
+        chart_path = args.chart or os.path.splitext(json_path)[0] + ".png"
+        if report.chart(doc, chart_path):
+            print(f"chart:   {chart_path}")
+        else:
+            print("chart:   skipped (matplotlib not importable; pip install matplotlib)")
+    print(f"total {meta['wall_s']:.1f} s")
+    return 0
+
+
+def _json_default(obj):
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    raise TypeError(f"not JSON serialisable: {type(obj)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1002 @@
+"""scikit-learn estimators built on lstmcy's forward and backward.
+
+:class:`LSTMClassifier` and :class:`LSTMRegressor` follow the conventions of
+:class:`~sklearn.neural_network.MLPClassifier` and
+:class:`~sklearn.neural_network.MLPRegressor`: an LSTM (``lstmcy.lstm_forward``)
+reads each sequence, a head turns its last hidden state (or the mean of its
+outputs over time) into features, and one linear layer maps those to class
+scores (softmax) or to the regression targets (identity). Training is mini-batch
+Adam or SGD with momentum; the head's gradients are computed in numpy and every
+gradient of the LSTM comes from ``lstmcy.lstm_backward``.
+
+This module needs scikit-learn (``pip install lstmcy[sklearn]``); ``import lstmcy``
+does not import it.
+
+Input ``X`` can be
+
+* a 3-D array ``(n_samples, n_timesteps, n_features)``;
+* a 2-D array ``(n_samples, n_timesteps)``, read as univariate sequences (one
+  feature per step). This is also how scikit-learn's generic tools see it: its
+  columns are the estimator's ``n_features_in_``;
+* a list of 2-D arrays ``(n_timesteps_i, n_features)`` whose lengths may differ:
+  a variable-length batch, packed internally (sorted by length, PyTorch's
+  ``PackedSequence`` layout) and returned in the caller's order.
+"""
+import time
+import warnings
+from numbers import Integral, Real
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.metrics import accuracy_score, r2_score
+from sklearn.model_selection import train_test_split
+from sklearn.utils import check_random_state
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import (check_array, check_consistent_length, check_is_fitted,
+                                      column_or_1d, validate_data)
+
+import lstmcy
+
+__all__ = ["LSTMClassifier", "LSTMRegressor"]
+
+# Samples per forward call at prediction time (bounds the memory of the saved nothing:
+# inference keeps no cache, so this only bounds the [T, B, D*H] output).
+_PREDICT_CHUNK = 1024
+
+
+# --------------------------------------------------------------------------- input handling
+
+def _is_sequence_list(X):
+    """Whether ``X`` is a list (or 1-D object array) of 2-D arrays: a variable-length batch."""
+    if isinstance(X, np.ndarray):
+        if X.dtype != object or X.ndim != 1:
+            return False
+    elif not isinstance(X, (list, tuple)):
+        return False
+    if len(X) == 0:
+        return False
+    first = X[0]
+    if sp.issparse(first):
+        return False
+    try:
+        return np.ndim(first) == 2
+    except ValueError:  # a ragged nested list: not a sequence of 2-D arrays
+        return False
+
+
+class _Batch:
+    """One mini-batch as lstmcy's forward wants it.
+
+    Attributes
+    ----------
+    input : ndarray
+        ``[B, T, F]`` (``batch_first``) for equal lengths, or packed ``[sum(lengths), F]``.
+    batch_first : bool
+    batch_sizes : ndarray of int64 or None
+        PackedSequence batch sizes (sequences sorted by decreasing length).
+    lengths : ndarray of int
+        Length of each sequence, in batch order.
+    sample_index : ndarray of int
+        Dataset index of each batch entry (batch order is sorted for packed batches,
+        so outputs are put back with ``out[sample_index] = batch_out``).
+    mask : ndarray of bool or None
+        ``[T, B]`` active positions of a packed batch; ``padded[mask]`` gives packed rows.
+    """
+
+    __slots__ = ("input", "batch_first", "batch_sizes", "lengths", "sample_index", "mask")
+
+    def __init__(self, input, batch_first, batch_sizes, lengths, sample_index, mask):
+        self.input = input
+        self.batch_first = batch_first
+        self.batch_sizes = batch_sizes
+        self.lengths = lengths
+        self.sample_index = sample_index
+        self.mask = mask
+
+    @property
+    def size(self):
+        return len(self.sample_index)
+
+
+class _Sequences:
+    """Validated sequences in the compute dtype: one 3-D array or a list of 2-D arrays.
+
+    Parameters
+    ----------
+    dense : ndarray ``[n, T, F]`` or None
+    ragged : list of ndarray ``[T_i, F]`` or None
+    """
+
+    def __init__(self, dense=None, ragged=None):
+        self.dense = dense
+        self.ragged = ragged
+        if dense is not None:
+            self.n_samples, _, self.n_features = dense.shape
+            self.lengths = np.full(self.n_samples, dense.shape[1], dtype=np.intp)
+        else:
+            self.n_samples = len(ragged)
+            self.n_features = ragged[0].shape[1]
+            self.lengths = np.array([len(seq) for seq in ragged], dtype=np.intp)
+
+    def subset(self, index):
+        if self.dense is not None:
+            return _Sequences(dense=self.dense[index])
+        return _Sequences(ragged=[self.ragged[i] for i in index])
+
+    def batch(self, index):
+        """Build the :class:`_Batch` of the samples ``index``."""
+        index = np.asarray(index, dtype=np.intp)
+        if self.dense is not None:
+            return _Batch(self.dense[index], True, None, self.lengths[index], index, None)
+        lengths = self.lengths[index]
+        order = np.argsort(-lengths, kind="stable")
+        sample_index = index[order]
+        lengths = lengths[order]
+        steps = int(lengths[0])
+        mask = np.arange(steps)[:, None] < lengths[None, :]  # [T, B], time-major
+        padded = np.zeros((steps, len(index), self.n_features), dtype=self.ragged[0].dtype)
+        for position, sample in enumerate(sample_index):
+            padded[: lengths[position], position] = self.ragged[sample]
+        batch_sizes = mask.sum(axis=1).astype(np.int64)
+        return _Batch(padded[mask], False, batch_sizes, lengths, sample_index, mask)
+
+
+def _check_sequence_list(X, dtype):
+    """Validate a list of 2-D arrays; return them in ``dtype``, C-contiguous."""
+    arrays = []
+    n_features = None
+    for index, item in enumerate(X):
+        name = f"X[{index}]"
+        if sp.issparse(item):
+            raise TypeError(f"{name} is a sparse matrix; sequences must be dense 2-D arrays")
+        array = check_array(item, dtype=[np.float64, np.float32], input_name=name,
+                            ensure_min_samples=1, ensure_min_features=1)
+        if n_features is None:
+            n_features = array.shape[1]
+        elif array.shape[1] != n_features:
+            raise ValueError(f"{name} has {array.shape[1]} features per time step, but X[0] has "
+                             f"{n_features}: every sequence must have the same number of features")
+        arrays.append(np.ascontiguousarray(array, dtype=dtype))
+    return arrays
+
+
+def _check_3d(X, dtype):
+    array = check_array(X, dtype=[np.float64, np.float32], allow_nd=True, input_name="X",
+                        ensure_min_samples=1)
+    if array.ndim != 3:
+        raise ValueError(f"X must be 2-D (n_samples, n_timesteps), 3-D (n_samples, n_timesteps, "
+                         f"n_features) or a list of 2-D arrays; got an array of shape {array.shape}")
+    n_samples, steps, n_features = array.shape
+    if steps < 1 or n_features < 1:
+        raise ValueError(f"X has shape {array.shape}: it needs at least one time step and one "
+                         f"feature per step")
+    return np.ascontiguousarray(array, dtype=dtype)
+
+
+# --------------------------------------------------------------------------- optimizers
+
+class _Adam:
+    """Adam (Kingma & Ba) on a list of arrays, updated in place."""
+
+    def __init__(self, params, learning_rate, beta_1, beta_2, epsilon):
+        self.learning_rate = learning_rate
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.epsilon = epsilon
+        self.t = 0
+        self.m = [np.zeros_like(p) for p in params]
+        self.v = [np.zeros_like(p) for p in params]
+
+    def update(self, params, grads):
+        self.t += 1
+        b1, b2 = self.beta_1, self.beta_2
+        step = self.learning_rate * np.sqrt(1.0 - b2 ** self.t) / (1.0 - b1 ** self.t)
+        for param, grad, m, v in zip(params, grads, self.m, self.v):
+            m *= b1
+            m += (1.0 - b1) * grad
+            v *= b2
+            v += (1.0 - b2) * grad * grad
+            param -= (step * m / (np.sqrt(v) + self.epsilon)).astype(param.dtype, copy=False)
+
+
+class _SGD:
+    """SGD with (Nesterov) momentum, as MLPClassifier's ``solver='sgd'``, updated in place."""
+
+    def __init__(self, params, learning_rate, momentum, nesterov):
+        self.learning_rate = learning_rate
+        self.momentum = momentum
+        self.nesterov = nesterov
+        self.velocities = [np.zeros_like(p) for p in params]
+
+    def update(self, params, grads):
+        lr, mu = self.learning_rate, self.momentum
+        for param, grad, velocity in zip(params, grads, self.velocities):
+            velocity *= mu
+            velocity -= lr * grad
+            if self.nesterov:
+                param += mu * velocity - lr * grad
+            else:
+                param += velocity
+
+
+# --------------------------------------------------------------------------- base estimator
+
+def _check_number(name, value, kind, low=None, high=None, low_open=False, high_open=False,
+                  allow_none=False):
+    if value is None and allow_none:
+        return
+    types = Integral if kind == "int" else Real
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, types):
+        what = "an int" if kind == "int" else "a float"
+        raise TypeError(f"{name} must be {what}{' or None' if allow_none else ''}, got {value!r}")
+    if low is not None and (value <= low if low_open else value < low) or \
+            high is not None and (value >= high if high_open else value > high):
+        left = "(" if low_open else "["
+        right = ")" if high_open else "]"
+        interval = f"{left}{'-inf' if low is None else low}, {'inf' if high is None else high}{right}"
+        raise ValueError(f"{name} must be in {interval}, got {value!r}")
+
+
+def _check_flag(name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
+class _BaseLSTM(BaseEstimator):
+    """Shared training and inference of :class:`LSTMClassifier` and :class:`LSTMRegressor`."""
+
+    def __init__(self, hidden_size=64, num_layers=1, bidirectional=False, dropout=0.0, head="last",
+                 solver="adam", batch_size="auto", learning_rate_init=0.001, alpha=0.0001,
+                 clip_norm=5.0, max_iter=200, tol=1e-4, n_iter_no_change=10, early_stopping=False,
+                 validation_fraction=0.1, shuffle=True, random_state=None, warm_start=False,
+                 verbose=False, momentum=0.9, nesterovs_momentum=True, beta_1=0.9, beta_2=0.999,
+                 epsilon=1e-8, dtype=np.float32):
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.bidirectional = bidirectional
+        self.dropout = dropout
+        self.head = head
+        self.solver = solver
+        self.batch_size = batch_size
+        self.learning_rate_init = learning_rate_init
+        self.alpha = alpha
+        self.clip_norm = clip_norm
+        self.max_iter = max_iter
+        self.tol = tol
+        self.n_iter_no_change = n_iter_no_change
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.shuffle = shuffle
+        self.random_state = random_state
+        self.warm_start = warm_start
+        self.verbose = verbose
+        self.momentum = momentum
+        self.nesterovs_momentum = nesterovs_momentum
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.epsilon = epsilon
+        self.dtype = dtype
+
+    # ------------------------------------------------------------------ parameters
+
+    def _validate_params(self):
+        _check_number("hidden_size", self.hidden_size, "int", low=1)
+        _check_number("num_layers", self.num_layers, "int", low=1)
+        _check_flag("bidirectional", self.bidirectional)
+        _check_number("dropout", self.dropout, "real", low=0, high=1, high_open=True)
+        if self.head not in ("last", "mean"):
+            raise ValueError(f"head must be 'last' or 'mean', got {self.head!r}")
+        if self.solver not in ("adam", "sgd"):
+            raise ValueError(f"solver must be 'adam' or 'sgd', got {self.solver!r}")
+        if not (isinstance(self.batch_size, str) and self.batch_size == "auto"):
+            if isinstance(self.batch_size, str):
+                raise ValueError(f"batch_size must be 'auto' or a positive int, got {self.batch_size!r}")
+            _check_number("batch_size", self.batch_size, "int", low=1)
+        _check_number("learning_rate_init", self.learning_rate_init, "real", low=0, low_open=True)
+        _check_number("alpha", self.alpha, "real", low=0)
+        _check_number("clip_norm", self.clip_norm, "real", low=0, low_open=True, allow_none=True)
+        _check_number("max_iter", self.max_iter, "int", low=1)
+        _check_number("tol", self.tol, "real", low=0)
+        _check_number("n_iter_no_change", self.n_iter_no_change, "int", low=1)
+        _check_flag("early_stopping", self.early_stopping)
+        _check_number("validation_fraction", self.validation_fraction, "real", low=0, high=1,
+                      low_open=True, high_open=True)
+        _check_flag("shuffle", self.shuffle)
+        _check_flag("warm_start", self.warm_start)
+        if not isinstance(self.verbose, (bool, np.bool_, Integral)):
+            raise TypeError(f"verbose must be a bool or an int, got {self.verbose!r}")
+        _check_number("momentum", self.momentum, "real", low=0, high=1)
+        _check_flag("nesterovs_momentum", self.nesterovs_momentum)
+        _check_number("beta_1", self.beta_1, "real", low=0, high=1, high_open=True)
+        _check_number("beta_2", self.beta_2, "real", low=0, high=1, high_open=True)
+        _check_number("epsilon", self.epsilon, "real", low=0, low_open=True)
+        try:
+            dtype = np.dtype(self.dtype)
+        except TypeError:
+            raise TypeError(f"dtype must be float32 or float64, got {self.dtype!r}") from None
+        if dtype not in (np.float32, np.float64):
+            raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+        return dtype
+
+    # ------------------------------------------------------------------ input
+
+    def _validate_X(self, X, *, reset, dtype=None):
+        """Turn ``X`` into :class:`_Sequences`; on ``reset`` record the input layout.
+
+        ``n_features_in_`` is what scikit-learn's tools expect: the number of columns of a
+        2-D ``X`` (the time steps of univariate sequences) and the number of features per
+        step for 3-D or list input. ``input_size_`` is always the features per step.
+        """
+        if dtype is None:
+            dtype = self.lstm_params_[0].dtype
+        name = type(self).__name__
+        if sp.issparse(X):
+            kind = "table"
+        elif _is_sequence_list(X):
+            kind = "list"
+        else:
+            ndim = getattr(X, "ndim", None)
+            if ndim is None:
+                try:  # lists, or objects with __array__ only
+                    ndim = np.asarray(X).ndim
+                except (ValueError, TypeError):  # e.g. ragged nested lists: let check_array explain
+                    ndim = 2
+            kind = "3d" if ndim is not None and ndim >= 3 else "table"
+
+        if kind == "table":
+            if reset or getattr(self, "_fitted_on_table", False):
+                table = validate_data(self, X, reset=reset, dtype=[np.float64, np.float32])
+            else:
+                table = check_array(X, dtype=[np.float64, np.float32], input_name="X")
+                if self.input_size_ != 1:
+                    raise ValueError(
+                        f"X is 2-D, read as univariate sequences (n_samples, n_timesteps), but "
+                        f"{name} was fitted on sequences with {self.input_size_} features per "
+                        f"time step: pass a 3-D array or a list of 2-D arrays")
+            if reset:
+                self._fitted_on_table = True
+                self.input_size_ = 1
+            return _Sequences(dense=np.ascontiguousarray(table, dtype=dtype)[:, :, None])
+
+        if kind == "list":
+            arrays = _check_sequence_list(X, dtype)
+            lengths = {len(a) for a in arrays}
+            data = _Sequences(dense=np.stack(arrays)) if len(lengths) == 1 else _Sequences(ragged=arrays)
+        else:
+            data = _Sequences(dense=_check_3d(X, dtype))
+        if reset:
+            self._fitted_on_table = False
+            self.n_features_in_ = data.n_features
+            self.input_size_ = data.n_features
+            if hasattr(self, "feature_names_in_"):
+                del self.feature_names_in_
+        elif data.n_features != self.input_size_:
+            raise ValueError(f"X has {data.n_features} features per time step, but {name} is "
+                             f"expecting {self.input_size_} features per time step as input")
+        return data
+
+    # ------------------------------------------------------------------ model
+
+    @property
+    def _num_directions(self):
+        return 2 if self.bidirectional else 1
+
+    def _initialize(self, input_size, n_outputs, dtype, random_state):
+        H, L, D = self.hidden_size, self.num_layers, self._num_directions
+        bound = 1.0 / np.sqrt(H)  # torch.nn.LSTM's initialisation
+        params = []
+        for layer in range(L):
+            in_size = input_size if layer == 0 else D * H
+            for _ in range(D):
+                for shape in ((4 * H, in_size), (4 * H, H), (4 * H,), (4 * H,)):
+                    params.append(random_state.uniform(-bound, bound, shape).astype(dtype))
+        self.lstm_params_ = params
+        fan_in = D * H
+        glorot = np.sqrt(6.0 / (fan_in + n_outputs))
+        self.head_coef_ = random_state.uniform(-glorot, glorot, (fan_in, n_outputs)).astype(dtype)
+        self.head_intercept_ = np.zeros(n_outputs, dtype=dtype)
+        self.n_outputs_ = n_outputs
+        self.n_iter_ = 0
+        self.t_ = 0
+        self.loss_curve_ = []
+        self._no_improvement_count = 0
+        if self.early_stopping:
+            self.validation_scores_ = []
+            self.best_validation_score_ = -np.inf
+            self.best_loss_ = None
+        else:
+            self.validation_scores_ = None
+            self.best_validation_score_ = None
+            self.best_loss_ = np.inf
+        if hasattr(self, "_optimizer"):
+            del self._optimizer
+
+    def _all_params(self):
+        return self.lstm_params_ + [self.head_coef_, self.head_intercept_]
+
+    def _is_weight(self):
+        """Which entries of :meth:`_all_params` get the L2 penalty (weights, not biases)."""
+        return [k % 4 < 2 for k in range(len(self.lstm_params_))] + [True, False]
+
+    def _lstm_kwargs(self):
+        return dict(has_bias=True, num_layers=self.num_layers, bidirectional=self.bidirectional,
+                    dropout=self.dropout)
+
+    def _features(self, batch, y, h_n):
+        """The head's input ``[B, D*H]`` from the LSTM's output ``y`` and final states ``h_n``."""
+        H, L, D = self.hidden_size, self.num_layers, self._num_directions
+        if self.head == "last":
+            return np.concatenate([h_n[(L - 1) * D + d] for d in range(D)], axis=1)
+        if batch.mask is None:
+            return y.mean(axis=1)
+        padded = np.zeros(batch.mask.shape + (D * H,), dtype=y.dtype)
+        padded[batch.mask] = y
+        return padded.sum(axis=0) / batch.lengths[:, None].astype(y.dtype)
+
+    def _feature_grads(self, batch, y, h_n, d_features):
+        """``dy`` and ``dh`` for ``lstm_backward`` from the gradient of the head's input."""
+        H, L, D = self.hidden_size, self.num_layers, self._num_directions
+        if self.head == "last":
+            dh = np.zeros_like(h_n)
+            for d in range(D):
+                dh[(L - 1) * D + d] = d_features[:, d * H:(d + 1) * H]
+            return np.zeros_like(y), dh
+        per_step = d_features / batch.lengths[:, None].astype(d_features.dtype)
+        if batch.mask is None:
+            return np.repeat(per_step[:, None, :], y.shape[1], axis=1), None
+        return per_step[np.nonzero(batch.mask)[1]], None
+
+    def _forward(self, batch, *, train, seed=None):
+        return lstmcy.lstm_forward(batch.input, None, self.lstm_params_, train=train,
+                                   batch_first=batch.batch_first, batch_sizes=batch.batch_sizes,
+                                   seed=seed, **self._lstm_kwargs())
+
+    def _raw_outputs(self, data):
+        """Head outputs before the output activation, ``[n_samples, n_outputs]``, float64."""
+        out = np.empty((data.n_samples, self.n_outputs_), dtype=np.float64)
+        for start in range(0, data.n_samples, _PREDICT_CHUNK):
+            batch = data.batch(np.arange(start, min(start + _PREDICT_CHUNK, data.n_samples)))
+            y, h_n, _, _ = self._forward(batch, train=False)
+            features = self._features(batch, y, h_n)
+            out[batch.sample_index] = features @ self.head_coef_ + self.head_intercept_
+        return out
+
+    def _loss_and_grads(self, batch, targets, seed):
+        """Mean loss (with the L2 term) and gradients of :meth:`_all_params` on one batch."""
+        y, h_n, _, cache = self._forward(batch, train=True, seed=seed)
+        features = self._features(batch, y, h_n)
+        raw = features @ self.head_coef_ + self.head_intercept_
+        n = batch.size
+        loss, d_raw = self._output_loss(raw.astype(np.float64), targets)
+        d_raw = d_raw.astype(raw.dtype)
+        d_coef = features.T @ d_raw
+        d_intercept = d_raw.sum(axis=0)
+        d_features = d_raw @ self.head_coef_.T
+        dy, dh = self._feature_grads(batch, y, h_n, d_features)
+        _, _, _, d_lstm = lstmcy.lstm_backward(
+            batch.input, None, self.lstm_params_, dy, dh, None, *cache.saved(),
+            batch_sizes=batch.batch_sizes, train=True, batch_first=batch.batch_first,
+            output_mask=(False, False, False, True), dropout_masks=cache.dropout_masks,
+            **self._lstm_kwargs())
+        grads = list(d_lstm) + [d_coef, d_intercept]
+        if self.alpha:
+            penalty = 0.0
+            for param, grad, is_weight in zip(self._all_params(), grads, self._is_weight()):
+                if is_weight:
+                    penalty += float(np.vdot(param, param))
+                    grad += (self.alpha / n) * param
+            loss += 0.5 * self.alpha * penalty / n
+        return loss, grads
+
+    def _clip(self, grads):
+        if self.clip_norm is None:
+            return
+        norm = np.sqrt(sum(float(np.vdot(g, g)) for g in grads))
+        if norm > self.clip_norm:
+            scale = self.clip_norm / norm
+            for grad in grads:
+                grad *= grad.dtype.type(scale)
+
+    def _make_optimizer(self):
+        params = self._all_params()
+        if self.solver == "adam":
+            return _Adam(params, self.learning_rate_init, self.beta_1, self.beta_2, self.epsilon)
+        return _SGD(params, self.learning_rate_init, self.momentum, self.nesterovs_momentum)
+
+    # ------------------------------------------------------------------ training loop
+
+    def _fit(self, X, y, *, incremental, classes=None):
+        dtype = self._validate_params()
+        if y is None:
+            raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None.")
+        fitted = hasattr(self, "lstm_params_")
+        first_pass = not fitted or (not self.warm_start and not incremental)
+        if not first_pass:
+            dtype = self.lstm_params_[0].dtype
+        data = self._validate_X(X, reset=first_pass, dtype=dtype)
+        targets = self._validate_targets(y, data.n_samples, first_pass=first_pass,
+                                         incremental=incremental, classes=classes, dtype=dtype)
+        if first_pass:
+            self._random_state = check_random_state(self.random_state)
+            self._initialize(data.n_features, self._n_outputs_for(targets), dtype, self._random_state)
+        elif self.head_coef_.shape[1] != self._n_outputs_for(targets):
+            raise ValueError(f"y has {self._n_outputs_for(targets)} outputs, but "
+                             f"{type(self).__name__} was fitted with {self.head_coef_.shape[1]}")
+        if not incremental or not hasattr(self, "_optimizer"):
+            self._optimizer = self._make_optimizer()
+        self._train(data, targets, incremental=incremental)
+        return self
+
+    def _train(self, data, targets, *, incremental):
+        random_state = self._random_state
+        early_stopping = self.early_stopping and not incremental
+        if early_stopping:
+            stratify = targets if self._stratify else None
+            train_index, val_index = train_test_split(
+                np.arange(data.n_samples), random_state=random_state,
+                test_size=self.validation_fraction, stratify=stratify)
+            val_data, val_targets = data.subset(val_index), targets[val_index]
+            data, targets = data.subset(train_index), targets[train_index]
+            if self.validation_scores_ is None:  # warm start after a fit without early stopping
+                self.validation_scores_ = []
+                self.best_validation_score_ = -np.inf
+        elif self.best_loss_ is None:  # warm start after a fit with early stopping
+            self.best_loss_ = np.inf
+        n_samples = data.n_samples
+        if self.batch_size == "auto":
+            batch_size = min(200, n_samples)
+        else:
+            batch_size = min(self.batch_size, n_samples)
+        params = self._all_params()
+        stopped = False
+        for _ in range(self.max_iter):
+            start_time = time.perf_counter()
+            order = random_state.permutation(n_samples) if self.shuffle else np.arange(n_samples)
+            total = 0.0
+            for start in range(0, n_samples, batch_size):
+                index = order[start:start + batch_size]
+                batch = data.batch(index)
+                seed = int(random_state.randint(np.iinfo(np.int32).max)) if self.dropout > 0 else None
+                loss, grads = self._loss_and_grads(batch, targets[batch.sample_index], seed)
+                if not np.isfinite(loss):
+                    raise ValueError("Solver produced a non-finite loss. The input data may contain "
+                                     "large values and need to be scaled, or learning_rate_init "
+                                     "is too large.")
+                total += loss * batch.size
+                self._clip(grads)
+                self._optimizer.update(params, grads)
+            self.n_iter_ += 1
+            self.t_ += n_samples
+            self.loss_curve_.append(total / n_samples)
+
+            if early_stopping:
+                score = self._score_data(val_data, val_targets)
+                self.validation_scores_.append(score)
+                if score < self.best_validation_score_ + self.tol:
+                    self._no_improvement_count += 1
+                else:
+                    self._no_improvement_count = 0
+                if score > self.best_validation_score_:
+                    self.best_validation_score_ = score
+                    self._best_params = [p.copy() for p in params]
+            else:
+                score = None
+                if self.loss_curve_[-1] > self.best_loss_ - self.tol:
+                    self._no_improvement_count += 1
+                else:
+                    self._no_improvement_count = 0
+                if self.loss_curve_[-1] < self.best_loss_:
+                    self.best_loss_ = self.loss_curve_[-1]
+
+            if self.verbose:
+                shown = "-" if score is None else f"{score:.4f}"
+                print(f"Iteration {self.n_iter_}: loss = {self.loss_curve_[-1]:.6f}, "
+                      f"validation score = {shown}, {time.perf_counter() - start_time:.2f} s",
+                      flush=True)
+
+            if self._no_improvement_count > self.n_iter_no_change:
+                if early_stopping:
+                    message = (f"Validation score did not improve more than tol={self.tol} for "
+                               f"{self.n_iter_no_change} consecutive epochs. Stopping.")
+                else:
+                    message = (f"Training loss did not improve more than tol={self.tol} for "
+                               f"{self.n_iter_no_change} consecutive epochs. Stopping.")
+                if self.verbose:
+                    print(message, flush=True)
+                self._no_improvement_count = 0
+                stopped = True
+                break
+            if incremental:
+                break
+        if not stopped and not incremental:
+            warnings.warn(f"Stochastic Optimizer: Maximum iterations ({self.max_iter}) reached and "
+                          f"the optimization hasn't converged yet.", ConvergenceWarning)
+        if early_stopping and hasattr(self, "_best_params"):
+            for param, best in zip(params, self._best_params):
+                param[...] = best
+            del self._best_params
+
+    # ------------------------------------------------------------------ public API
+
+    def fit(self, X, y):
+        """Fit the model to sequences ``X`` and targets ``y``.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_timesteps, n_features) or (n_samples, n_timesteps), \
+                or list of arrays of shape (n_timesteps_i, n_features)
+            Training sequences. 2-D input is read as univariate sequences; a list of
+            2-D arrays may hold sequences of different lengths.
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+            Target values (class labels for the classifier).
+
+        Returns
+        -------
+        self : object
+            The fitted estimator.
+        """
+        return self._fit(X, y, incremental=False)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.three_d_array = True
+        return tags
+
+
+class LSTMClassifier(ClassifierMixin, _BaseLSTM):
+    """LSTM sequence classifier trained with lstmcy's exact forward and backward.
+
+    An LSTM reads each sequence; its last hidden state (``head='last'``, directions
+    concatenated) or the mean of its outputs over time (``head='mean'``) goes through a
+    linear layer and a softmax. The loss is the mean cross-entropy plus
+    ``0.5 * alpha * ||W||^2 / batch_size`` over all weight matrices (not biases), as in
+    :class:`~sklearn.neural_network.MLPClassifier`.
+
+    Parameters
+    ----------
+    hidden_size : int, default=64
+        Features of the LSTM's hidden state.
+    num_layers : int, default=1
+        Stacked LSTM layers.
+    bidirectional : bool, default=False
+        Also read each sequence backwards; the head sees both directions.
+    dropout : float in [0, 1), default=0.0
+        Dropout on the output of each LSTM layer except the last, during training
+        (needs ``num_layers > 1``). Masks are drawn from ``random_state``.
+    head : {'last', 'mean'}, default='last'
+        Features of a sequence: the final hidden state of the top layer (for a
+        variable-length batch, each sequence's state at its own last step), or its
+        output averaged over the sequence's time steps.
+    solver : {'adam', 'sgd'}, default='adam'
+        Optimiser; 'sgd' uses ``momentum`` and ``nesterovs_momentum``.
+    batch_size : int or 'auto', default='auto'
+        Mini-batch size; 'auto' is ``min(200, n_samples)``.
+    learning_rate_init : float, default=0.001
+        Step size.
+    alpha : float, default=0.0001
+        Strength of the L2 penalty on the weights.
+    clip_norm : float or None, default=5.0
+        Rescale each mini-batch's gradients so their global L2 norm is at most this;
+        None disables clipping.
+    max_iter : int, default=200
+        Maximum number of epochs (for each call to ``fit``).
+    tol : float, default=1e-4
+        Minimum improvement of the loss (or validation score) that resets the
+        ``n_iter_no_change`` counter.
+    n_iter_no_change : int, default=10
+        Stop after this many epochs without an improvement of ``tol``.
+    early_stopping : bool, default=False
+        Hold out ``validation_fraction`` of the data (stratified), stop when its
+        accuracy stops improving and keep the best parameters.
+    validation_fraction : float in (0, 1), default=0.1
+        Share of the training data held out when ``early_stopping``.
+    shuffle : bool, default=True
+        Shuffle the samples every epoch.
+    random_state : int, RandomState instance or None, default=None
+        Seeds initialisation, shuffling, the validation split and dropout masks.
+    warm_start : bool, default=False
+        Let ``fit`` continue from the current parameters instead of re-initialising.
+    verbose : bool or int, default=False
+        Print one line per epoch: loss, validation score and seconds.
+    momentum : float in [0, 1], default=0.9
+        Momentum of 'sgd'.
+    nesterovs_momentum : bool, default=True
+        Nesterov momentum for 'sgd'.
+    beta_1, beta_2 : float in [0, 1), default=0.9, 0.999
+        Decay rates of Adam's moment estimates.
+    epsilon : float, default=1e-8
+        Adam's numerical stability term.
+    dtype : {numpy.float32, numpy.float64}, default=numpy.float32
+        Precision of the parameters and of the computation.
+
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,)
+        Class labels.
+    n_features_in_ : int
+        Columns of a 2-D training ``X`` (the length of univariate sequences), or
+        features per time step for 3-D or list input.
+    feature_names_in_ : ndarray of str
+        Column names, when trained on a 2-D DataFrame with string column names.
+    input_size_ : int
+        Features per time step read by the LSTM.
+    lstm_params_ : list of ndarray
+        LSTM parameters in lstmcy's (and ``torch.nn.LSTM``'s) order: per layer, forward
+        direction then reverse, ``w_ih [4H, I_l]``, ``w_hh [4H, H]``, ``b_ih``, ``b_hh``.
+    head_coef_ : ndarray of shape (D*hidden_size, n_classes)
+        Weights of the output layer.
+    head_intercept_ : ndarray of shape (n_classes,)
+        Bias of the output layer.
+    n_outputs_ : int
+        Output units (one per class).
+    out_activation_ : str
+        'softmax'.
+    loss_curve_ : list of float
+        Mean training loss of each epoch.
+    validation_scores_ : list of float or None
+        Accuracy on the held-out data after each epoch (None without early stopping).
+    best_validation_score_ : float or None
+        Best of ``validation_scores_``.
+    best_loss_ : float or None
+        Lowest training loss (None with early stopping).
+    n_iter_ : int
+        Epochs run.
+    t_ : int
+        Training samples seen by the optimiser.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from lstmcy.estimators import LSTMClassifier
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.standard_normal((60, 5, 2))
+    >>> y = (X[:, :, 0].sum(axis=1) > 0).astype(int)
+    >>> clf = LSTMClassifier(hidden_size=8, max_iter=5, random_state=0).fit(X, y)
+    >>> clf.predict_proba(X[:2]).shape
+    (2, 2)
+    """
+
+    _stratify = True
+
+    def _n_outputs_for(self, targets):
+        return len(self.classes_)
+
+    def _validate_targets(self, y, n_samples, *, first_pass, incremental, classes, dtype):
+        y = column_or_1d(y, warn=True)
+        check_consistent_length(np.empty(n_samples), y)
+        check_classification_targets(y)
+        if incremental:
+            if not hasattr(self, "classes_") or first_pass:
+                if classes is None:
+                    raise ValueError("classes must be passed on the first call to partial_fit.")
+                self.classes_ = np.unique(np.asarray(classes))
+            elif classes is not None and not np.array_equal(np.unique(np.asarray(classes)), self.classes_):
+                raise ValueError(f"classes={classes!r} is not the same as on the first call to "
+                                 f"partial_fit, which was {self.classes_!r}")
+            unseen = np.setdiff1d(y, self.classes_)
+            if len(unseen):
+                raise ValueError(f"y has classes not in self.classes_ {self.classes_!r}: {unseen!r}")
+        elif first_pass:
+            self.classes_ = np.unique(y)
+        else:
+            if not np.array_equal(np.unique(y), self.classes_):
+                raise ValueError(f"warm_start can only be used where y has the same classes as in "
+                                 f"the previous call to fit. Previously got {self.classes_!r}, y has "
+                                 f"{np.unique(y)!r}")
+        self.out_activation_ = "softmax"
+        return np.searchsorted(self.classes_, y)
+
+    def _output_loss(self, raw, codes):
+        """Mean cross-entropy of the softmax of ``raw`` and its gradient w.r.t. ``raw``."""
+        shifted = raw - raw.max(axis=1, keepdims=True)
+        log_norm = np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        log_proba = shifted - log_norm
+        n = len(codes)
+        loss = -float(log_proba[np.arange(n), codes].sum()) / n
+        grad = np.exp(log_proba)
+        grad[np.arange(n), codes] -= 1.0
+        return loss, grad / n
+
+    def _score_data(self, data, codes):
+        return accuracy_score(codes, self._raw_outputs(data).argmax(axis=1))
+
+    def partial_fit(self, X, y, classes=None):
+        """Update the model with one epoch over ``X`` (no early stopping).
+
+        Parameters
+        ----------
+        X : array-like or list of arrays
+            As in :meth:`fit`.
+        y : array-like of shape (n_samples,)
+            Class labels.
+        classes : array-like of shape (n_classes,), default=None
+            All classes that can appear in any call; required on the first call.
+
+        Returns
+        -------
+        self : object
+            The updated estimator.
+        """
+        return self._fit(X, y, incremental=True, classes=classes)
+
+    def decision_function(self, X):
+        """Class scores (logits) of the output layer.
+
+        Parameters
+        ----------
+        X : array-like or list of arrays
+            As in :meth:`fit`.
+
+        Returns
+        -------
+        scores : ndarray of shape (n_samples,) or (n_samples, n_classes)
+            For two classes, the score of ``classes_[1]`` minus that of ``classes_[0]``
+            (positive means ``classes_[1]``), as scikit-learn's binary convention.
+        """
+        check_is_fitted(self)
+        raw = self._raw_outputs(self._validate_X(X, reset=False))
+        if raw.shape[1] == 2:
+            return raw[:, 1] - raw[:, 0]
+        return raw
+
+    def predict_proba(self, X):
+        """Class probabilities.
+
+        Parameters
+        ----------
+        X : array-like or list of arrays
+            As in :meth:`fit`.
+
+        Returns
+        -------
+        proba : ndarray of shape (n_samples, n_classes)
+            Columns follow ``classes_``.
+        """
+        check_is_fitted(self)
+        raw = self._raw_outputs(self._validate_X(X, reset=False))
+        raw -= raw.max(axis=1, keepdims=True)
+        np.exp(raw, out=raw)
+        raw /= raw.sum(axis=1, keepdims=True)
+        return raw
+
+    def predict_log_proba(self, X):
+        """Logarithm of :meth:`predict_proba`.
+
+        Parameters
+        ----------
+        X : array-like or list of arrays
+            As in :meth:`fit`.
+
+        Returns
+        -------
+        log_proba : ndarray of shape (n_samples, n_classes)
+        """
+        return np.log(self.predict_proba(X))
+
+    def predict(self, X):
+        """Predicted class of each sequence.
+
+        Parameters
+        ----------
+        X : array-like or list of arrays
+            As in :meth:`fit`.
+
+        Returns
+        -------
+        y : ndarray of shape (n_samples,)
+        """
+        check_is_fitted(self)
+        raw = self._raw_outputs(self._validate_X(X, reset=False))
+        return self.classes_[raw.argmax(axis=1)]
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_label = False
+        return tags
+
+
+class LSTMRegressor(RegressorMixin, _BaseLSTM):
+    """LSTM sequence regressor trained with lstmcy's exact forward and backward.
+
+    As :class:`LSTMClassifier` with an identity output: the loss is
+    ``sum((prediction - y)**2) / (2 * batch_size)`` (summed over outputs) plus the L2
+    term. ``y`` may have several columns (multi-output regression).
+
+    Parameters
+    ----------
+    hidden_size, num_layers, bidirectional, dropout, head, solver, batch_size, \
+learning_rate_init, alpha, clip_norm, max_iter, tol, n_iter_no_change, early_stopping, \
+validation_fraction, shuffle, random_state, warm_start, verbose, momentum, \
+nesterovs_momentum, beta_1, beta_2, epsilon, dtype
+        As in :class:`LSTMClassifier`; with ``early_stopping`` the validation score
+        is R².
+
+    Attributes
+    ----------
+    n_features_in_, feature_names_in_, input_size_, lstm_params_, loss_curve_, \
+validation_scores_, best_validation_score_, best_loss_, n_iter_, t_
+        As in :class:`LSTMClassifier` (validation scores are R²).
+    head_coef_ : ndarray of shape (D*hidden_size, n_outputs)
+        Weights of the output layer.
+    head_intercept_ : ndarray of shape (n_outputs,)
+        Bias of the output layer.
+    n_outputs_ : int
+        Number of targets.
+    out_activation_ : str
+        'identity'.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from lstmcy.estimators import LSTMRegressor
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.standard_normal((60, 5))
+    >>> y = X.sum(axis=1)
+    >>> LSTMRegressor(hidden_size=8, max_iter=5, random_state=0).fit(X, y).predict(X[:3]).shape
+    (3,)
+    """
+
+    _stratify = False
+
+    def _n_outputs_for(self, targets):
+        return targets.shape[1]
+
+    def _validate_targets(self, y, n_samples, *, first_pass, incremental, classes, dtype):
+        y = check_array(y, ensure_2d=False, dtype=[np.float64, np.float32], input_name="y")
+        if y.ndim not in (1, 2):
+            raise ValueError(f"y must be 1-D or 2-D, got shape {y.shape}")
+        check_consistent_length(np.empty(n_samples), y)
+        if first_pass:
+            self._y_ndim = y.ndim
+        self.out_activation_ = "identity"
+        return np.asarray(y.reshape(n_samples, -1), dtype=dtype)
+
+    def _output_loss(self, raw, targets):
+        diff = raw - targets
+        n = len(targets)
+        return 0.5 * float(np.vdot(diff, diff)) / n, diff / n
+
+    def _score_data(self, data, targets):
+        return r2_score(targets, self._raw_outputs(data))
+
+    def partial_fit(self, X, y):
+        """Update the model with one epoch over ``X`` (no early stopping).
+
+        Parameters
+        ----------
+        X : array-like or list of arrays
+            As in :meth:`fit`.
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+            Targets.
+
+        Returns
+        -------
+        self : object
+            The updated estimator.
+        """
+        return self._fit(X, y, incremental=True)
+
+    def predict(self, X):
+        """Predicted targets.
+
+        Parameters
+        ----------
+        X : array-like or list of arrays
+            As in :meth:`fit`.
+
+        Returns
+        -------
+        y : ndarray of shape (n_samples,) or (n_samples, n_outputs)
+            float64; 1-D when the model was fitted on a 1-D ``y``.
+        """
+        check_is_fitted(self)
+        raw = self._raw_outputs(self._validate_X(X, reset=False))
+        return raw.ravel() if self._y_ndim == 1 else raw
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True
+        tags.target_tags.single_output = True
+        return tags

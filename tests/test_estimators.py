@@ -1,0 +1,366 @@
+"""Tests of lstmcy.estimators: scikit-learn conformance, learning, variable lengths, state.
+
+The conformance suite runs scikit-learn's own ``parametrize_with_checks`` on small
+models; the learning tests train to a threshold (digits accuracy, noisy-sine R²); the
+gradient test compares the estimator's loss gradients (head in numpy + lstm_backward,
+packed variable-length batches) with central finite differences.
+"""
+import pickle
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+sklearn = pytest.importorskip("sklearn")
+
+from sklearn.base import clone  # noqa: E402
+from sklearn.exceptions import ConvergenceWarning  # noqa: E402
+from sklearn.model_selection import GridSearchCV  # noqa: E402
+from sklearn.pipeline import make_pipeline  # noqa: E402
+from sklearn.preprocessing import StandardScaler  # noqa: E402
+from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
+
+from lstmcy.estimators import LSTMClassifier, LSTMRegressor, _Sequences  # noqa: E402
+
+
+# Small models for the conformance checks: they must still learn scikit-learn's toy
+# problems (blobs accuracy > 0.83, regression R² > 0.5) within a few dozen epochs.
+CHECK_SETTINGS = dict(hidden_size=8, learning_rate_init=0.02, max_iter=60)
+
+
+@parametrize_with_checks([LSTMClassifier(**CHECK_SETTINGS), LSTMRegressor(**CHECK_SETTINGS)])
+def test_sklearn_conformance(estimator, check):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        check(estimator)
+
+
+# --------------------------------------------------------------------------- helpers
+
+def quiet_fit(estimator, X, y):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return estimator.fit(X, y)
+
+
+def sum_sign_problem(n=120, steps=6, features=3, seed=0):
+    """Classify whether the first feature sums to a positive number."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, steps, features))
+    return X, (X[:, :, 0].sum(axis=1) > 0).astype(int)
+
+
+def ragged_sequences(n=40, features=2, max_len=9, seed=0):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, max_len + 1, size=n)
+    return [rng.standard_normal((length, features)) for length in lengths]
+
+
+# --------------------------------------------------------------------------- learning
+
+def test_digits_demo_reaches_95_percent():
+    from lstmcy._demo import run_demo
+    lines = []
+    result = run_demo(plot=None, out=lines.append)
+    assert result["accuracy"] >= 0.95, lines
+    assert result["seconds"] < 60
+    assert sum(line.startswith("epoch") for line in lines) == result["epochs"]
+    assert result["loss_curve"][-1] < result["loss_curve"][0]
+
+
+def noisy_sine_windows(n_windows, steps, seed):
+    rng = np.random.default_rng(seed)
+    t = np.arange(n_windows + steps) * 0.3
+    series = np.sin(t) + 0.5 * np.sin(0.37 * t) + 0.05 * rng.standard_normal(t.size)
+    X = np.lib.stride_tricks.sliding_window_view(series[:-1], steps)[:n_windows]
+    y = series[steps:steps + n_windows]
+    return X, y
+
+
+def test_noisy_sine_next_value_r2():
+    X, y = noisy_sine_windows(700, steps=16, seed=0)
+    X_train, y_train, X_test, y_test = X[:500], y[:500], X[500:], y[500:]
+    model = quiet_fit(LSTMRegressor(hidden_size=16, learning_rate_init=0.01, max_iter=40,
+                                    random_state=0), X_train, y_train)
+    assert model.n_features_in_ == 16 and model.input_size_ == 1
+    assert model.score(X_test, y_test) >= 0.95
+    # The same windows as 3-D univariate sequences give the same predictions.
+    np.testing.assert_allclose(model.predict(X_test[:, :, None]), model.predict(X_test))
+
+
+def test_multi_output_regression():
+    X, y = noisy_sine_windows(300, steps=10, seed=1)
+    Y = np.column_stack([y, -2 * y])
+    model = quiet_fit(LSTMRegressor(hidden_size=8, learning_rate_init=0.01, max_iter=30,
+                                    random_state=0), X, Y)
+    prediction = model.predict(X)
+    assert prediction.shape == (300, 2) and prediction.dtype == np.float64
+    assert model.n_outputs_ == 2 and model.head_coef_.shape == (8, 2)
+    assert model.score(X, Y) > 0.8
+
+
+@pytest.mark.parametrize("solver", ["adam", "sgd"])
+def test_solvers_reduce_the_loss(solver):
+    X, y = sum_sign_problem()
+    clf = quiet_fit(LSTMClassifier(hidden_size=8, solver=solver, learning_rate_init=0.05,
+                                   max_iter=15, random_state=0), X, y)
+    assert clf.loss_curve_[-1] < 0.7 * clf.loss_curve_[0]
+    assert clf.score(X, y) > 0.8
+
+
+# --------------------------------------------------------------------------- gradients
+
+@pytest.mark.parametrize("head", ["last", "mean"])
+@pytest.mark.parametrize("ragged", [False, True])
+def test_loss_gradients_match_finite_differences(head, ragged):
+    rng = np.random.default_rng(3)
+    if ragged:
+        X = ragged_sequences(n=5, features=2, max_len=4, seed=3)
+    else:
+        X = rng.standard_normal((5, 4, 2))
+    y = np.array([0, 1, 2, 1, 0])
+    clf = LSTMClassifier(hidden_size=3, num_layers=2, bidirectional=True, head=head, alpha=0.3,
+                         max_iter=1, dtype=np.float64, random_state=0)
+    quiet_fit(clf, X, y)
+    data = clf._validate_X(X, reset=False)
+    assert (data.dense is None) == ragged
+    batch = data.batch(np.array([4, 0, 3, 1, 2]))
+    targets = np.searchsorted(clf.classes_, y)[batch.sample_index]
+    _, grads = clf._loss_and_grads(batch, targets, seed=None)
+    params = clf._all_params()
+    assert [g.shape for g in grads] == [p.shape for p in params]
+    step = 1e-6
+    for param, grad in zip(params, grads):
+        for flat in rng.choice(param.size, size=min(3, param.size), replace=False):
+            index = np.unravel_index(flat, param.shape)
+            saved = param[index]
+            param[index] = saved + step
+            plus, _ = clf._loss_and_grads(batch, targets, seed=None)
+            param[index] = saved - step
+            minus, _ = clf._loss_and_grads(batch, targets, seed=None)
+            param[index] = saved
+            assert grad[index] == pytest.approx((plus - minus) / (2 * step), rel=1e-5, abs=1e-8)
+
+
+def test_clip_by_global_norm():
+    clf = LSTMClassifier(clip_norm=1.0)
+    grads = [np.full(4, 3.0), np.full((2, 2), 4.0)]  # global norm sqrt(36 + 64) = 10
+    clf._clip(grads)
+    assert np.sqrt(sum(np.vdot(g, g) for g in grads)) == pytest.approx(1.0)
+    np.testing.assert_allclose(grads[0], 0.3)
+    small = [np.full(3, 0.1)]
+    clf._clip(small)
+    np.testing.assert_array_equal(small[0], 0.1)
+    unclipped = [np.full(4, 3.0)]
+    LSTMClassifier(clip_norm=None)._clip(unclipped)
+    np.testing.assert_array_equal(unclipped[0], 3.0)
+
+
+# --------------------------------------------------------------------------- variable length
+
+@pytest.mark.parametrize("head", ["last", "mean"])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_variable_length_outputs_match_one_sequence_at_a_time(head, bidirectional):
+    X = ragged_sequences(n=30, seed=1)
+    y = np.array([seq[:, 0].sum() for seq in X])
+    model = quiet_fit(LSTMRegressor(hidden_size=6, num_layers=2, bidirectional=bidirectional,
+                                    head=head, max_iter=3, dtype=np.float64, random_state=0), X, y)
+    batched = model.predict(X)
+    one_by_one = np.array([model.predict(seq[None])[0] for seq in X])
+    np.testing.assert_allclose(batched, one_by_one, rtol=1e-10, atol=1e-12)
+    # Packing sorts by length: the outputs must come back in the caller's order.
+    order = np.random.default_rng(0).permutation(len(X))
+    np.testing.assert_allclose(model.predict([X[i] for i in order]), batched[order], rtol=1e-10)
+
+
+def test_variable_length_learning():
+    """Mean of each sequence's first feature, lengths 2..12: needs the right last step."""
+    rng = np.random.default_rng(0)
+    X = [rng.uniform(-1, 1, (length, 1)) for length in rng.integers(2, 13, size=400)]
+    y = np.array([seq.mean() for seq in X])
+    model = quiet_fit(LSTMRegressor(hidden_size=16, head="mean", learning_rate_init=0.01,
+                                    max_iter=40, random_state=0), X[:300], y[:300])
+    assert model.score(X[300:], y[300:]) > 0.9
+
+
+def test_sequence_batch_is_packed_in_length_order():
+    seqs = [np.full((2, 1), 1.0), np.full((4, 1), 2.0), np.full((3, 1), 3.0)]
+    batch = _Sequences(ragged=seqs).batch(np.arange(3))
+    np.testing.assert_array_equal(batch.batch_sizes, [3, 3, 2, 1])
+    np.testing.assert_array_equal(batch.sample_index, [1, 2, 0])
+    np.testing.assert_array_equal(batch.input[:, 0], [2, 3, 1, 2, 3, 1, 2, 3, 2])
+
+
+def test_equal_length_list_is_the_3d_case():
+    X, y = sum_sign_problem(n=40)
+    clf = quiet_fit(LSTMClassifier(hidden_size=4, max_iter=2, random_state=0), X, y)
+    np.testing.assert_array_equal(clf.predict_proba(list(X)), clf.predict_proba(X))
+
+
+# --------------------------------------------------------------------------- state
+
+def test_partial_fit_continues_like_fit():
+    X, y = sum_sign_problem()
+    fitted = quiet_fit(LSTMClassifier(hidden_size=6, max_iter=3, random_state=0), X, y)
+    stepped = LSTMClassifier(hidden_size=6, random_state=0)
+    for _ in range(3):
+        stepped.partial_fit(X, y, classes=[0, 1])
+    assert stepped.n_iter_ == 3 and stepped.t_ == 3 * len(X)
+    np.testing.assert_array_equal(stepped.loss_curve_, fitted.loss_curve_)
+    for a, b in zip(stepped.lstm_params_, fitted.lstm_params_):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_partial_fit_needs_classes_first():
+    X, y = sum_sign_problem(n=20)
+    with pytest.raises(ValueError, match="classes must be passed"):
+        LSTMClassifier().partial_fit(X, y)
+    clf = LSTMClassifier(hidden_size=4).partial_fit(X, y, classes=[0, 1, 2])
+    np.testing.assert_array_equal(clf.classes_, [0, 1, 2])
+    with pytest.raises(ValueError, match="classes not in"):
+        clf.partial_fit(X, y + 5)
+
+
+def test_warm_start_continues_training():
+    X, y = sum_sign_problem()
+    clf = LSTMClassifier(hidden_size=6, max_iter=4, warm_start=True, random_state=0)
+    quiet_fit(clf, X, y)
+    params_after_first = [p.copy() for p in clf.lstm_params_]
+    quiet_fit(clf, X, y)
+    assert clf.n_iter_ == 8 and len(clf.loss_curve_) == 8
+    assert clf.loss_curve_[4] < clf.loss_curve_[0]  # no re-initialisation
+    assert not np.array_equal(clf.lstm_params_[0], params_after_first[0])
+    clf.set_params(warm_start=False)
+    quiet_fit(clf, X, y)
+    assert clf.n_iter_ == 4 and len(clf.loss_curve_) == 4
+
+
+def test_early_stopping_keeps_the_best_validation_score():
+    X, y = sum_sign_problem(n=200)
+    clf = quiet_fit(LSTMClassifier(hidden_size=6, early_stopping=True, validation_fraction=0.2,
+                                   n_iter_no_change=3, max_iter=40, learning_rate_init=0.02,
+                                   random_state=0), X, y)
+    assert len(clf.validation_scores_) == clf.n_iter_
+    assert clf.best_validation_score_ == max(clf.validation_scores_)
+    assert clf.best_loss_ is None
+    assert clf.n_iter_ < 40  # stopped early
+
+
+def test_reproducible_with_random_state_and_dropout():
+    X, y = sum_sign_problem()
+    settings = dict(hidden_size=5, num_layers=2, dropout=0.3, max_iter=3)
+    a = quiet_fit(LSTMClassifier(random_state=7, **settings), X, y)
+    b = quiet_fit(LSTMClassifier(random_state=7, **settings), X, y)
+    c = quiet_fit(LSTMClassifier(random_state=8, **settings), X, y)
+    np.testing.assert_array_equal(a.predict_proba(X), b.predict_proba(X))
+    assert not np.array_equal(a.predict_proba(X), c.predict_proba(X))
+
+
+def test_verbose_prints_one_line_per_epoch(capsys):
+    X, y = sum_sign_problem(n=60)
+    clf = quiet_fit(LSTMClassifier(hidden_size=4, max_iter=3, early_stopping=True, verbose=True,
+                                   random_state=0), X, y)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Iteration")]
+    assert len(lines) == clf.n_iter_ == 3
+    assert all("loss = " in line and "validation score = " in line and line.endswith(" s")
+               for line in lines)
+
+
+def test_pickle_round_trip_and_resume():
+    X, y = sum_sign_problem()
+    clf = LSTMClassifier(hidden_size=6, random_state=0).partial_fit(X, y, classes=[0, 1])
+    restored = pickle.loads(pickle.dumps(clf))
+    np.testing.assert_array_equal(restored.predict_proba(X), clf.predict_proba(X))
+    clf.partial_fit(X, y)
+    restored.partial_fit(X, y)  # optimiser state and random stream travel with the pickle
+    np.testing.assert_array_equal(restored.predict_proba(X), clf.predict_proba(X))
+
+
+def test_clone_pipeline_and_float64():
+    X, y = noisy_sine_windows(200, steps=8, seed=2)
+    model = make_pipeline(StandardScaler(), LSTMRegressor(hidden_size=6, max_iter=5,
+                                                          dtype=np.float64, random_state=0))
+    quiet_fit(model, X, y)
+    assert model[-1].lstm_params_[0].dtype == np.float64
+    assert model.predict(X).shape == (200,)
+    copy = clone(model)
+    assert not hasattr(copy[-1], "lstm_params_")
+    assert copy.get_params()["lstmregressor__hidden_size"] == 6
+
+
+def test_grid_search_two_processes():
+    X, y = sum_sign_problem(n=80, steps=4, features=2)
+    grid = {"hidden_size": [3, 6], "head": ["last", "mean"]}
+    base = LSTMClassifier(max_iter=4, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        parallel = GridSearchCV(base, grid, cv=2, n_jobs=2).fit(X, y)
+        serial = GridSearchCV(base, grid, cv=2, n_jobs=1).fit(X, y)
+    assert len(parallel.cv_results_["params"]) == 4
+    np.testing.assert_array_equal(parallel.cv_results_["mean_test_score"],
+                                  serial.cv_results_["mean_test_score"])
+    assert parallel.best_params_ == serial.best_params_
+
+
+# --------------------------------------------------------------------------- input checks
+
+def test_input_layout_errors():
+    X, y = sum_sign_problem(n=30, features=3)
+    clf = quiet_fit(LSTMClassifier(hidden_size=4, max_iter=1), X, y)
+    assert clf.n_features_in_ == 3 and clf.input_size_ == 3
+    with pytest.raises(ValueError, match="2 features per time step, but LSTMClassifier is "
+                                         "expecting 3"):
+        clf.predict(X[:, :, :2])
+    with pytest.raises(ValueError, match="univariate"):
+        clf.predict(X[:, :, 0])
+    with pytest.raises(ValueError, match=r"X\[1\] has 2 features"):
+        clf.predict([X[0], X[1][:, :2]])
+    with pytest.raises(ValueError, match="must be 2-D .* 3-D"):
+        clf.predict(X[:, :, :, None])
+    with pytest.raises(ValueError, match="NaN"):
+        clf.predict(np.where(X > 2, np.nan, X))
+    # Other sequence lengths are fine for 3-D input.
+    assert clf.predict(X[:, :2]).shape == (30,)
+
+
+def test_table_fit_checks_columns_but_univariate_3d_is_accepted():
+    X, y = noisy_sine_windows(60, steps=5, seed=0)
+    model = quiet_fit(LSTMRegressor(hidden_size=4, max_iter=1), X, y)
+    with pytest.raises(ValueError, match="X has 4 features, but LSTMRegressor is expecting 5"):
+        model.predict(X[:, :4])
+    assert model.predict(X[:, :4, None]).shape == (60,)
+
+
+@pytest.mark.parametrize("param, value, error, match", [
+    ("hidden_size", 0, ValueError, "hidden_size"),
+    ("head", "max", ValueError, "head"),
+    ("solver", "lbfgs", ValueError, "solver"),
+    ("dropout", 1.0, ValueError, "dropout"),
+    ("batch_size", "big", ValueError, "batch_size"),
+    ("clip_norm", -1.0, ValueError, "clip_norm"),
+    ("dtype", np.int32, ValueError, "dtype"),
+    ("bidirectional", "yes", TypeError, "bidirectional"),
+    ("max_iter", 2.5, TypeError, "max_iter"),
+])
+def test_bad_parameters_are_named(param, value, error, match):
+    X, y = sum_sign_problem(n=10)
+    with pytest.raises(error, match=match):
+        LSTMClassifier(**{param: value}).fit(X, y)
+
+
+def test_inputs_are_not_modified():
+    X, y = sum_sign_problem(n=30)
+    X.setflags(write=False)
+    y.setflags(write=False)
+    before = X.copy()
+    clf = quiet_fit(LSTMClassifier(hidden_size=4, max_iter=2, dtype=np.float64), X, y)
+    clf.predict(X)
+    np.testing.assert_array_equal(X, before)
+
+
+def test_import_lstmcy_does_not_import_sklearn():
+    code = ("import sys, lstmcy; "
+            "assert not [m for m in sys.modules if m.split('.')[0] == 'sklearn'], 'sklearn imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,158 @@
+"""Non-finite and extreme values follow PyTorch float64 autograd.
+
+NaN, +Inf and -Inf are placed, one at a time, in every input (x, h0, c0, each parameter,
+dy, dh, dc). The set of non-finite entries of every forward and backward output must equal
+the set PyTorch float64 autograd gives (``torch._VF.lstm``, see ``torch_oracle.py``), and
+the finite entries must match. Extreme finite magnitudes (±1e30, the largest finite
+value, the smallest normal and subnormal numbers) must not create non-finite values
+that PyTorch does not have.
+"""
+
+import warnings
+import zlib
+
+import numpy as np
+import pytest
+
+import lstmcy
+from torch_oracle import make_case, run_lstmcy, torch_lstm
+
+CONFIGS = {
+    # name: make_case keywords
+    "L2-bi-time_major": dict(num_layers=2, bidirectional=True, layout="time_major"),
+    "L2-bi-packed-dropout": dict(num_layers=2, bidirectional=True, layout="packed", dropout=0.3),
+    "L1-bi-padded-nobias": dict(num_layers=1, bidirectional=True, layout="padded", has_bias=False),
+    "L3-uni-batch_first-dropout": dict(num_layers=3, layout="batch_first", dropout=0.5),
+}
+SIZES = dict(T=4, B=3, I=3, H=3)
+
+
+def input_names(config):
+    return list(make_case(0, **SIZES, **CONFIGS[config]).arrays())
+
+
+CASES = [(config, name) for config in CONFIGS for name in input_names(config)]
+
+
+def place(case, name, value, seed):
+    """Put ``value`` at one random (valid, for padded layouts) entry of input ``name``."""
+    rng = np.random.default_rng(seed)
+    array = case.arrays()[name]
+    if name in ("x", "dy") and case.layout == "padded":
+        row = rng.choice(np.flatnonzero(case.valid_rows()))
+        index = (row, rng.integers(array.shape[1]))
+    else:
+        index = np.unravel_index(rng.integers(array.size), array.shape)
+    array[index] = value
+    return index
+
+
+def classify(array):
+    """0 where finite, 1 where NaN, 2 where +Inf, 3 where -Inf."""
+    return np.select([np.isnan(array), array == np.inf, array == -np.inf], [1, 2, 3], 0)
+
+
+def compare_with_torch(case, what, kinds=True):
+    """Assert equal non-finite masks and matching finite entries for every output.
+
+    With ``kinds``, NaN, +Inf and -Inf must also sit at the same places as in torch.
+    lstmcy must not emit floating-point warnings either (non-finite inputs are legitimate).
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got, cache, _ = run_lstmcy(lstmcy, case)
+    expected = torch_lstm(case.x, case.hx, case.params, dy=case.dy, dh=case.dh, dc=case.dc,
+                          dropout_masks=cache.dropout_masks, **case.kwargs())
+    got, expected = got.named(case), expected.named(case)
+    mask_errors, value_errors = {}, {}
+    for name in expected:
+        ours, theirs = ~np.isfinite(got[name]), ~np.isfinite(expected[name])
+        if not np.array_equal(ours, theirs):
+            mask_errors[name] = (f"{int((ours & ~theirs).sum())} non-finite only in lstmcy, "
+                                 f"{int((theirs & ~ours).sum())} only in torch, of {ours.size}")
+            continue
+        if kinds and not np.array_equal(classify(got[name]), classify(expected[name])):
+            mask_errors[name] = "same non-finite entries, but NaN / +Inf / -Inf differ"
+            continue
+        finite = ~ours
+        if finite.any():
+            scale = np.abs(expected[name][finite]).max()
+            err = np.abs(got[name][finite] - expected[name][finite]).max()
+            if not err <= 1e-10 * scale:
+                value_errors[name] = f"{err / scale:.3g}"
+    assert not mask_errors, f"{what}: non-finite masks differ: {mask_errors}"
+    assert not value_errors, f"{what}: finite entries differ (relative): {value_errors}"
+    return got, expected
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf], ids=["nan", "+inf", "-inf"])
+@pytest.mark.parametrize("config, name", CASES, ids=[f"{c}-{n}" for c, n in CASES])
+def test_non_finite_input_propagates_like_torch(config, name, value):
+    case = make_case(21, **SIZES, **CONFIGS[config])
+    index = place(case, name, value, seed=zlib.crc32(name.encode()))
+    got, _ = compare_with_torch(case, f"{value} at {name}{tuple(map(int, index))}")
+    # Something really went non-finite (else the test would prove nothing), except where
+    # torch itself saturates it away, e.g. an infinite pre-activation through sigmoid/tanh.
+    if name in ("dy", "dh", "dc") or np.isnan(value):
+        assert any(not np.isfinite(a).all() for a in got.values())
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+@pytest.mark.parametrize("name", ["x", "dy"])
+def test_non_finite_at_padded_positions_is_ignored(name, value):
+    """Padded rows of x and dy (2-D padded layout) are never read."""
+    case = make_case(22, **SIZES, num_layers=2, bidirectional=True, layout="padded")
+    clean, _, _ = run_lstmcy(lstmcy, case)
+    array = getattr(case, name)
+    array[~case.valid_rows()] = value
+    got, _, _ = run_lstmcy(lstmcy, case)
+    for field in ("y", "h_n", "c_n", "dx", "dh_prev", "dc_prev"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(clean, field), field)
+    for a, b in zip(got.dparams, clean.dparams):
+        np.testing.assert_array_equal(a, b)
+
+
+TINY = np.finfo(np.float64).tiny
+MAX = np.finfo(np.float64).max
+SUBNORMAL = np.nextafter(0.0, 1.0)
+EXTREMES = {"1e30": 1e30, "-1e30": -1e30, "max": MAX, "-max": -MAX, "min_normal": TINY,
+            "-subnormal": -SUBNORMAL, "subnormal_x3": 3 * SUBNORMAL}
+EXTREME_CONFIGS = ["L2-bi-time_major", "L2-bi-packed-dropout"]
+EXTREME_CASES = [(config, name) for config in EXTREME_CONFIGS for name in input_names(config)]
+
+
+@pytest.mark.parametrize("value", list(EXTREMES))
+@pytest.mark.parametrize("config, name", EXTREME_CASES, ids=[f"{c}-{n}" for c, n in EXTREME_CASES])
+def test_extreme_value_in_one_entry_like_torch(config, name, value):
+    case = make_case(23, **SIZES, **CONFIGS[config])
+    index = place(case, name, EXTREMES[value], seed=zlib.crc32(name.encode()) + 3)
+    # Only finiteness is compared: whether an overflow gives +Inf, -Inf or (meeting an
+    # opposite infinity) NaN may legitimately depend on the summation order.
+    compare_with_torch(case, f"{value} at {name}{tuple(map(int, index))}", kinds=False)
+
+
+SCALINGS = {
+    # name: factors applied to whole arrays (values keep their random signs)
+    "x*1e30,w_ih*1e-30": {"x": 1e30, "w_ih0": 1e-30},
+    "h0,c0*1e30": {"h0": 1e30, "c0": 1e30},
+    "dy,dh,dc*1e30": {"dy": 1e30, "dh": 1e30, "dc": 1e30},
+    "dy,dh,dc*1e-300": {"dy": 1e-300, "dh": 1e-300, "dc": 1e-300},
+    "dy,dh,dc subnormal": {"dy": 1e-320, "dh": 1e-320, "dc": 1e-320},
+    "x,h0,c0*1e-310": {"x": 1e-310, "h0": 1e-310, "c0": 1e-310},
+    "params*1e30": {"params": 1e30},
+}
+
+
+@pytest.mark.parametrize("scaling", list(SCALINGS))
+def test_extreme_magnitudes_whole_arrays_like_torch(scaling):
+    case = make_case(24, **SIZES, num_layers=2, bidirectional=True, layout="packed")
+    for target, factor in SCALINGS[scaling].items():
+        if target == "params":
+            case.params = [p * factor for p in case.params]
+        elif target == "w_ih0":
+            case.params[0] = case.params[0] * factor
+        else:
+            setattr(case, target, getattr(case, target) * factor)
+    got, _ = compare_with_torch(case, scaling, kinds=False)
+    if scaling.startswith("dy") or scaling.startswith("x*"):  # no saturation: finite results
+        assert all(np.isfinite(a).all() for a in got.values()), scaling

@@ -1,0 +1,461 @@
+"""Tests of lstmcy.torch: the nn.LSTM drop-in and the state_dict helpers.
+
+Every comparison is against ``torch.nn.LSTM`` itself (float64 autograd) with the same
+weights: outputs, final states and the gradients of the input, the initial states and
+every parameter, for 1-3 layers, both directions, batch-first input, packed sequences
+with unsorted lengths, with and without initial states, and dropout.
+"""
+import copy
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence  # noqa: E402
+
+import lstmcy  # noqa: E402
+from lstmcy.torch import (LSTM, config_from_state_dict, params_from_state_dict,  # noqa: E402
+                          params_to_state_dict)
+
+RTOL = 1e-10
+F64 = torch.float64
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_torch_thread():
+    """Tiny problems: torch's thread pool only adds start-up (and, on a busy machine,
+    oversubscription) cost, which made these tests slow and erratic."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------
+
+def assert_close(actual, desired, rtol=RTOL, what=""):
+    """Max-norm relative comparison: |a - d| <= rtol * max|d| elementwise."""
+    assert actual is not None and desired is not None, what
+    actual = actual.detach().double().numpy()
+    desired = desired.detach().double().numpy()
+    assert actual.shape == desired.shape, (what, actual.shape, desired.shape)
+    scale = float(np.max(np.abs(desired))) if desired.size else 0.0
+    np.testing.assert_allclose(actual, desired, rtol=0, atol=rtol * max(scale, 1e-300),
+                               err_msg=what)
+
+
+def make_pair(input_size=3, hidden_size=4, dtype=F64, seed=0, **kwargs):
+    """An lstmcy LSTM and an nn.LSTM holding the same (random) weights."""
+    torch.manual_seed(seed)
+    ours = LSTM(input_size, hidden_size, dtype=dtype, **kwargs)
+    ref = nn.LSTM(input_size, hidden_size, dtype=dtype, **kwargs)
+    ref.load_state_dict(ours.state_dict())
+    return ours, ref
+
+
+def make_states(module, batch, seed=1, requires_grad=True):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (module.num_layers * (2 if module.bidirectional else 1), batch, module.hidden_size)
+    return tuple(torch.randn(shape, generator=gen, dtype=F64).requires_grad_(requires_grad)
+                 for _ in range(2))
+
+
+def compare(ours, ref, make_inputs, hx_seed=None, batch=None):
+    """Compare outputs and all gradients of ``ours`` and ``ref`` on the same inputs."""
+    results = []
+    for module in (ours, ref):
+        x, inputs = make_inputs()
+        hx = None if hx_seed is None else make_states(module, batch, seed=hx_seed)
+        out, (h_n, c_n) = module(inputs, hx)
+        y = out.data if isinstance(out, PackedSequence) else out
+        if isinstance(out, PackedSequence):
+            assert torch.equal(out.batch_sizes, inputs.batch_sizes)
+            assert out.sorted_indices is inputs.sorted_indices or torch.equal(
+                out.sorted_indices, inputs.sorted_indices)
+        gen = torch.Generator().manual_seed(7)
+        cot = [torch.randn(t.shape, generator=gen, dtype=t.dtype) for t in (y, h_n, c_n)]
+        leaves = [x] + ([] if hx is None else list(hx)) + list(module.parameters())
+        grads = torch.autograd.grad([y, h_n, c_n], leaves, cot)
+        results.append(((y, h_n, c_n), grads))
+    (outs_a, grads_a), (outs_b, grads_b) = results
+    for name, a, b in zip(("output", "h_n", "c_n"), outs_a, outs_b):
+        assert_close(a, b, what=name)
+    names = ["input"] + ([] if hx_seed is None else ["h0", "c0"]) + [
+        n for n, _ in ours.named_parameters()]
+    assert len(names) == len(grads_a) == len(grads_b)
+    for name, a, b in zip(names, grads_a, grads_b):
+        assert_close(a, b, what=f"grad of {name}")
+
+
+def padded_input(T, B, I, batch_first, seed=3):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (B, T, I) if batch_first else (T, B, I)
+
+    def make():
+        x = torch.randn(shape, generator=gen.manual_seed(seed), dtype=F64, requires_grad=True)
+        return x, x
+    return make
+
+
+def packed_input(lengths, I, batch_first, seed=4):
+    T, B = max(lengths), len(lengths)
+    shape = (B, T, I) if batch_first else (T, B, I)
+
+    def make():
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(shape, generator=gen, dtype=F64, requires_grad=True)
+        packed = pack_padded_sequence(x, torch.tensor(lengths), batch_first=batch_first,
+                                      enforce_sorted=False)
+        return x, packed
+    return make
+
+
+# ---------------------------------------------------------------------------
+# equality with nn.LSTM
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("num_layers", [1, 2, 3])
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("with_hx", [False, True])
+def test_matches_nn_lstm(num_layers, bidirectional, batch_first, with_hx):
+    ours, ref = make_pair(3, 4, num_layers=num_layers, bidirectional=bidirectional,
+                          batch_first=batch_first)
+    compare(ours, ref, padded_input(5, 3, 3, batch_first), hx_seed=11 if with_hx else None, batch=3)
+
+
+@pytest.mark.parametrize("num_layers", [1, 2, 3])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_matches_nn_lstm_without_bias(num_layers, bidirectional):
+    ours, ref = make_pair(2, 5, num_layers=num_layers, bidirectional=bidirectional, bias=False)
+    compare(ours, ref, padded_input(4, 2, 2, False), hx_seed=5, batch=2)
+
+
+@pytest.mark.parametrize("num_layers", [1, 2, 3])
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("with_hx", [False, True])
+def test_packed_unsorted_matches_nn_lstm(num_layers, bidirectional, batch_first, with_hx):
+    lengths = [3, 6, 1, 6, 4]  # unsorted, with ties: exercises sorted/unsorted_indices
+    ours, ref = make_pair(3, 4, num_layers=num_layers, bidirectional=bidirectional,
+                          batch_first=batch_first)
+    compare(ours, ref, packed_input(lengths, 3, batch_first), hx_seed=12 if with_hx else None,
+            batch=len(lengths))
+
+
+def test_packed_output_keeps_permutation():
+    lengths = [2, 5, 3]
+    ours, ref = make_pair(3, 4, bidirectional=True)
+    _, packed = packed_input(lengths, 3, False)()
+    hx = make_states(ours, 3, requires_grad=False)
+    out, (h_n, c_n) = ours(packed, hx)
+    out_ref, (h_ref, c_ref) = ref(packed, hx)
+    assert isinstance(out, PackedSequence)
+    assert torch.equal(out.sorted_indices, packed.sorted_indices)
+    assert torch.equal(out.unsorted_indices, packed.unsorted_indices)
+    assert_close(out.data, out_ref.data)
+    # States come back in the caller's (unsorted) batch order.
+    assert_close(h_n, h_ref)
+    assert_close(c_n, c_ref)
+    # And the sequence of length 5 (index 1) ends in a different state than if unsorted
+    # indices had been ignored.
+    assert not torch.allclose(h_n[:, 1], h_n[:, 0])
+
+
+def test_unbatched_input_matches_nn_lstm():
+    ours, ref = make_pair(3, 4, num_layers=2, bidirectional=True)
+    results = []
+    for module in (ours, ref):
+        x = torch.randn(6, 3, dtype=F64, generator=torch.Generator().manual_seed(0),
+                        requires_grad=True)
+        h0 = torch.randn(4, 4, dtype=F64, generator=torch.Generator().manual_seed(1),
+                         requires_grad=True)
+        c0 = torch.randn(4, 4, dtype=F64, generator=torch.Generator().manual_seed(2),
+                         requires_grad=True)
+        y, (h_n, c_n) = module(x, (h0, c0))
+        loss = (y ** 2).sum() + h_n.sum() + (c_n * 3).sum()
+        results.append((y, h_n, c_n) + torch.autograd.grad(loss, [x, h0, c0]))
+    assert results[0][0].shape == (6, 8) and results[0][1].shape == (4, 4)
+    for a, b in zip(*results):
+        assert_close(a, b)
+
+
+def test_partial_requires_grad_and_unused_outputs():
+    """Loss on h_n only (y and c_n unused), input without grad, h0 but not c0 with grad."""
+    ours, ref = make_pair(3, 5, num_layers=2)
+    x = torch.randn(7, 2, 3, dtype=F64)
+    grads = []
+    for module in (ours, ref):
+        h0 = torch.full((2, 2, 5), 0.3, dtype=F64, requires_grad=True)
+        c0 = torch.full((2, 2, 5), -0.2, dtype=F64)
+        _, (h_n, _) = module(x, (h0, c0))
+        grads.append(torch.autograd.grad(h_n[-1].sum(), [h0] + list(module.parameters())))
+    for a, b in zip(*grads):
+        assert_close(a, b)
+
+
+def test_matches_nn_lstm_float32():
+    ours, ref = make_pair(8, 16, dtype=torch.float32, num_layers=2, bidirectional=True)
+    x = torch.randn(10, 4, 8)
+    outs = []
+    for module in (ours, ref):
+        y, (h_n, c_n) = module(x)
+        y.sum().backward()
+        outs.append((y, h_n, c_n) + tuple(p.grad for p in module.parameters()))
+    for a, b in zip(*outs):
+        assert a.dtype == torch.float32
+        assert_close(a, b, rtol=2e-5)
+
+
+def test_no_grad_and_eval_paths():
+    ours, ref = make_pair(3, 4, num_layers=2, dropout=0.5)
+    x = torch.randn(5, 2, 3, dtype=F64)
+    ours.eval()
+    ref.eval()
+    with torch.no_grad():
+        y, (h_n, c_n) = ours(x)
+        y_ref, (h_ref, c_ref) = ref(x)
+    assert not y.requires_grad
+    for a, b in zip((y, h_n, c_n), (y_ref, h_ref, c_ref)):
+        assert_close(a, b)
+    # Eval mode disables dropout also with grad enabled.
+    y2, _ = ours(x)
+    assert y2.requires_grad
+    assert_close(y2, y_ref)
+
+
+# ---------------------------------------------------------------------------
+# dropout
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_dropout_equals_nn_lstm_under_same_seed(packed, batch_first):
+    """The masks are drawn from torch's generator exactly as aten::lstm draws them."""
+    ours, ref = make_pair(3, 4, num_layers=3, bidirectional=True, dropout=0.4,
+                          batch_first=batch_first)
+    make = packed_input([5, 2, 4], 3, batch_first) if packed else padded_input(5, 3, 3, batch_first)
+    results = []
+    for module in (ours, ref):
+        x, inputs = make()
+        torch.manual_seed(123)
+        out, (h_n, c_n) = module(inputs)
+        y = out.data if packed else out
+        loss = (y * torch.linspace(-1, 1, y.numel(), dtype=F64).reshape(y.shape)).sum() + h_n.sum()
+        results.append((y, h_n, c_n) + torch.autograd.grad(loss, [x] + list(module.parameters())))
+    for a, b in zip(*results):
+        assert_close(a, b)
+
+
+def test_dropout_reproducible_and_active():
+    ours, _ = make_pair(3, 6, num_layers=2, dropout=0.5)
+    no_dropout = copy.deepcopy(ours)
+    no_dropout.dropout = 0.0
+    x = torch.randn(6, 4, 3, dtype=F64)
+    torch.manual_seed(5)
+    y1, _ = ours(x)
+    torch.manual_seed(5)
+    y2, _ = ours(x)
+    y3, _ = ours(x)  # the generator has moved on
+    y_plain, _ = no_dropout(x)
+    assert torch.equal(y1, y2)
+    assert not torch.equal(y1, y3)
+    assert not torch.allclose(y1, y_plain)
+    # Single layer: nothing to drop (as nn.LSTM).
+    single, ref_single = make_pair(3, 6, num_layers=1)
+    single.dropout = ref_single.dropout = 0.5
+    assert_close(single(x)[0], ref_single(x)[0])
+
+
+# ---------------------------------------------------------------------------
+# gradcheck
+# ---------------------------------------------------------------------------
+
+def _functional(module):
+    names = [name for name, _ in module.named_parameters()]
+
+    def run(x, h0, c0, *weights):
+        out, (h_n, c_n) = torch.func.functional_call(module, dict(zip(names, weights)),
+                                                     (x, (h0, c0)))
+        y = out.data if isinstance(out, PackedSequence) else out
+        return y, h_n, c_n
+    return run
+
+
+def test_gradcheck_padded():
+    ours = LSTM(2, 3, num_layers=2, bidirectional=True, batch_first=True, dtype=F64)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 2, dtype=F64, generator=gen, requires_grad=True)
+    h0, c0 = make_states(ours, 2)
+    weights = [p.detach().clone().requires_grad_() for p in ours.parameters()]
+    assert torch.autograd.gradcheck(_functional(ours), (x, h0, c0, *weights))
+
+
+def test_gradcheck_packed():
+    ours = LSTM(2, 3, num_layers=2, dtype=F64)
+    lengths = torch.tensor([2, 4, 1])
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 3, 2, dtype=F64, generator=gen, requires_grad=True)
+    h0, c0 = make_states(ours, 3)
+    weights = [p.detach().clone().requires_grad_() for p in ours.parameters()]
+    run = _functional(ours)
+
+    def packed_run(x, h0, c0, *weights):
+        return run(pack_padded_sequence(x, lengths, enforce_sorted=False), h0, c0, *weights)
+    assert torch.autograd.gradcheck(packed_run, (x, h0, c0, *weights))
+
+
+def test_double_backward_is_refused():
+    ours = LSTM(2, 3, dtype=F64)
+    x = torch.randn(3, 1, 2, dtype=F64, requires_grad=True)
+    y, _ = ours(x)
+    (g,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError):
+        g.sum().backward()
+
+
+# ---------------------------------------------------------------------------
+# training
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_optimizer_steps_match_nn_lstm(optimizer):
+    ours, ref = make_pair(3, 5, num_layers=2, bidirectional=True, batch_first=True)
+    heads = []
+    for module in (ours, ref):
+        torch.manual_seed(9)
+        head = nn.Linear(10, 4, dtype=F64)
+        params = list(module.parameters()) + list(head.parameters())
+        opt = (torch.optim.SGD(params, lr=0.5, momentum=0.9) if optimizer == "sgd"
+               else torch.optim.Adam(params, lr=0.05))
+        gen = torch.Generator().manual_seed(3)
+        for _ in range(4):
+            x = torch.randn(6, 7, 3, dtype=F64, generator=gen)
+            target = torch.randint(4, (6,), generator=gen)
+            opt.zero_grad()
+            _, (h_n, _) = module(x)
+            logits = head(torch.cat([h_n[-2], h_n[-1]], dim=1))
+            nn.functional.cross_entropy(logits, target).backward()
+            opt.step()
+        heads.append(head)
+    start = make_pair(3, 5, num_layers=2, bidirectional=True, batch_first=True)[0]
+    for (name, a), b, s in zip(ours.named_parameters(), ref.parameters(), start.parameters()):
+        assert not torch.allclose(a, s), f"{name} did not move"
+        assert_close(a, b, what=name)
+    for a, b in zip(heads[0].parameters(), heads[1].parameters()):
+        assert_close(a, b)
+
+
+# ---------------------------------------------------------------------------
+# module identity, state_dict and helpers
+# ---------------------------------------------------------------------------
+
+def test_parameters_and_state_dict_are_those_of_nn_lstm():
+    torch.manual_seed(0)
+    ours = LSTM(3, 4, num_layers=2, bidirectional=True)
+    torch.manual_seed(0)
+    ref = nn.LSTM(3, 4, num_layers=2, bidirectional=True)
+    assert isinstance(ours, nn.LSTM)
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in ref.named_parameters()]
+    sd_ours, sd_ref = ours.state_dict(), ref.state_dict()
+    assert list(sd_ours) == list(sd_ref)
+    for key in sd_ref:  # same initialisation under the same seed
+        assert torch.equal(sd_ours[key], sd_ref[key]), key
+    # Round trip both ways.
+    other = nn.LSTM(3, 4, num_layers=2, bidirectional=True)
+    other.load_state_dict(ours.state_dict())
+    back = LSTM(3, 4, num_layers=2, bidirectional=True)
+    back.load_state_dict(other.state_dict())
+    for key, value in back.state_dict().items():
+        assert torch.equal(value, sd_ours[key]), key
+
+
+def test_params_helpers_round_trip_and_drive_lstm_forward():
+    torch.manual_seed(0)
+    ref = nn.LSTM(3, 4, num_layers=2, bidirectional=True, bias=True, dtype=F64)
+    wrapper = nn.Sequential()
+    wrapper.add_module("rnn", ref)
+    sd = wrapper.state_dict()
+    params = params_from_state_dict(sd, prefix="rnn.")
+    config = config_from_state_dict(sd, prefix="rnn.")
+    assert config == {"num_layers": 2, "bidirectional": True, "has_bias": True}
+    assert [p.shape for p in params] == [tuple(w.shape) for w in ref._flat_weights]
+    assert all(isinstance(p, np.ndarray) for p in params)
+    # Copies by default; views on request.
+    params[0][0, 0] += 1.0
+    assert params[0][0, 0] != ref.weight_ih_l0[0, 0].item()
+    views = params_from_state_dict(ref.state_dict(), copy=False)
+    assert np.shares_memory(views[0], ref.weight_ih_l0.detach().numpy())
+    # The numpy API with these params equals nn.LSTM.
+    x = np.random.default_rng(0).standard_normal((5, 2, 3))
+    y, h_n, c_n, _ = lstmcy.lstm_forward(x, None, views, train=False, **config)
+    y_ref, (h_ref, c_ref) = ref(torch.from_numpy(x))
+    for a, b in zip((y, h_n, c_n), (y_ref, h_ref, c_ref)):
+        assert_close(torch.from_numpy(a), b)
+    # Back to a state_dict that both modules load.
+    sd_back = params_to_state_dict(views, **config)
+    assert list(sd_back) == list(ref.state_dict())
+    for key, value in sd_back.items():
+        assert torch.equal(value, ref.state_dict()[key])
+        assert not np.shares_memory(value.numpy(), ref.state_dict()[key].numpy())
+    LSTM(3, 4, num_layers=2, bidirectional=True, dtype=F64).load_state_dict(sd_back)
+    prefixed = params_to_state_dict(views, prefix="rnn.", **config)
+    wrapper.load_state_dict(prefixed)
+
+
+def test_params_helpers_without_bias_and_errors():
+    ref = nn.LSTM(2, 3, num_layers=3, bias=False)
+    sd = ref.state_dict()
+    assert config_from_state_dict(sd) == {"num_layers": 3, "bidirectional": False, "has_bias": False}
+    params = params_from_state_dict(sd)
+    assert len(params) == 6
+    assert list(params_to_state_dict(params, num_layers=3, has_bias=False)) == list(sd)
+    with pytest.raises(ValueError, match="params must hold 12"):
+        params_to_state_dict(params, num_layers=3, has_bias=True)
+    with pytest.raises(ValueError, match="weight_ih_l0"):
+        params_from_state_dict(sd, prefix="encoder.")
+    with pytest.raises(ValueError, match="projection"):
+        config_from_state_dict(nn.LSTM(2, 4, proj_size=2).state_dict())
+    broken = dict(sd)
+    del broken["weight_hh_l1"]
+    with pytest.raises(ValueError, match="weight_hh_l1"):
+        params_from_state_dict(broken)
+    with pytest.raises(ValueError, match="shape"):
+        params_to_state_dict([np.zeros((12, 2)), np.zeros((12, 4))], has_bias=False)
+    with pytest.raises(TypeError, match="state_dict"):
+        params_from_state_dict([1, 2])
+
+
+# ---------------------------------------------------------------------------
+# errors and import isolation
+# ---------------------------------------------------------------------------
+
+def test_unsupported_dtypes_devices_and_options():
+    with pytest.raises(ValueError, match="proj_size"):
+        LSTM(3, 4, proj_size=2)
+    half = LSTM(3, 4).to(torch.bfloat16)
+    with pytest.raises(TypeError, match="bfloat16"):
+        half(torch.randn(2, 1, 3, dtype=torch.bfloat16))
+    ours = LSTM(3, 4)
+    with pytest.raises(ValueError, match="dtype"):  # nn.LSTM's own input check
+        ours(torch.randn(2, 1, 3, dtype=F64))
+    with pytest.raises(TypeError, match="h0"):
+        ours(torch.randn(2, 1, 3), (torch.zeros(1, 1, 4, dtype=F64), torch.zeros(1, 1, 4)))
+    meta = LSTM(3, 4, device="meta")
+    with pytest.raises(ValueError, match="CPU"):
+        meta(torch.empty(2, 1, 3, device="meta"))
+    with pytest.raises(RuntimeError, match="hidden"):  # wrong state shape, as nn.LSTM
+        ours(torch.randn(2, 1, 3), (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)))
+
+
+def test_import_lstmcy_does_not_import_torch():
+    code = "import sys, lstmcy; assert 'torch' not in sys.modules, 'torch imported'; print('ok')"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
