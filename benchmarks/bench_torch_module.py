@@ -11,6 +11,7 @@ Run::
     python benchmarks/bench_torch_module.py                 # default shapes, float32, Adam
     python benchmarks/bench_torch_module.py --optim sgd --dtype float64 --repeats 100
     python benchmarks/bench_torch_module.py --shape 32,16,32,64,1,0   # T,B,I,H,layers,bidir
+    python benchmarks/bench_torch_module.py --threads 1     # both libraries single-threaded
 """
 import argparse
 import statistics
@@ -19,6 +20,7 @@ import time
 import torch
 from torch import nn
 
+import lstmcy
 import lstmcy.torch as lstmcy_torch
 
 DEFAULT_SHAPES = [
@@ -29,6 +31,20 @@ DEFAULT_SHAPES = [
     (128, 64, 128, 256, 1, False),
 ]
 NUM_CLASSES = 10
+
+
+def set_lstmcy_threads(n_threads):
+    setter = getattr(lstmcy, "set_num_threads", None)
+    if setter is None:  # not exported (yet): the internal setting
+        from lstmcy._threads import set_num_threads as setter
+    setter(n_threads)
+
+
+def get_lstmcy_threads():
+    getter = getattr(lstmcy, "get_num_threads", None)
+    if getter is None:
+        from lstmcy._threads import get_num_threads as getter
+    return getter()
 
 
 class Classifier(nn.Module):
@@ -97,12 +113,18 @@ def main(argv=None):
     parser.add_argument("--optim", choices=("adam", "sgd"), default="adam")
     parser.add_argument("--repeats", type=int, default=60, help="timed steps per model and shape")
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for both torch and lstmcy (default: each library's own)")
     parser.add_argument("--shape", type=parse_shape, action="append",
                         help="T,B,I,H,num_layers,bidirectional(0/1); repeatable")
     args = parser.parse_args(argv)
     dtype = getattr(torch, args.dtype)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+        set_lstmcy_threads(args.threads)
     shapes = args.shape or DEFAULT_SHAPES
     print(f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, "
+          f"lstmcy threads {get_lstmcy_threads() or 'auto'}, "
           f"mkldnn {'on' if torch.backends.mkldnn.is_available() else 'off'}; "
           f"{args.dtype}, {args.optim}, median of {args.repeats} steps (after {args.warmup} warm-up)")
     print(f"{'T':>4} {'B':>4} {'I':>4} {'H':>4} {'L':>2} {'bi':>3} | "

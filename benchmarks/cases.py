@@ -2,9 +2,7 @@
 
 A :class:`Case` is one LSTM configuration ``(T, B, I, H, L)`` plus direction count,
 dtype and whether the batch has variable lengths. :func:`make_inputs` builds the
-numpy arrays (parameters drawn by ``torch.nn.LSTM``'s own initialiser, so both
-libraries see identical weights) and :func:`make_torch` the matching PyTorch module
-and tensors.
+numpy arrays; ``run.py`` copies the same parameters into a ``torch.nn.LSTM``.
 
 Targets are "torch time / lstmcy time" ratios (higher is better for lstmcy) and
 efficiencies (achieved GF/s over the GEMM peak measured in the same run).
@@ -171,25 +169,27 @@ def forward_flops(case, padded=False):
 
 
 def make_inputs(case, seed=0):
-    """Inputs for one case, as numpy arrays of the case's dtype.
+    """Inputs for one case, as numpy arrays of the case's dtype (no torch needed).
 
     Returns
     -------
     dict
         ``x`` ``[T, B, I]`` (zero beyond each length when packed), ``h0``, ``c0``
-        ``[L*D, B, H]``, ``params`` (torch.nn.LSTM's initialisation), ``dy``
+        ``[L*D, B, H]``, ``params`` (drawn like ``torch.nn.LSTM``'s initialisation,
+        uniform in ``[-1/sqrt(H), 1/sqrt(H)]``), ``dy``
         ``[T, B, D*H]`` (zero beyond each length), ``dh``, ``dc``; for packed
         cases also ``lengths``, ``batch_sizes``, ``x_packed`` ``[N, I]`` and
         ``dy_packed`` ``[N, D*H]`` (PyTorch's packed row order).
     """
-    import torch
-
     dtype = np.dtype(case.dtype)
     rng = np.random.default_rng(seed)
-    torch.manual_seed(seed)
-    module = torch.nn.LSTM(case.I, case.H, case.L, bidirectional=case.bidirectional)
-    params = [p.detach().double().numpy().astype(dtype) for p in module._flat_weights]
     T, B, D, H = case.T, case.B, case.D, case.H
+    bound = 1.0 / np.sqrt(H)
+    params = []
+    for in_size in _layer_inputs(case):
+        for _ in range(D):
+            for shape in ((4 * H, in_size), (4 * H, H), (4 * H,), (4 * H,)):
+                params.append(rng.uniform(-bound, bound, shape).astype(dtype))
     out = {
         "x": rng.standard_normal((T, B, case.I)).astype(dtype),
         "h0": (0.5 * rng.standard_normal((case.L * D, B, H))).astype(dtype),

@@ -73,14 +73,15 @@ def main(argv=None):
     case = matches[0]
 
     import threadpoolctl
-    import torch
 
     from cases import make_inputs
     from run import lstmcy_setup, torch_setup
 
+    if args.torch:  # torch (and its OpenMP pool) only when profiling it
+        import torch
+        if args.threads:
+            torch.set_num_threads(args.threads)
     limiter = threadpoolctl.threadpool_limits(args.threads) if args.threads else None  # noqa: F841
-    if args.threads:
-        torch.set_num_threads(args.threads)
     inp = make_inputs(case)
     packed = case.packed and not args.padded
     setup = torch_setup if args.torch else lstmcy_setup

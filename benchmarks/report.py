@@ -54,7 +54,8 @@ def tables(doc):
     out = []
     header = ["case", "(T,B,I,H,L)", "dtype", "bwd GFLOP", "lstmcy bwd ms", "torch bwd ms",
               "torch/lstmcy bwd", "lstmcy bwd GF/s (peak)", "torch bwd GF/s (peak)",
-              "lstmcy fwd ms", "torch fwd ms", "torch/lstmcy fwd", "numpy ref fwd/bwd ms",
+              "lstmcy fwd ms", "torch fwd ms", "torch/lstmcy fwd", "LSTMPlan bwd / fwd ms",
+              "numpy ref fwd/bwd ms",
               "max rel err vs torch", "others' cores"]
     rows = []
     for r in cases:
@@ -65,6 +66,8 @@ def tables(doc):
                      f"{g['lstmcy_bwd']:.1f} ({_pct(e.get('lstmcy_bwd', 0))})",
                      f"{g['torch_bwd']:.1f} ({_pct(e.get('torch_bwd', 0))})",
                      _spread(t["lstmcy_fwd"]), _spread(t["torch_fwd"]), _x(r["ratios"]["fwd_ratio"]),
+                     (f"{_ms(t['lstmcy_plan_bwd']['median'])} / {_ms(t['lstmcy_plan_fwd']['median'])}"
+                      if "lstmcy_plan_bwd" in t else "-"),
                      _ref(r), f"{r['max_rel_err_vs_torch']:.1e}",
                      "-" if r.get("others_cores") is None else f"{r['others_cores']:.1f}"])
     out.append(("Backward and training forward (median ± half the inter-quartile range)", header, rows,
@@ -113,12 +116,15 @@ def tables(doc):
                  "GF/s / GEMM peak."]))
 
     header = ["case", "lstmcy fwd peak MB (results MB)", "lstmcy bwd peak MB (results MB)",
-              "T·B·4H MB", "torch bwd top ops (self CPU)"]
+              "LSTMPlan fwd / bwd peak MB", "T·B·4H MB", "torch bwd top ops (self CPU)"]
     rows = []
     for r in cases:
         m = r["memory"]
+        mp = r.get("memory_plan")
         rows.append([r["name"], f"{m['fwd_peak_bytes'] / 2**20:.2f} ({m['fwd_result_bytes'] / 2**20:.2f})",
                      f"{m['bwd_peak_bytes'] / 2**20:.2f} ({m['bwd_result_bytes'] / 2**20:.2f})",
+                     (f"{mp['fwd_peak_bytes'] / 2**20:.2f} / {mp['bwd_peak_bytes'] / 2**20:.2f}"
+                      if mp else "-"),
                      f"{m['T_B_4H_bytes'] / 2**20:.2f}", ", ".join(r["torch_ops"]["bwd"][:3])])
     out.append(("Memory per call (tracemalloc: numpy allocations, results included) and PyTorch's "
                 "backward kernels", header, rows, []))

@@ -51,6 +51,7 @@ import tracemalloc  # noqa: E402
 import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+HAS_PLAN = False  # set in main(): lstmcy has LSTMPlan (work buffers kept between calls)
 RESULTS_DIR = os.path.join(HERE, "results")
 
 
@@ -160,10 +161,16 @@ def torch_ops(fn, top=6):
 
 # --------------------------------------------------------------------------- lstmcy side
 
-def lstmcy_setup(case, inp, packed):
-    """Forward / backward closures for lstmcy (packed 2-D layout or padded ``[T, B, I]``)."""
+def lstmcy_setup(case, inp, packed, plan=False):
+    """Forward / backward closures for lstmcy (packed 2-D layout or padded ``[T, B, I]``).
+
+    ``plan`` runs them through one ``lstmcy.LSTMPlan`` (work buffers kept between calls)
+    instead of the plain ``lstm_forward`` / ``lstm_backward``.
+    """
     import lstmcy
     from cases import lstm_kwargs
+
+    api = lstmcy.LSTMPlan() if plan else lstmcy
 
     kw = lstm_kwargs(case)
     hx = (inp["h0"], inp["c0"])
@@ -174,14 +181,17 @@ def lstmcy_setup(case, inp, packed):
     else:
         x, dy = inp["x"], inp["dy"]
 
+    run_forward = api.forward if plan else api.lstm_forward
+    run_backward = api.backward if plan else api.lstm_backward
+
     def forward():
-        return lstmcy.lstm_forward(x, hx, params, train=True, **kw)
+        return run_forward(x, hx, params, train=True, **kw)
 
     _, _, _, cache = forward()
     saved = cache.saved()
 
     def backward():
-        return lstmcy.lstm_backward(x, hx, params, dy, inp["dh"], inp["dc"], *saved, **kw)
+        return run_backward(x, hx, params, dy, inp["dh"], inp["dc"], *saved, **kw)
 
     return forward, backward
 
@@ -270,6 +280,9 @@ def run_case(case, args):
     cy_fwd, cy_bwd = lstmcy_setup(case, inp, packed=case.packed)
     pt_fwd, pt_bwd = torch_setup(case, inp, packed=case.packed)
     functions.update(lstmcy_bwd=cy_bwd, torch_bwd=pt_bwd, lstmcy_fwd=cy_fwd, torch_fwd=pt_fwd)
+    if HAS_PLAN:
+        plan_fwd, plan_bwd = lstmcy_setup(case, inp, packed=case.packed, plan=True)
+        functions.update(lstmcy_plan_bwd=plan_bwd, lstmcy_plan_fwd=plan_fwd)
     if case.packed:
         cyp_fwd, cyp_bwd = lstmcy_setup(case, inp, packed=False)
         ptp_fwd, ptp_bwd = torch_setup(case, inp, packed=False)
@@ -299,6 +312,9 @@ def run_case(case, args):
     med = {name: t["median"] for name, t in times.items()}
     ratios = {"bwd_ratio": med["torch_bwd"] / med["lstmcy_bwd"],
               "fwd_ratio": med["torch_fwd"] / med["lstmcy_fwd"]}
+    if HAS_PLAN:
+        ratios["plan_bwd_ratio"] = med["torch_bwd"] / med["lstmcy_plan_bwd"]
+        ratios["plan_fwd_ratio"] = med["torch_fwd"] / med["lstmcy_plan_fwd"]
     if case.packed:
         ratios["packed_vs_torch_packed"] = med["torch_bwd"] / med["lstmcy_bwd"]
         ratios["packed_vs_own_padded"] = med["lstmcy_padded_bwd"] / med["lstmcy_bwd"]
@@ -318,6 +334,9 @@ def run_case(case, args):
 
     fwd_peak, fwd_out = peak_memory(cy_fwd)
     bwd_peak, bwd_out = peak_memory(cy_bwd)
+    if HAS_PLAN:
+        result["memory_plan"] = {"fwd_peak_bytes": peak_memory(plan_fwd)[0],
+                                 "bwd_peak_bytes": peak_memory(plan_bwd)[0]}
     itemsize = np.dtype(case.dtype).itemsize
     gates_bytes = case.T * case.B * 4 * case.H * itemsize
     result["memory"] = {"fwd_peak_bytes": fwd_peak, "fwd_result_bytes": fwd_out,
@@ -375,20 +394,25 @@ def main(argv=None):
     import threadpoolctl
     import torch
 
-    import lstmcy  # noqa: F401  (loads scipy's OpenBLAS through scipy.linalg.cython_blas)
+    import lstmcy  # loads scipy's OpenBLAS through scipy.linalg.cython_blas
     import machine
     import report
 
+    global HAS_PLAN
+    HAS_PLAN = hasattr(lstmcy, "LSTMPlan")
     limiter = None
     if args.threads is not None:
         limiter = threadpoolctl.threadpool_limits(limits=args.threads)  # noqa: F841  (kept alive)
         torch.set_num_threads(args.threads)
+        if hasattr(lstmcy, "set_num_threads"):
+            lstmcy.set_num_threads(args.threads)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     meta = {"timestamp": stamp, "argv": sys.argv, "quick": args.quick, "repeats": args.repeats,
             "wait_quiet": args.wait_quiet,
             "threads": args.threads, "min_time": args.min_time, "warm_time": args.warm_time,
             "ref_budget": args.ref_budget, "cpu": machine.lscpu_summary(), "blas": machine.blas_info(),
             "versions": machine.versions(), "git": machine.git_state(os.path.dirname(HERE)),
+            "lstmcy_threads": (lstmcy.get_num_threads() if hasattr(lstmcy, "get_num_threads") else None),
             "loadavg_start": os.getloadavg()}
     print(f"lstmcy benchmark {stamp}: {len(cases)} cases, {args.repeats} rounds, "
           f"threads={args.threads or 'default'}, load average {meta['loadavg_start'][0]:.2f}")

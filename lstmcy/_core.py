@@ -12,12 +12,14 @@ import numpy as np
 
 from lstmcy import _lstm
 from lstmcy._cache import LSTMCache
-from lstmcy._threads import blas_single_threaded, threads_for
+from lstmcy._threads import blas_single_threaded, get_num_threads, threads_for
 from lstmcy._validation import (SAVED_NAMES, check_backward, check_bool, check_dropout,
                                 check_output_mask, check_problem, to_compute)
 
 __all__ = ["lstm_forward", "lstm_backward", "LSTMPlan"]
 
+# Below this many FLOPs a call is dominated by fixed costs: one thread, BLAS left alone.
+_SMALL_FLOPS = 2e6
 # Target number of rows (time steps x batch) of one chunk of the batched GEMMs.
 _CHUNK_ROWS = 128
 _MAX_CHUNKS = 8
@@ -32,32 +34,41 @@ def _chunk_steps(T, B):
 
 def _as_rows(array):
     """2-D view ``[rows, features]`` of a C-contiguous array (also when features == 0)."""
-    return array.reshape(int(np.prod(array.shape[:-1])), array.shape[-1])
+    return array.reshape(math.prod(array.shape[:-1]), array.shape[-1])
 
 
 def _out_dtype(array, dtype):
     return array if array.dtype == dtype else array.astype(dtype)
 
 
-def _stacked(arrays, layer, D, shape, dtype):
+class _BlockViews(list):
+    """A list of the ``[T, B, H]`` pieces of one ``[L*D, T, B, H]`` block (a cache list).
+
+    The backward recognises its own cache lists by identity and slices a layer's
+    directions out of ``block`` without copying.
+    """
+
+    def __init__(self, block):
+        super().__init__(block)
+        self.block = block
+        self.views = tuple(self)
+
+
+def _stacked(given, arrays, layer, D, shape, dtype):
     """The arrays of one layer's directions as one C-contiguous ``[D, *shape]`` array.
 
-    Lists produced by :func:`lstm_forward` are consecutive views of one block, which is
-    sliced without copying; anything else is stacked (and converted) into a new array.
+    ``given`` is the caller's list, ``arrays`` the validated arrays of it. A cache list
+    from :func:`lstm_forward` is viewed without copying; anything else is stacked (and
+    converted) into a new array.
     """
-    items = arrays[layer * D:(layer + 1) * D]
-    base = items[0].base
-    if (isinstance(base, np.ndarray) and base.dtype == dtype and base.flags.c_contiguous
-            and base.ndim == 1 + items[0].ndim and base.shape[1:] == items[0].shape):
-        first = (items[0].__array_interface__["data"][0] - base.__array_interface__["data"][0])
-        step = base.strides[0]
-        k0, rem = divmod(first, step)
-        if rem == 0 and k0 + D <= base.shape[0] and all(
-                a.base is base and a.__array_interface__["data"][0] == base[k0 + k].__array_interface__["data"][0]
-                for k, a in enumerate(items)):
-            return base[k0:k0 + D].reshape((D,) + tuple(shape))
-    return np.ascontiguousarray(np.stack([np.asarray(a, dtype=dtype) for a in items])).reshape(
-        (D,) + tuple(shape))
+    ks = slice(layer * D, (layer + 1) * D)
+    if (isinstance(given, _BlockViews) and given.block.dtype == dtype
+            and all(a is v for a, v in zip(arrays[ks], given.views[ks]))):
+        return given.block[ks].reshape((D,) + tuple(shape))
+    out = np.empty((D,) + tuple(shape), dtype=dtype)  # C order whatever the inputs' order
+    for k, a in enumerate(arrays[ks]):
+        out[k] = a.reshape(shape)
+    return out
 
 
 def _layer_weights(problem, layer):
@@ -128,7 +139,7 @@ class LSTMPlan:
 
     def _take(self, name, shape, dtype):
         """A C-contiguous ``shape`` view into the named buffer (grown if too small)."""
-        size = int(np.prod(shape))
+        size = math.prod(shape)
         buffer = self._buffers.get(name)
         if buffer is None or buffer.dtype != dtype or buffer.size < size:
             buffer = np.empty(max(size, 1), dtype=dtype)
@@ -138,6 +149,12 @@ class LSTMPlan:
     def _threads(self, problem, flops):
         return threads_for(flops, max(problem.D, math.ceil(problem.T / _chunk_steps(problem.T, problem.B))),
                            self.n_threads)
+
+    def _blas_cap(self, problem, flops):
+        """Cap BLAS to one thread unless the problem is so small that BLAS stays on one
+        thread anyway (the cap costs tens of microseconds)."""
+        return blas_single_threaded(active=flops >= _SMALL_FLOPS or self.n_threads is not None
+                                    or get_num_threads() is not None)
 
     def forward(self, input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0, train=True,
                 bidirectional=False, batch_first=False, batch_sizes=None, seed=None):
@@ -164,7 +181,7 @@ class LSTMPlan:
         internal_step_row, _, internal_packed = p.time_major_map
 
         layer_in, in_step_row, in_stride, in_packed = p.x_rows, p.step_row, p.batch_stride, p.rows_packed
-        with blas_single_threaded():
+        with self._blas_cap(p, 8.0 * D * N * H * (max(p.I, D * H) + H) * L):
             for layer in range(L):
                 last = layer == L - 1
                 if last:
@@ -194,7 +211,7 @@ class LSTMPlan:
         y, h_n, c_n = (_out_dtype(a, dtype) for a in (y, h_n, c_n))
         if not train:
             return y, h_n, c_n, None
-        cache = LSTMCache(**{name: list(_out_dtype(saved[name], dtype).reshape(L * D, T, B, H))
+        cache = LSTMCache(**{name: _BlockViews(_out_dtype(saved[name], dtype).reshape(L * D, T, B, H))
                              for name in SAVED_NAMES}, dropout_masks=masks)
         return y, h_n, c_n, cache
 
@@ -210,6 +227,7 @@ class LSTMPlan:
         want_dx, want_dh, want_dc, want_dparams = output_mask
         if not any(output_mask):
             return None, None, None, None
+        given = dict(zip(SAVED_NAMES, (i, g, f, o, h, c, tanhc)))
         T, B, I, H, L, D, N = p.T, p.B, p.I, p.H, p.L, p.D, p.N
         cdt = p.compute_dtype
         chunk = _chunk_steps(T, B)
@@ -229,15 +247,16 @@ class LSTMPlan:
         dparams = [None] * (L * D * per_dir)
         dx = None
         upper_dy, dy_step_row, dy_stride = dy_rows, p.step_row, p.batch_stride
-        with blas_single_threaded():
+        with self._blas_cap(p, 16.0 * D * N * H * (max(I, D * H) + H) * L):
             for layer in reversed(range(L)):
                 ks = slice(layer * D, (layer + 1) * D)
-                saved = {name: _stacked(arrays[name], layer, D, (T * B, H), cdt) for name in SAVED_NAMES}
+                saved = {name: _stacked(given[name], arrays[name], layer, D, (T * B, H), cdt)
+                         for name in SAVED_NAMES}
                 if layer == 0:
                     layer_in, in_step_row, in_stride, in_packed = p.x_rows, p.step_row, p.batch_stride, p.rows_packed
                     layer_dx_needed = want_dx
                 else:
-                    below = _stacked(arrays["h"], layer - 1, D, (T * B, H), cdt)
+                    below = _stacked(given["h"], arrays["h"], layer - 1, D, (T * B, H), cdt)
                     layer_in = np.concatenate(list(below), axis=-1)
                     if masks is not None:
                         with np.errstate(invalid="ignore"):  # inf * 0 -> NaN, as in torch; no warning
@@ -268,7 +287,7 @@ class LSTMPlan:
                     layer_dx, layer_dx_needed, dw_ih, dw_hh, db, want_dparams,
                     self._take("dgates", (D, N, 4 * H), cdt),
                     self._take("z", (D, chunk * B if want_dparams else 0, in_size + H), cdt),
-                    (layer_dx.reshape(1, N, in_size) if direct_dx and layer_dx_needed
+                    (layer_dx[:N].reshape(1, N, in_size) if direct_dx and layer_dx_needed
                      else self._take("dx_packed", (D, N if layer_dx_needed else 0, in_size), cdt)),
                     chunk, self._threads(p, 16.0 * D * N * H * (in_size + H)))
                 if want_dparams:

@@ -25,6 +25,15 @@ def available_cores():
         return os.cpu_count() or 1
 
 
+_cores_cache = []
+
+
+def _cores():
+    if not _cores_cache:
+        _cores_cache.append(available_cores())
+    return _cores_cache[0]
+
+
 def set_num_threads(n_threads):
     """Set the number of threads lstmcy's kernels use: 1, 2, or None for automatic.
 
@@ -48,7 +57,7 @@ def threads_for(flops, n_units, n_threads=None):
     setting = _num_threads if n_threads is None else n_threads
     if setting is None:
         # Below ~2 MFLOP the start-up of a parallel region costs more than it saves.
-        return 2 if (available_cores() >= 2 and n_units >= 2 and flops >= 2e6) else 1
+        return 2 if (n_units >= 2 and flops >= 2e6 and _cores() >= 2) else 1
     return 2 if setting >= 2 else 1
 
 
@@ -71,9 +80,15 @@ def _blas_controllers():
 
 
 @contextmanager
-def blas_single_threaded():
-    """Keep scipy's BLAS on one thread inside the block (re-entrant, thread-safe)."""
+def blas_single_threaded(active=True):
+    """Keep scipy's BLAS on one thread inside the block (re-entrant, thread-safe).
+
+    With ``active=False`` it does nothing (for calls too small for BLAS to use threads).
+    """
     global _active, _saved
+    if not active:
+        yield
+        return
     with _lock:
         if _active == 0:
             controllers = _blas_controllers()

@@ -212,6 +212,8 @@ def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, bat
                      f"bidirectional={bidirectional}, has_bias={has_bias}")
     w_hh0 = as_array("params[1] (w_hh of layer 0, forward direction)", params[1], 2)
     H = w_hh0.shape[1]
+    expect_shape("params[1] (w_hh of layer 0, forward direction)", w_hh0, (4 * H, H),
+                 "[4*H, H]: its second axis sets the hidden size H")
 
     if x.ndim == 3:
         if batch_first:
@@ -251,6 +253,19 @@ def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, bat
         sizes = np.full(T, B, dtype=np.intp)
     dtype = x.dtype
 
+    checked_params = []
+    for layer in range(L):
+        in_size = I if layer == 0 else D * H
+        for direction in range(D):
+            base = (layer * D + direction) * per_dir
+            where = f"layer {layer}, {'reverse' if direction else 'forward'} direction"
+            expected = [(4 * H, in_size), (4 * H, H), (4 * H,), (4 * H,)]
+            for k in range(per_dir):
+                name = f"params[{base + k}] ({GATE_NAMES[k]} of {where})"
+                arr = as_array(name, params[base + k], len(expected[k]))
+                expect_shape(name, arr, expected[k])
+                checked_params.append((name, arr))
+
     # Initial states.
     if hx is None:
         h0 = c0 = None
@@ -264,19 +279,6 @@ def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, bat
         c0 = as_array("hx[1] (c0)", hx[1], 3)
         expect_shape("hx[0] (h0)", h0, state_shape, "[num_layers*num_directions, B, H]")
         expect_shape("hx[1] (c0)", c0, state_shape, "[num_layers*num_directions, B, H]")
-
-    checked_params = []
-    for layer in range(L):
-        in_size = I if layer == 0 else D * H
-        for direction in range(D):
-            base = (layer * D + direction) * per_dir
-            where = f"layer {layer}, {'reverse' if direction else 'forward'} direction"
-            expected = [(4 * H, in_size), (4 * H, H), (4 * H,), (4 * H,)]
-            for k in range(per_dir):
-                name = f"params[{base + k}] ({GATE_NAMES[k]} of {where})"
-                arr = as_array(name, params[base + k], len(expected[k]))
-                expect_shape(name, arr, expected[k])
-                checked_params.append((name, arr))
 
     named = [("input", x)] + checked_params
     if h0 is not None:
@@ -397,6 +399,11 @@ def check_backward(input, hx, params, dy, dh, dc, saved, *, batch_sizes, has_bia
         raise ValueError(f"num_layers must be >= 1, got {num_layers}")
     L, D = int(num_layers), 2 if bidirectional else 1
 
+    has_bias = check_bool("has_bias", has_bias)
+    per_dir = 4 if has_bias else 2
+    as_list("params", params, L * D * per_dir,
+            f"{per_dir} per layer and direction for num_layers={L}, "
+            f"bidirectional={bidirectional}, has_bias={has_bias}")
     arrays = {"dy": as_array("dy", dy, None)}
     extra = [("dy", arrays["dy"])]
     for name, value in (("dh", dh), ("dc", dc)):
@@ -404,7 +411,8 @@ def check_backward(input, hx, params, dy, dh, dc, saved, *, batch_sizes, has_bia
             arrays[name] = as_array(name, value, 3)
             extra.append((name, arrays[name]))
     for name, value in zip(SAVED_NAMES, saved):
-        items = as_list(name, value, L * D, "one [T, B, H] array per layer and direction")
+        items = as_list(name, value, L * D, "one [T, B, H] array per layer and direction: "
+                        f"num_layers={L}, bidirectional={bidirectional}")
         arrays[name] = [as_array(f"{name}[{k}]", a, 3) for k, a in enumerate(items)]
         extra += [(f"{name}[{k}]", a) for k, a in enumerate(arrays[name])]
     if train and dropout > 0 and L > 1:

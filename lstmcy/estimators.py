@@ -329,8 +329,8 @@ class _BaseLSTM(BaseEstimator):
         2-D ``X`` (the time steps of univariate sequences) and the number of features per
         step for 3-D or list input. ``input_size_`` is always the features per step.
         """
-        if dtype is None:
-            dtype = self.lstm_params_[0].dtype
+        if dtype is None:  # inference (see _raw_outputs)
+            dtype = np.float64
         name = type(self).__name__
         if sp.issparse(X):
             kind = "table"
@@ -448,24 +448,32 @@ class _BaseLSTM(BaseEstimator):
             return np.repeat(per_step[:, None, :], y.shape[1], axis=1), None
         return per_step[np.nonzero(batch.mask)[1]], None
 
-    def _forward(self, batch, *, train, seed=None):
-        return lstmcy.lstm_forward(batch.input, None, self.lstm_params_, train=train,
-                                   batch_first=batch.batch_first, batch_sizes=batch.batch_sizes,
-                                   seed=seed, **self._lstm_kwargs())
-
     def _raw_outputs(self, data):
-        """Head outputs before the output activation, ``[n_samples, n_outputs]``, float64."""
+        """Head outputs before the output activation, ``[n_samples, n_outputs]``, float64.
+
+        Inference runs in float64 whatever ``dtype`` trained the parameters: float32
+        GEMMs round differently for different batch sizes, so float32 outputs would
+        depend (in the last bits) on which samples are predicted together.
+        """
+        params = [p.astype(np.float64) for p in self.lstm_params_]
+        coef = self.head_coef_.astype(np.float64)
+        intercept = self.head_intercept_.astype(np.float64)
         out = np.empty((data.n_samples, self.n_outputs_), dtype=np.float64)
         for start in range(0, data.n_samples, _PREDICT_CHUNK):
             batch = data.batch(np.arange(start, min(start + _PREDICT_CHUNK, data.n_samples)))
-            y, h_n, _, _ = self._forward(batch, train=False)
+            y, h_n, _, _ = lstmcy.lstm_forward(
+                batch.input.astype(np.float64, copy=False), None, params, train=False,
+                batch_first=batch.batch_first, batch_sizes=batch.batch_sizes,
+                **self._lstm_kwargs())
             features = self._features(batch, y, h_n)
-            out[batch.sample_index] = features @ self.head_coef_ + self.head_intercept_
+            out[batch.sample_index] = features @ coef + intercept
         return out
 
     def _loss_and_grads(self, batch, targets, seed):
         """Mean loss (with the L2 term) and gradients of :meth:`_all_params` on one batch."""
-        y, h_n, _, cache = self._forward(batch, train=True, seed=seed)
+        y, h_n, _, cache = lstmcy.lstm_forward(
+            batch.input, None, self.lstm_params_, train=True, batch_first=batch.batch_first,
+            batch_sizes=batch.batch_sizes, seed=seed, **self._lstm_kwargs())
         features = self._features(batch, y, h_n)
         raw = features @ self.head_coef_ + self.head_intercept_
         n = batch.size
@@ -709,7 +717,9 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
     epsilon : float, default=1e-8
         Adam's numerical stability term.
     dtype : {numpy.float32, numpy.float64}, default=numpy.float32
-        Precision of the parameters and of the computation.
+        Precision of the parameters and of training. Predictions are computed in
+        float64 from these parameters, so that they do not depend (in the last bits)
+        on which samples are predicted together.
 
     Attributes
     ----------

@@ -408,7 +408,7 @@ def m_dropout_masks(call, rng):
     elif kind == 2:
         call.bwd_kwargs["dropout_masks"] = [np.ones((cfg.T, cfg.B, cfg.D * cfg.H + 1), cfg.dtype)] * max(cfg.L - 1, 1)
     elif kind == 3:
-        call.bwd_kwargs["dropout_masks"] = (masks or []) + [np.ones((cfg.T, cfg.B, cfg.D * cfg.H), cfg.dtype)]
+        call.bwd_kwargs["dropout_masks"] = (list(masks) if isinstance(masks, (list, tuple)) else []) + [np.ones((cfg.T, cfg.B, cfg.D * cfg.H), cfg.dtype)]
     elif kind == 4:
         call.bwd_kwargs["dropout_masks"] = [np.ones((cfg.T, cfg.B, cfg.D * cfg.H), np.float32 if cfg.dtype != np.float32 else np.float64)] * max(cfg.L - 1, 1)
     else:
@@ -520,6 +520,18 @@ MUTATIONS = {
     "readonly": m_readonly,
     "huge_broadcast": m_huge_broadcast,
 }
+
+
+def apply_mutation(call, name, rng):
+    """Apply mutation ``name``; return its description.
+
+    Mutations are written for an intact call; composed with another one they may find
+    an argument already replaced by something they cannot handle, and are then skipped.
+    """
+    try:
+        return MUTATIONS[name](call, rng)
+    except Exception as exc:  # noqa: BLE001 - a limitation of the generator, not a finding
+        return f"{name} skipped ({type(exc).__name__})"
 
 
 def run_call(call, which, lstmcy_module=None):

@@ -848,3 +848,68 @@ def test_real_npu_matches_cpu():
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
     for got, want in zip(npu[3], cpu[3]):
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
+
+
+# ------------------------------------------------------- through the public API
+
+
+def _public_args(case):
+    args = [case[k] for k in ("input", "hx", "params", "dy", "dh", "dc") + GATES]
+    kwargs = {k: case[k] for k in ("batch_sizes", "has_bias", "num_layers", "dropout", "train",
+                                   "bidirectional", "batch_first", "output_mask")}
+    return args, kwargs
+
+
+def test_public_backend_aclnn_routes_to_the_operator(stub, stub_path):
+    import lstmcy
+
+    handle, lib = stub
+    case = make_case(seed=3, L=2, bidirectional=True)
+    args, kwargs = _public_args(case)
+    clean = [np.array(a, copy=True) for a in args[:2] + [args[3]]]
+    os.environ[aclnn.ENV_LIBRARY] = str(stub_path)
+    try:
+        via_public = lstmcy.lstm_backward(*args, backend="aclnn", **kwargs)
+        via_auto = lstmcy.lstm_backward(*args, backend="auto", **kwargs)
+    finally:
+        del os.environ[aclnn.ENV_LIBRARY]
+    direct = aclnn.lstm_backward(*args, library=lib, **kwargs)
+    on_cpu = lstmcy.lstm_backward(*args, **kwargs)
+    for got in (via_public, via_auto):
+        np.testing.assert_array_equal(got[0], direct[0])
+        np.testing.assert_array_equal(got[1], direct[1])
+        for a, b in zip(got[3], direct[3]):
+            np.testing.assert_array_equal(a, b)
+    # The stand-in's formula is not an LSTM: the CPU result differs, so the routing is real.
+    assert not np.allclose(on_cpu[0], direct[0])
+    np.testing.assert_array_equal(args[0], clean[0])
+    assert_released(handle)
+
+
+def test_public_backend_auto_falls_back_to_the_cpu(stub, stub_path):
+    import lstmcy
+
+    case = make_case(seed=4, dtype=np.float64)  # float64: the operator does not take it
+    args, kwargs = _public_args(case)
+    os.environ[aclnn.ENV_LIBRARY] = str(stub_path)
+    try:
+        auto = lstmcy.lstm_backward(*args, backend="auto", **kwargs)
+    finally:
+        del os.environ[aclnn.ENV_LIBRARY]
+    cpu = lstmcy.lstm_backward(*args, **kwargs)
+    for a, b in zip(auto[:3], cpu[:3]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_public_backend_validates_before_touching_the_library(stub, stub_path):
+    import lstmcy
+
+    handle, _ = stub
+    case = make_case(seed=5)
+    args, kwargs = _public_args(case)
+    args[3] = args[3][:, :, :-1]  # dy one feature short
+    with pytest.raises(ValueError, match="dy"):
+        lstmcy.lstm_backward(*args, backend="aclnn", **kwargs)
+    with pytest.raises(ValueError, match="backend"):
+        lstmcy.lstm_backward(*_public_args(case)[0], backend="gpu", **kwargs)
+    assert handle.counters().get("tensors.created", 0) == 0

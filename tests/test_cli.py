@@ -76,7 +76,7 @@ def test_demo_below_target_exits_1(capsys):
     out = capsys.readouterr().out
     assert code == 1
     assert "below the target 100%" in out
-    assert "epoch" not in out  # --quiet
+    assert "epoch   1/1" not in out  # --quiet: no per-epoch lines
 
 
 def test_demo_without_matplotlib_says_so(monkeypatch, capsys, tmp_path):

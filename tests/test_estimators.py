@@ -104,8 +104,8 @@ def test_multi_output_regression():
 @pytest.mark.parametrize("solver", ["adam", "sgd"])
 def test_solvers_reduce_the_loss(solver):
     X, y = sum_sign_problem()
-    clf = quiet_fit(LSTMClassifier(hidden_size=8, solver=solver, learning_rate_init=0.05,
-                                   max_iter=15, random_state=0), X, y)
+    clf = quiet_fit(LSTMClassifier(hidden_size=8, solver=solver, learning_rate_init=0.02,
+                                   batch_size=20, max_iter=15, random_state=0), X, y)
     assert clf.loss_curve_[-1] < 0.7 * clf.loss_curve_[0]
     assert clf.score(X, y) > 0.8
 
@@ -183,6 +183,32 @@ def test_variable_length_learning():
     model = quiet_fit(LSTMRegressor(hidden_size=16, head="mean", learning_rate_init=0.01,
                                     max_iter=40, random_state=0), X[:300], y[:300])
     assert model.score(X[300:], y[300:]) > 0.9
+
+
+@pytest.mark.parametrize("head", ["last", "mean"])
+def test_predictions_match_torch_with_the_same_weights(head):
+    """The head reads the top layer's final states (both directions) or the mean output."""
+    torch = pytest.importorskip("torch")
+    X = ragged_sequences(n=12, features=3, seed=4)
+    y = np.arange(12) % 3
+    clf = quiet_fit(LSTMClassifier(hidden_size=5, num_layers=2, bidirectional=True, head=head,
+                                   max_iter=2, dtype=np.float64, random_state=0), X, y)
+    lstm = torch.nn.LSTM(3, 5, num_layers=2, bidirectional=True).double()
+    with torch.no_grad():
+        for tensor, value in zip(lstm._flat_weights, clf.lstm_params_):
+            tensor.copy_(torch.from_numpy(value))
+        packed = torch.nn.utils.rnn.pack_sequence([torch.from_numpy(s) for s in X],
+                                                  enforce_sorted=False)
+        output, (h_n, _) = lstm(packed)
+        if head == "last":
+            features = torch.cat([h_n[-2], h_n[-1]], dim=1)
+        else:
+            padded, lengths = torch.nn.utils.rnn.pad_packed_sequence(output)
+            features = padded.sum(dim=0) / lengths[:, None].double()
+    logits = features.numpy() @ clf.head_coef_ + clf.head_intercept_
+    proba = np.exp(logits - logits.max(axis=1, keepdims=True))
+    proba /= proba.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(clf.predict_proba(X), proba, rtol=1e-10, atol=1e-12)
 
 
 def test_sequence_batch_is_packed_in_length_order():

@@ -123,6 +123,9 @@ def test_cython_matches_reference(config, dtype):
         for a, b in zip(cache.dropout_masks, ref_cache.dropout_masks, strict=True):
             np.testing.assert_array_equal(a, b)
     names = ["y", "h_n", "c_n", "dx", "dh_prev", "dc_prev"]
+    for name in names:  # both return the input dtype
+        assert getattr(raw, name).dtype == getattr(ref_raw, name).dtype == dtype, name
+    assert all(a.dtype == b.dtype == dtype for a, b in zip(raw.dparams, ref_raw.dparams))
     pairs = {n: (getattr(got, n), getattr(expected, n)) for n in names}
     pairs.update({f"dparams[{k}]": ab for k, ab in enumerate(zip(got.dparams, expected.dparams,
                                                                   strict=True))})
@@ -132,7 +135,6 @@ def test_cython_matches_reference(config, dtype):
     errors = {}
     for name, (a, b) in pairs.items():
         assert a.shape == b.shape, (name, a.shape, b.shape)
-        assert getattr(raw, name, a).dtype == getattr(ref_raw, name, b).dtype, name
         scale = np.max(np.abs(b), initial=0.0)
         err = np.max(np.abs(a - b), initial=0.0)
         errors[name] = err / scale if scale > 0 else err

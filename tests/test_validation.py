@@ -13,6 +13,7 @@ The base problem has distinct sizes (T=3, B=2, I=5, H=4, two bidirectional layer
 biases, dropout 0.3), so that a message can only name the right one.
 """
 import copy
+import functools
 import re
 
 import numpy as np
@@ -36,8 +37,14 @@ BWD = {"input": 0, "hx": 1, "params": 2, "dy": 3, "dh": 4, "dc": 5,
 SAVED = ("i", "g", "f", "o", "h", "c", "tanhc")
 
 
-def base_call(cfg=BASE):
+@functools.lru_cache(maxsize=None)
+def _base_call(cfg):
     return make_call(cfg, np.random.default_rng(0), seed=5)
+
+
+def base_call(cfg=BASE):
+    """A fresh copy of the valid call of ``cfg`` (built once)."""
+    return _base_call(cfg).copy()
 
 
 # ---------------------------------------------------------------------------
@@ -56,7 +63,7 @@ def _container(call, side, head):
 def get_arg(call, side, path):
     head, *rest = path.split(".")
     container, key = _container(call, side, head)
-    value = container[key]
+    value = container.get(key) if isinstance(container, dict) else container[key]
     for k in rest:
         value = value[int(k)]
     return value
@@ -118,7 +125,10 @@ def add_array_entries(label, sides, path, shape, name_re, ndim_expect, *, none_o
           TypeError, name_re, r"native byte order")
     entry(f"{label}-0d", sides, path, lambda old: np.array(1.0), ValueError, name_re, ndim_expect)
     entry(f"{label}-rank+1", sides, path, lambda old: old[None], ValueError, name_re, ndim_expect)
-    entry(f"{label}-rank-1", sides, path, lambda old: old[0], ValueError, name_re, ndim_expect)
+    # old[0] of a 1-D array is a numpy scalar: not an array at all (TypeError).
+    entry(f"{label}-rank-1", sides, path, lambda old: old[0],
+          TypeError if len(shape) == 1 else ValueError, name_re,
+          ARRAY_MSG if len(shape) == 1 else ndim_expect)
     entry(f"{label}-mixed-float32", sides, path, lambda old: old.astype(np.float32),
           TypeError, name_re, r"share one dtype.*float32")
     entry(f"{label}-mixed-float16", sides, path, lambda old: old.astype(np.float16),
@@ -171,9 +181,9 @@ for k, shape in PARAM_SHAPES.items():
     for axis in range(len(shape)):
         bad = with_axis(shape, axis)
         if k == 1 and axis == 1:
-            # w_hh of layer 0 defines H: a wrong H shows up in w_hh's first axis (4H != 4*5).
+            # w_hh of layer 0 defines H: [16, 5] says H = 5, so 4H = 20 is expected.
             entry(f"params{k}-axis{axis}", "both", f"params.{k}", zeros(bad), ValueError,
-                  PARAM_NAMES[0], r"shape \(20, 5\)")
+                  PARAM_NAMES[1], r"shape \(20, 5\).*sets the hidden size H")
             continue
         entry(f"params{k}-axis{axis}", "both", f"params.{k}", zeros(bad), ValueError,
               PARAM_NAMES[k], re.escape(f"shape {shape}"))
@@ -211,6 +221,8 @@ for value, exc in ((-1, ValueError), ("abc", TypeError), (1.5, TypeError), (obje
                    ([1, -2], ValueError)):
     entry(f"seed={value!r}", "fwd", "kw:seed", lambda old, v=value: v, exc, r"\bseed\b",
           r"non-negative int")
+entry("seed-checked-without-dropout", "fwd", "kw:seed", lambda old: -1, ValueError, r"\bseed\b",
+      r"non-negative int", cfg=PACKED)
 # batch_sizes (3-D input, B = 2, T = 3) --------------------------------------
 BS_CASES = [
     ("increasing", [1, 2, 2], ValueError, r"non-increasing"),
@@ -242,7 +254,7 @@ entry("packed-batch_sizes-increasing", "both", "kw:batch_sizes",
       lambda old: np.sort(np.asarray(old)), ValueError, r"\bbatch_sizes\b", r"non-increasing",
       cfg=PACKED)
 entry("packed-batch_sizes-B-mismatch-with-hx", "both", "kw:batch_sizes",
-      lambda old: np.array([1, 1, 1, 1, 1, 1]), ValueError, r"hx\[0\] \(h0\)",
+      lambda old: np.ones(int(np.sum(old)), dtype=np.int64), ValueError, r"hx\[0\] \(h0\)",
       r"shape \(1, 1, 4\)", cfg=PACKED)
 entry("packed-dy-packed-rows", "bwd", "dy", lambda old: np.zeros((old.shape[0] + 1, H)),
       ValueError, r"\bdy\b", r"like the output y", cfg=PACKED)
@@ -263,13 +275,18 @@ for name in SAVED:
         entry(f"{name}-{kind}", "bwd", name, (lambda v: lambda old: v() if callable(v) else v)(value),
               TypeError, rf"\b{name}\b", r"list of 4 arrays")
     entry(f"{name}-short", "bwd", name, lambda old: old[:-1], ValueError, rf"\b{name}\b",
-          r"4 arrays \(one \[T, B, H\] array per layer and direction\)")
+          r"4 arrays \(one \[T, B, H\] array per layer and direction: num_layers=2, "
+          r"bidirectional=True\)")
     entry(f"{name}-long", "bwd", name, lambda old: list(old) + [old[0]], ValueError,
           rf"\b{name}\b", r"4 arrays")
     add_array_entries(f"{name}3", "bwd", f"{name}.3", (T, B, H), rf"\b{name}\[3\]", r"3-D")
     for axis in range(3):
         entry(f"{name}3-axis{axis}", "bwd", f"{name}.3", zeros(with_axis((T, B, H), axis)),
               ValueError, rf"\b{name}\[3\]", r"shape \(3, 2, 4\) \(time-major \[T, B, H\]\)")
+# backend ----------------------------------------------------------------------
+for value in ("gpu", "CPU", None, 1):
+    entry(f"backend={value!r}", "bwd", "kw:backend", lambda old, v=value: v, ValueError,
+          r"\bbackend\b", r'"cpu", "aclnn" or "auto"')
 # output_mask ------------------------------------------------------------------
 for kind, value, exc, expect in [
         ("len3", (True,) * 3, ValueError, r"4 bools"), ("len5", (True,) * 5, ValueError, r"4 bools"),

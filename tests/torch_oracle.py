@@ -12,7 +12,7 @@ gradients) in any of the four layouts lstmcy accepts.
 """
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -96,7 +96,6 @@ class Case:
     T: int = 0
     B: int = 0
     H: int = 0
-    extra: dict = field(default_factory=dict)
 
     @property
     def batch_first(self):

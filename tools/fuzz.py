@@ -85,7 +85,7 @@ def build_case(seed, index, valid_fraction):
         for _ in range(1 if rng.random() < 0.7 else 2):
             name = all_names[rng.integers(len(all_names))]
             names.append(name)
-            descriptions.append(hostile.MUTATIONS[name](call, rng))
+            descriptions.append(hostile.apply_mutation(call, name, rng))
     return call, names, descriptions
 
 
@@ -152,9 +152,12 @@ def child_main(args):
     out = sys.stdout
     index = args.start
     end = args.start + args.count if args.count else None
+    crash_at = os.environ.get("LSTMCY_FUZZ_SELFTEST_CRASH_AT")  # tests the harness itself
     while (end is None or index < end) and time.time() < args.deadline:
         out.write(f"START {index}\n")
         out.flush()
+        if crash_at is not None and index == int(crash_at):
+            os.kill(os.getpid(), signal.SIGSEGV)
         status, detail = run_case(args.seed, index, args.valid_fraction, not args.no_reference)
         out.write(json.dumps({"index": index, "status": status, "detail": detail[:2000]}) + "\n")
         out.flush()
