@@ -14,14 +14,23 @@ Run::
     python benchmarks/bench_torch_module.py --threads 1     # both libraries single-threaded
 """
 import argparse
+import os
 import statistics
+import sys
 import time
 
-import torch
-from torch import nn
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _env import reexec_without_openblas_overrides  # noqa: E402  (no numpy import)
 
-import lstmcy
-import lstmcy.torch as lstmcy_torch
+if __name__ == "__main__":
+    # OpenBLAS reads OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE when loaded: drop them first.
+    reexec_without_openblas_overrides()
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import lstmcy  # noqa: E402
+import lstmcy.torch as lstmcy_torch  # noqa: E402
 
 DEFAULT_SHAPES = [
     # T, B, I, H, num_layers, bidirectional
@@ -34,17 +43,11 @@ NUM_CLASSES = 10
 
 
 def set_lstmcy_threads(n_threads):
-    setter = getattr(lstmcy, "set_num_threads", None)
-    if setter is None:  # not exported (yet): the internal setting
-        from lstmcy._threads import set_num_threads as setter
-    setter(n_threads)
+    lstmcy.set_num_threads(n_threads)
 
 
 def get_lstmcy_threads():
-    getter = getattr(lstmcy, "get_num_threads", None)
-    if getter is None:
-        from lstmcy._threads import get_num_threads as getter
-    return getter()
+    return lstmcy.get_num_threads()
 
 
 class Classifier(nn.Module):

@@ -428,6 +428,8 @@ def main(argv=None):
         return {dt: machine.gemm_peak(dt, sizes=args.peak_sizes, repeats=3 if args.quick else 7)
                 for dt in ("float32", "float64")}
 
+    if args.wait_quiet > 0:
+        wait_quiet(args.wait_quiet)
     peaks_start = peaks_now()
     print("  GEMM peak at start: " + report.format_peaks(peaks_start))
 

@@ -38,7 +38,8 @@ def set_num_threads(n_threads):
     """Set the number of threads lstmcy's kernels use: 1, 2, or None for automatic.
 
     Automatic uses two threads for problems large enough to gain from them when the
-    process may run on at least two CPUs. Results are bitwise identical either way.
+    process may run on at least two CPUs and the OpenMP limit (``OMP_NUM_THREADS``,
+    ``threadpoolctl.threadpool_limits``) allows two. Results are bitwise identical either way.
     """
     global _num_threads
     if n_threads is not None:
@@ -56,8 +57,12 @@ def threads_for(flops, n_units, n_threads=None):
     """Threads to use for a layer with ``flops`` work split in ``n_units`` parallel units."""
     setting = _num_threads if n_threads is None else n_threads
     if setting is None:
-        # Below ~2 MFLOP the start-up of a parallel region costs more than it saves.
-        return 2 if (n_units >= 2 and flops >= 2e6 and _cores() >= 2) else 1
+        from lstmcy._lstm import omp_max_threads
+
+        # Below ~2 MFLOP the start-up of a parallel region costs more than it saves. The
+        # OpenMP limit (OMP_NUM_THREADS, threadpoolctl, joblib's workers) is respected.
+        return 2 if (n_units >= 2 and flops >= 2e6 and _cores() >= 2
+                     and omp_max_threads() >= 2) else 1
     return 2 if setting >= 2 else 1
 
 

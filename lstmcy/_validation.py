@@ -170,12 +170,14 @@ def check_blas_limits(T, B, I, H, L, D):
     """Raise ValueError when a matrix the kernels hand to BLAS has a dimension above 2**31 - 1.
 
     ``scipy.linalg.cython_blas`` takes 32-bit ``int`` sizes and leading dimensions; a
-    larger value would wrap around instead of failing. Row counts are at most ``T*B``;
+    larger value would wrap around instead of failing. Row counts are at most ``T*B``
+    (and ``B`` even when ``T`` is 0);
     column counts and leading dimensions at most ``4*D*H`` or ``max(I, D*H) + D*H``.
     Runs before anything proportional to the sizes is allocated.
     """
     width = max(I, D * H) if L > 1 else I
     limits = [
+        ("input", B, f"the batch size B = {B}"),
         ("input", T * B, f"T*B = {T}*{B} = {T * B} time steps times batch"),
         ("input", width + D * H, f"input size + num_directions*H = {width + D * H}"),
         ("params (hidden size H)", 4 * D * H, f"4*num_directions*H = {4 * D * H}"),

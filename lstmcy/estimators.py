@@ -41,8 +41,8 @@ import lstmcy
 
 __all__ = ["LSTMClassifier", "LSTMRegressor"]
 
-# Samples per forward call at prediction time (bounds the memory of the saved nothing:
-# inference keeps no cache, so this only bounds the [T, B, D*H] output).
+# Samples per forward call at prediction time: bounds the [T, B, D*H] output held at once
+# (inference keeps no cache).
 _PREDICT_CHUNK = 1024
 
 
@@ -845,7 +845,7 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
             For two classes, the score of ``classes_[1]`` minus that of ``classes_[0]``
             (positive means ``classes_[1]``), as scikit-learn's binary convention.
         """
-        check_is_fitted(self)
+        check_is_fitted(self, "lstm_params_")
         raw = self._raw_outputs(self._validate_X(X, reset=False))
         if raw.shape[1] == 2:
             return raw[:, 1] - raw[:, 0]
@@ -864,7 +864,7 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
         proba : ndarray of shape (n_samples, n_classes)
             Columns follow ``classes_``.
         """
-        check_is_fitted(self)
+        check_is_fitted(self, "lstm_params_")
         raw = self._raw_outputs(self._validate_X(X, reset=False))
         raw -= raw.max(axis=1, keepdims=True)
         np.exp(raw, out=raw)
@@ -897,7 +897,7 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
         -------
         y : ndarray of shape (n_samples,)
         """
-        check_is_fitted(self)
+        check_is_fitted(self, "lstm_params_")
         raw = self._raw_outputs(self._validate_X(X, reset=False))
         return self.classes_[raw.argmax(axis=1)]
 
@@ -1001,7 +1001,7 @@ validation_scores_, best_validation_score_, best_loss_, n_iter_, t_
         y : ndarray of shape (n_samples,) or (n_samples, n_outputs)
             float64; 1-D when the model was fitted on a 1-D ``y``.
         """
-        check_is_fitted(self)
+        check_is_fitted(self, "lstm_params_")
         raw = self._raw_outputs(self._validate_X(X, reset=False))
         return raw.ravel() if self._y_ndim == 1 else raw
 

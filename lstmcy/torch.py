@@ -19,7 +19,11 @@ For numpy users, :func:`params_from_state_dict`, :func:`config_from_state_dict` 
 from collections import OrderedDict
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("lstmcy.torch needs PyTorch: pip install 'lstmcy[torch]'") from exc
 from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.nn.utils.rnn import PackedSequence
@@ -178,13 +182,13 @@ class _LSTMFunction(torch.autograd.Function):
         want_dparams = any(needs[5:])
         if not (want_dx or want_dh or want_dc or want_dparams):
             return (None,) * len(needs)
-        x_np = x.numpy()
-        params = [w.numpy() for w in weights]
-        hx = None if h0 is None else (h0.numpy(), c0.numpy())
+        x_np = _np(x)
+        params = [_np(w) for w in weights]
+        hx = None if h0 is None else (_np(h0), _np(c0))
         if dy is None:
             dy_np = np.zeros(ctx.y_shape, dtype=x_np.dtype)
         else:
-            dy_np = dy.numpy()
+            dy_np = _np(dy)
         dx, dh0, dc0, dparams = _backward(
             x_np, hx, params, ctx.cfg, ctx.masks, ctx.saved, dy_np, _np(dh), _np(dc),
             (want_dx, want_dh, want_dc, want_dparams))
@@ -289,7 +293,9 @@ class LSTM(nn.LSTM):
 
     def forward(self, input, hx=None):
         """Run the LSTM; same arguments and results as :meth:`torch.nn.LSTM.forward`."""
-        self._update_flat_weights()
+        update = getattr(self, "_update_flat_weights", None)  # torch >= 2.1
+        if update is not None:
+            update()
         packed = isinstance(input, PackedSequence)
         sorted_indices = unsorted_indices = None
         is_batched = True

@@ -16,7 +16,7 @@ import pytest
 sklearn = pytest.importorskip("sklearn")
 
 from sklearn.base import clone  # noqa: E402
-from sklearn.exceptions import ConvergenceWarning  # noqa: E402
+from sklearn.exceptions import ConvergenceWarning, NotFittedError  # noqa: E402
 from sklearn.model_selection import GridSearchCV  # noqa: E402
 from sklearn.pipeline import make_pipeline  # noqa: E402
 from sklearn.preprocessing import StandardScaler  # noqa: E402
@@ -25,16 +25,33 @@ from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
 from lstmcy.estimators import LSTMClassifier, LSTMRegressor, _Sequences  # noqa: E402
 
 
-# Small models for the conformance checks: they must still learn scikit-learn's toy
-# problems (blobs accuracy > 0.83, regression R² > 0.5) within a few dozen epochs.
-CHECK_SETTINGS = dict(hidden_size=8, learning_rate_init=0.02, max_iter=60)
+# Small models keep the suite quick; they must still learn scikit-learn's toy problems
+# (blobs accuracy > 0.83, regression R² > 0.5 on the training data) in a few dozen epochs.
+# The third is a stacked bidirectional mean-head variant with dropout. The defaults are
+# checked by the slow test below.
+SMALL = dict(hidden_size=8, learning_rate_init=0.02, max_iter=60)
 
 
-@parametrize_with_checks([LSTMClassifier(**CHECK_SETTINGS), LSTMRegressor(**CHECK_SETTINGS)])
+@parametrize_with_checks([
+    LSTMClassifier(**SMALL), LSTMRegressor(**SMALL),
+    LSTMClassifier(head="mean", bidirectional=True, num_layers=2, dropout=0.1, **SMALL)])
 def test_sklearn_conformance(estimator, check):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         check(estimator)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator", [LSTMClassifier(), LSTMRegressor()], ids=repr)
+def test_sklearn_conformance_with_defaults(estimator):
+    """check_estimator on the defaults (hidden_size=64, 200 epochs): one to two minutes."""
+    from sklearn.utils.estimator_checks import check_estimator
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        results = check_estimator(estimator, on_fail=None)
+    failed = [(r["check_name"], str(r["exception"])[:200]) for r in results
+              if r["status"] == "failed"]
+    assert not failed
 
 
 # --------------------------------------------------------------------------- helpers
@@ -241,8 +258,11 @@ def test_partial_fit_continues_like_fit():
 
 def test_partial_fit_needs_classes_first():
     X, y = sum_sign_problem(n=20)
+    unfitted = LSTMClassifier()
     with pytest.raises(ValueError, match="classes must be passed"):
-        LSTMClassifier().partial_fit(X, y)
+        unfitted.partial_fit(X, y)
+    with pytest.raises(NotFittedError):  # a failed first call leaves no model behind
+        unfitted.predict(X)
     clf = LSTMClassifier(hidden_size=4).partial_fit(X, y, classes=[0, 1, 2])
     np.testing.assert_array_equal(clf.classes_, [0, 1, 2])
     with pytest.raises(ValueError, match="classes not in"):

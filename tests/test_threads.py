@@ -99,6 +99,37 @@ def test_threads_sharing_inputs_match_serial_results():
             assert_same_bits(serial, outputs, f"thread {k}")
 
 
+# GEMMs large enough (M*N*K ~ 1e8) that OpenBLAS would use two threads, and round
+# differently, unless lstmcy keeps it on one thread in whichever thread calls it.
+BIG_GEMM = Config(T=20, B=50, I=1000, H=64, L=1, layout="time_major", dtype=np.dtype(np.float32))
+
+
+def test_worker_thread_gives_the_main_threads_bits():
+    """The same call in a fresh thread gives the bits it gives in the main thread
+    (after the main thread has run a call of its own, as a training script would)."""
+    call = make_call(BIG_GEMM, np.random.default_rng(3))
+    main = forward_backward(call)
+    other = run_in_threads([lambda: forward_backward(call)])[0]
+    assert_same_bits(main, other, "call in a worker thread")
+
+
+def test_two_threads_on_large_gemms_match_serial_and_do_not_slow_down():
+    """Two threads running large-GEMM calls concurrently: serial bits, and no more than
+    ~2x the serial wall time (BLAS thread pools fighting each other show up as 5-20x)."""
+    calls = [make_call(BIG_GEMM, np.random.default_rng(k)) for k in range(2)]
+    t0 = time.perf_counter()
+    serial = [forward_backward(call) for call in calls]
+    serial_time = time.perf_counter() - t0
+    best = np.inf
+    for attempt in range(2):
+        t0 = time.perf_counter()
+        results = run_in_threads([lambda k=k: forward_backward(calls[k]) for k in range(2)])
+        best = min(best, (time.perf_counter() - t0) / serial_time)
+        for k in range(2):
+            assert_same_bits(serial[k], results[k], f"thread {k}")
+    assert best < 3.0, f"2 concurrent calls took {best:.1f} x the time of the same 2 calls in series"
+
+
 def _long_call_arrays(T=100, B=32, I=256, H=256):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((T, B, I))

@@ -272,6 +272,39 @@ def test_dropout_reproducible_and_active():
     assert_close(single(x)[0], ref_single(x)[0])
 
 
+def test_dropout_without_grad_matches_nn_lstm():
+    """Training mode under no_grad still drops (as nn.LSTM), through the inference path."""
+    ours, ref = make_pair(3, 4, num_layers=2, dropout=0.3)
+    x = torch.randn(5, 2, 3, dtype=F64)
+    outs = []
+    for module in (ours, ref):
+        torch.manual_seed(8)
+        with torch.no_grad():
+            outs.append(module(x)[0])
+    assert_close(outs[0], outs[1])
+    ours.dropout = ref.dropout = 0.0
+    with torch.no_grad():
+        assert not torch.allclose(outs[0], ours(x)[0])
+
+
+def test_non_contiguous_input_and_states():
+    ours, ref = make_pair(3, 4, num_layers=2, bidirectional=True)
+    base = torch.randn(3, 5, 3, dtype=F64)  # [B, T, I]; the module is time-major
+    state_base = torch.randn(3, 4, 4, dtype=F64)
+    results = []
+    for module in (ours, ref):
+        x = base.clone().requires_grad_()
+        h0 = state_base.clone().requires_grad_()
+        c0 = (state_base * 0.5).clone().requires_grad_()
+        xt, h0t, c0t = x.transpose(0, 1), h0.transpose(0, 1), c0.transpose(0, 1)
+        assert not xt.is_contiguous() and not h0t.is_contiguous()
+        y, (h_n, c_n) = module(xt, (h0t, c0t))
+        loss = (y[::2] ** 2).sum() + (h_n * c_n).sum()
+        results.append((y, h_n, c_n) + torch.autograd.grad(loss, [x, h0, c0]))
+    for a, b in zip(*results):
+        assert_close(a, b)
+
+
 # ---------------------------------------------------------------------------
 # gradcheck
 # ---------------------------------------------------------------------------

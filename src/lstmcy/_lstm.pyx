@@ -560,3 +560,8 @@ def _vector_tanh(const floating[::1] x, floating[::1] out):
     with nogil:
         for k in range(x.shape[0]):
             out[k] = fast_tanh(x[k])
+
+
+def omp_max_threads():
+    """``omp_get_max_threads()``: honours OMP_NUM_THREADS and threadpoolctl's OpenMP limits."""
+    return openmp.omp_get_max_threads()
