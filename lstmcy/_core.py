@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from lstmcy import _lstm
+from lstmcy._dispatch import kernels as _lstm
 from lstmcy._cache import LSTMCache
 from lstmcy._threads import blas_single_threaded, get_num_threads, threads_for
 from lstmcy._validation import (SAVED_NAMES, check_backward, check_bool, check_dropout,
@@ -287,6 +287,7 @@ class LSTMPlan:
                     layer_dx, layer_dx_needed, dw_ih, dw_hh, db, want_dparams,
                     self._take("dgates", (D, N, 4 * H), cdt),
                     self._take("z", (D, chunk * B if want_dparams else 0, in_size + H), cdt),
+                    self._take("dw", (D, 4 * H if want_dparams else 0, in_size + H), cdt),
                     (layer_dx[:N].reshape(1, N, in_size) if direct_dx and layer_dx_needed
                      else self._take("dx_packed", (D, N if layer_dx_needed else 0, in_size), cdt)),
                     chunk, self._threads(p, 16.0 * D * N * H * (in_size + H)))

@@ -1,0 +1,597 @@
+# The LSTM kernels, compiled once per instruction set (see the _lstm*.pyx that include
+# this file and lstmcy/_dispatch.py, which picks one at import).
+#
+# LSTM kernels: one layer (both directions) forward and backward.
+#
+# Conventions
+# -----------
+# * Time steps ``t = 0 .. T-1``; at step ``t`` rows ``b < batch_sizes[t]`` are active
+#   (sequences sorted longest first, as in PyTorch's ``PackedSequence``).
+# * Work buffers (``gates``, ``dgates``) are *packed*: the active rows of step ``t`` are the
+#   contiguous rows ``packed_start[t] .. packed_start[t] + batch_sizes[t]``. For uniform
+#   batches this is the plain time-major ``[T*B, 4H]`` layout.
+# * Caller-layout arrays (input, output and their gradients) are 2-D row tables: the row
+#   of ``(t, b)`` is ``step_row[t] + b * batch_stride``. Time-major, batch-first, packed
+#   and padded layouts are all expressed this way without copies.
+# * Per-direction arrays are stacked on a leading axis of length D (direction 1 runs in
+#   reverse time). Saved activations are ``[D, T*B, H]``, row ``t*B + b``.
+# * The previous state of row ``b`` at step ``t`` is the saved state of the step processed
+#   just before (``t-1`` forward, ``t+1`` reverse) if the row was active there, else the
+#   initial state: this makes every reverse sequence start at its own last step.
+#
+# Threads
+# -------
+# Steps are grouped in fixed chunks (the chunk length depends on the shape only). With two
+# threads, either the two directions run side by side, or (one direction) one thread runs
+# the sequential recurrence while the other does the batched GEMMs of the chunks already
+# finished. Every GEMM is single-threaded and the chunking is the same for any thread
+# count, so results are bitwise identical whatever the number of threads.
+
+from cython cimport floating
+from cython.parallel cimport parallel, threadid
+cimport openmp
+
+from lstmcy._blas cimport gemm, NoTrans, Trans
+from lstmcy._fastmath cimport fast_sigmoid, fast_tanh
+
+cdef extern from *:
+    """
+    static inline Py_ssize_t lstmcy_load_acquire(Py_ssize_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    static inline void lstmcy_store_release(Py_ssize_t *p, Py_ssize_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+    """
+    Py_ssize_t load_acquire "lstmcy_load_acquire"(Py_ssize_t *p) noexcept nogil
+    void store_release "lstmcy_store_release"(Py_ssize_t *p, Py_ssize_t v) noexcept nogil
+
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
+
+
+cdef inline void _wait_for(Py_ssize_t *progress, Py_ssize_t chunks) noexcept nogil:
+    """Block until the producer has published ``chunks`` finished chunks."""
+    while load_acquire(progress) < chunks:
+        sched_yield()
+
+
+cdef inline void _chunk_bounds(Py_ssize_t c, Py_ssize_t chunk, Py_ssize_t T, bint descending,
+                               Py_ssize_t *t_lo, Py_ssize_t *t_hi) noexcept nogil:
+    """Time range ``[t_lo, t_hi)`` of the ``c``-th chunk in processing order."""
+    if descending:
+        t_hi[0] = T - c * chunk
+        t_lo[0] = T - (c + 1) * chunk if T - (c + 1) * chunk > 0 else 0
+    else:
+        t_lo[0] = c * chunk
+        t_hi[0] = (c + 1) * chunk if (c + 1) * chunk < T else T
+
+
+cdef inline Py_ssize_t _prev_step(Py_ssize_t t, Py_ssize_t b, Py_ssize_t T,
+                                  const Py_ssize_t[::1] batch_sizes, bint reverse) noexcept nogil:
+    """Time step whose saved state feeds row ``b`` at step ``t``, or -1 for the initial state."""
+    if reverse:
+        if t + 1 < T and b < batch_sizes[t + 1]:
+            return t + 1
+        return -1
+    return t - 1
+
+
+# ----------------------------------------------------------------------------- forward
+
+cdef void _forward_projection(
+        const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
+        bint x_rows_packed, const floating[:, ::1] w_ih,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start, bint reverse,
+        floating[:, ::1] gates, floating[:, ::1] x_packed,
+        Py_ssize_t chunk, Py_ssize_t *progress) noexcept nogil:
+    """``gates = x @ w_ih^T`` chunk by chunk, in the order the recurrence consumes them."""
+    cdef Py_ssize_t T = batch_sizes.shape[0]
+    cdef Py_ssize_t I = w_ih.shape[1]
+    cdef Py_ssize_t G = w_ih.shape[0]
+    cdef Py_ssize_t n_chunks = (T + chunk - 1) // chunk
+    cdef Py_ssize_t c, t, b, j, t_lo, t_hi, r0, r1, xr, n
+    cdef const floating *a
+    for c in range(n_chunks):
+        _chunk_bounds(c, chunk, T, reverse, &t_lo, &t_hi)
+        r0 = packed_start[t_lo]
+        r1 = packed_start[t_hi - 1] + batch_sizes[t_hi - 1]
+        if r1 == r0:
+            store_release(progress, c + 1)
+            continue
+        a = NULL
+        if I > 0:
+            if x_rows_packed:
+                a = &x[r0, 0]
+            else:
+                for t in range(t_lo, t_hi):
+                    for b in range(batch_sizes[t]):
+                        xr = x_step_row[t] + b * x_batch_stride
+                        n = packed_start[t] + b
+                        for j in range(I):
+                            x_packed[n, j] = x[xr, j]
+                a = &x_packed[r0, 0]
+        if G > 0:
+            gemm(NoTrans, Trans, <int>(r1 - r0), <int>G, <int>I, <floating>1, a, <int>I,
+                 &w_ih[0, 0] if I > 0 else NULL, <int>I, <floating>0, &gates[r0, 0], <int>G)
+        store_release(progress, c + 1)
+
+
+cdef void _forward_recurrence(
+        const floating[:, ::1] w_hh, const floating[::1] bias,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start, bint reverse,
+        floating[:, ::1] gates, floating[:, ::1] h_state, floating[:, ::1] c_state,
+        floating[:, ::1] y, const Py_ssize_t[::1] y_step_row, Py_ssize_t y_batch_stride,
+        Py_ssize_t y_col,
+        floating[:, ::1] cache_i, floating[:, ::1] cache_f, floating[:, ::1] cache_g,
+        floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
+        floating[:, ::1] cache_h, bint store_cache,
+        Py_ssize_t chunk, Py_ssize_t *progress) noexcept nogil:
+    """The sequential part of the forward: per step one GEMM and the fused elementwise pass."""
+    cdef Py_ssize_t T = batch_sizes.shape[0]
+    cdef Py_ssize_t B = h_state.shape[0]
+    cdef Py_ssize_t H = h_state.shape[1]
+    cdef Py_ssize_t G = 4 * H
+    cdef Py_ssize_t s, t, b, j, k, n, n0, nb, row, yr
+    cdef floating *act
+    cdef floating v_tc, v_h
+    if H == 0 or B == 0:
+        return
+    for s in range(T):
+        if s % chunk == 0:
+            _wait_for(progress, s // chunk + 1)
+        t = T - 1 - s if reverse else s
+        nb = batch_sizes[t]
+        n0 = packed_start[t]
+        # gates += h @ w_hh^T for the active rows.
+        gemm(NoTrans, Trans, <int>nb, <int>G, <int>H, <floating>1, &h_state[0, 0], <int>H,
+             &w_hh[0, 0], <int>H, <floating>1, &gates[n0, 0], <int>G)
+        for b in range(nb):
+            n = n0 + b
+            row = t * B + b
+            yr = y_step_row[t] + b * y_batch_stride
+            act = &gates[n, 0]
+            # Activations in place (short loops over one row, so they can vectorise).
+            for k in range(2 * H):
+                act[k] = fast_sigmoid(act[k] + bias[k])
+            for k in range(2 * H, 3 * H):
+                act[k] = fast_tanh(act[k] + bias[k])
+            for k in range(3 * H, G):
+                act[k] = fast_sigmoid(act[k] + bias[k])
+            # c = f * c_prev + i * g, as PyTorch: (f * c_prev) + (i * g).
+            for j in range(H):
+                c_state[b, j] = act[H + j] * c_state[b, j] + act[j] * act[2 * H + j]
+            for j in range(H):
+                h_state[b, j] = fast_tanh(c_state[b, j])
+            if store_cache:
+                for j in range(H):
+                    cache_i[row, j] = act[j]
+                    cache_f[row, j] = act[H + j]
+                    cache_g[row, j] = act[2 * H + j]
+                    cache_o[row, j] = act[3 * H + j]
+                    cache_c[row, j] = c_state[b, j]
+                    cache_tanhc[row, j] = h_state[b, j]
+            for j in range(H):
+                v_h = act[3 * H + j] * h_state[b, j]
+                h_state[b, j] = v_h
+                y[yr, y_col + j] = v_h
+            if store_cache:
+                for j in range(H):
+                    cache_h[row, j] = h_state[b, j]
+
+
+cdef void _forward_direction(
+        int part, Py_ssize_t d,
+        const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
+        bint x_rows_packed,
+        const floating[:, :, ::1] w_ih, const floating[:, :, ::1] w_hh, const floating[:, ::1] bias,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
+        floating[:, ::1] y, const Py_ssize_t[::1] y_step_row, Py_ssize_t y_batch_stride,
+        floating[:, :, ::1] h_n, floating[:, :, ::1] c_n,
+        floating[:, :, ::1] cache_i, floating[:, :, ::1] cache_f, floating[:, :, ::1] cache_g,
+        floating[:, :, ::1] cache_o, floating[:, :, ::1] cache_c, floating[:, :, ::1] cache_tanhc,
+        floating[:, :, ::1] cache_h, bint store_cache,
+        floating[:, :, ::1] gates, floating[:, :, ::1] x_packed,
+        Py_ssize_t chunk, Py_ssize_t *progress) noexcept nogil:
+    """Direction ``d``: ``part`` 0 = all of it, 1 = the projection only, 2 = the recurrence only."""
+    cdef bint reverse = d == 1
+    cdef Py_ssize_t s = d if store_cache else 0
+    if part != 2:
+        _forward_projection(x, x_step_row, x_batch_stride, x_rows_packed, w_ih[d],
+                            batch_sizes, packed_start, reverse, gates[d], x_packed[d],
+                            chunk, progress)
+    if part != 1:
+        _forward_recurrence(w_hh[d], bias[d], batch_sizes, packed_start, reverse, gates[d],
+                            h_n[d], c_n[d], y, y_step_row, y_batch_stride, d * h_n.shape[2],
+                            cache_i[s], cache_f[s], cache_g[s], cache_o[s], cache_c[s],
+                            cache_tanhc[s], cache_h[s], store_cache, chunk, progress)
+
+
+def forward_layer(
+        const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
+        bint x_rows_packed,
+        const floating[:, :, ::1] w_ih, const floating[:, :, ::1] w_hh,
+        const floating[:, ::1] bias,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
+        floating[:, ::1] y, const Py_ssize_t[::1] y_step_row, Py_ssize_t y_batch_stride,
+        floating[:, :, ::1] h_n, floating[:, :, ::1] c_n,
+        floating[:, :, ::1] cache_i, floating[:, :, ::1] cache_f, floating[:, :, ::1] cache_g,
+        floating[:, :, ::1] cache_o, floating[:, :, ::1] cache_c, floating[:, :, ::1] cache_tanhc,
+        floating[:, :, ::1] cache_h, bint store_cache,
+        floating[:, :, ::1] gates, floating[:, :, ::1] x_packed,
+        Py_ssize_t chunk, int n_threads):
+    """Run both directions of one layer forward, storing gate activations.
+
+    Parameters
+    ----------
+    x, x_step_row, x_batch_stride, x_rows_packed
+        Layer input as a row table; ``x_rows_packed`` says row ``n`` of ``x`` is packed row
+        ``n`` (then ``x`` is used in place, else gathered into ``x_packed``).
+    w_ih, w_hh : ndarray [D, 4H, I], [D, 4H, H]
+    bias : ndarray [D, 4H]
+        ``b_ih + b_hh`` (zeros without bias).
+    batch_sizes, packed_start : ndarray [T] of intp
+    y, y_step_row, y_batch_stride
+        Output row table; direction ``d`` writes columns ``d*H .. (d+1)*H``.
+    h_n, c_n : ndarray [D, B, H]
+        In: initial states. Out: final states (they are the running state).
+    cache_* : ndarray [D, T*B, H]
+        Saved activations i, f, g, o, c, tanh(c), h (written when ``store_cache``).
+    gates, x_packed : ndarray [D, N, 4H], [D, N, I]
+        Workspaces.
+    chunk : int
+        Steps per chunk (fixed by the shape).
+    n_threads : int
+        1 or 2.
+    """
+    cdef Py_ssize_t D = w_ih.shape[0]
+    cdef Py_ssize_t progress[2]
+    cdef Py_ssize_t d
+    cdef int tid, nt
+    progress[0] = 0
+    progress[1] = 0
+    with nogil:
+        if n_threads < 2:
+            for d in range(D):
+                _forward_direction(0, d, x, x_step_row, x_batch_stride, x_rows_packed, w_ih, w_hh,
+                                   bias, batch_sizes, packed_start, y, y_step_row, y_batch_stride,
+                                   h_n, c_n, cache_i, cache_f, cache_g, cache_o, cache_c,
+                                   cache_tanhc, cache_h, store_cache, gates, x_packed, chunk,
+                                   &progress[d])
+        else:
+            with parallel(num_threads=2):
+                tid = threadid()
+                nt = openmp.omp_get_num_threads()
+                if nt < 2:
+                    for d in range(D):
+                        _forward_direction(0, d, x, x_step_row, x_batch_stride, x_rows_packed,
+                                           w_ih, w_hh, bias, batch_sizes, packed_start, y,
+                                           y_step_row, y_batch_stride, h_n, c_n, cache_i,
+                                           cache_f, cache_g, cache_o, cache_c, cache_tanhc,
+                                           cache_h, store_cache, gates, x_packed, chunk,
+                                           &progress[d])
+                elif D == 2:
+                    _forward_direction(0, tid, x, x_step_row, x_batch_stride, x_rows_packed,
+                                       w_ih, w_hh, bias, batch_sizes, packed_start, y,
+                                       y_step_row, y_batch_stride, h_n, c_n, cache_i, cache_f,
+                                       cache_g, cache_o, cache_c, cache_tanhc, cache_h,
+                                       store_cache, gates, x_packed, chunk, &progress[tid])
+                else:
+                    # Thread 1 projects the input chunk by chunk; thread 0 follows with the
+                    # recurrence.
+                    _forward_direction(2 - tid, 0, x, x_step_row, x_batch_stride, x_rows_packed,
+                                       w_ih, w_hh, bias, batch_sizes, packed_start, y,
+                                       y_step_row, y_batch_stride, h_n, c_n, cache_i, cache_f,
+                                       cache_g, cache_o, cache_c, cache_tanhc, cache_h,
+                                       store_cache, gates, x_packed, chunk, &progress[0])
+
+
+# ---------------------------------------------------------------------------- backward
+
+cdef void _backward_recurrence(
+        const floating[:, ::1] dy, const Py_ssize_t[::1] dy_step_row, Py_ssize_t dy_batch_stride,
+        Py_ssize_t dy_col,
+        const floating[:, ::1] w_hh, const floating[:, ::1] c0,
+        const floating[:, ::1] cache_i, const floating[:, ::1] cache_f,
+        const floating[:, ::1] cache_g, const floating[:, ::1] cache_o,
+        const floating[:, ::1] cache_c, const floating[:, ::1] cache_tanhc,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start, bint reverse,
+        floating[:, ::1] dh_state, floating[:, ::1] dc_state, floating[:, ::1] dgates,
+        Py_ssize_t chunk, Py_ssize_t *progress) noexcept nogil:
+    """The sequential part of the backward: per step one fused elementwise pass writing the
+    four gate gradients and updating dc, then one GEMM for dh."""
+    cdef Py_ssize_t T = batch_sizes.shape[0]
+    cdef Py_ssize_t B = dh_state.shape[0]
+    cdef Py_ssize_t H = dh_state.shape[1]
+    cdef Py_ssize_t G = 4 * H
+    cdef Py_ssize_t s, t, b, j, n, n0, nb, row, prev_t, dyr
+    cdef floating one = 1
+    cdef const floating *c_prev
+    cdef const floating *dy_row
+    cdef const floating *i_row
+    cdef const floating *f_row
+    cdef const floating *g_row
+    cdef const floating *o_row
+    cdef const floating *tc_row
+    cdef floating *dh_row
+    cdef floating *dc_row
+    cdef floating *dg
+    if H == 0 or B == 0:
+        store_release(progress, (T + chunk - 1) // chunk)
+        return
+    for s in range(T):
+        t = s if reverse else T - 1 - s
+        nb = batch_sizes[t]
+        n0 = packed_start[t]
+        for b in range(nb):
+            n = n0 + b
+            row = t * B + b
+            dyr = dy_step_row[t] + b * dy_batch_stride
+            prev_t = _prev_step(t, b, T, batch_sizes, reverse)
+            c_prev = &cache_c[prev_t * B + b, 0] if prev_t >= 0 else &c0[b, 0]
+            dy_row = &dy[dyr, dy_col]
+            i_row = &cache_i[row, 0]
+            f_row = &cache_f[row, 0]
+            g_row = &cache_g[row, 0]
+            o_row = &cache_o[row, 0]
+            tc_row = &cache_tanhc[row, 0]
+            dh_row = &dh_state[b, 0]
+            dc_row = &dc_state[b, 0]
+            dg = &dgates[n, 0]
+            # The fused pass, split in short loops over one row with few pointers each, so
+            # that the compiler vectorises them. Multiplication order follows PyTorch's
+            # autograd formulas (tanh_backward, sigmoid_backward, mul_backward), so that
+            # overflow and NaN appear exactly where float64 autograd has them.
+            for j in range(H):  # dh = dy + dh_next (dh_state's row is free until the GEMM)
+                dh_row[j] = dy_row[j] + dh_row[j]
+            for j in range(H):  # dc = dh * o * (1 - tanh(c)^2) + dc_next
+                dc_row[j] = (dh_row[j] * o_row[j]) * (one - tc_row[j] * tc_row[j]) + dc_row[j]
+            for j in range(H):  # do
+                dg[3 * H + j] = (dh_row[j] * tc_row[j]) * (one - o_row[j]) * o_row[j]
+            for j in range(H):  # di
+                dg[j] = (dc_row[j] * g_row[j]) * (one - i_row[j]) * i_row[j]
+            for j in range(H):  # dg
+                dg[2 * H + j] = (dc_row[j] * i_row[j]) * (one - g_row[j] * g_row[j])
+            for j in range(H):  # df
+                dg[H + j] = (dc_row[j] * c_prev[j]) * (one - f_row[j]) * f_row[j]
+            for j in range(H):  # dc_next = dc * f
+                dc_row[j] = dc_row[j] * f_row[j]
+        # dh for the previous step: dgates_t @ w_hh.
+        gemm(NoTrans, NoTrans, <int>nb, <int>H, <int>G, one, &dgates[n0, 0], <int>G,
+             &w_hh[0, 0], <int>H, <floating>0, &dh_state[0, 0], <int>H)
+        if (s + 1) % chunk == 0 or s + 1 == T:
+            store_release(progress, (s + chunk) // chunk)
+
+
+cdef void _backward_weights(
+        const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
+        const floating[:, ::1] h0, const floating[:, ::1] cache_h,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start, bint reverse,
+        const floating[:, ::1] dgates,
+        floating[:, ::1] dw_ih, floating[:, ::1] dw_hh, floating[::1] db,
+        floating[:, ::1] z, floating[:, ::1] dw, Py_ssize_t chunk,
+        Py_ssize_t *progress) noexcept nogil:
+    """``[dW_ih | dW_hh] = sum over chunks of dgates^T [x | h_prev]`` (one GEMM per chunk,
+    accumulated in ``dw``) and ``db = sum(dgates)``, taking the chunks in order as the
+    recurrence finishes them (fixed order: bitwise reproducible)."""
+    cdef Py_ssize_t T = batch_sizes.shape[0]
+    cdef Py_ssize_t B = h0.shape[0]
+    cdef Py_ssize_t H = h0.shape[1]
+    cdef Py_ssize_t I = dw_ih.shape[1]
+    cdef Py_ssize_t G = 4 * H
+    cdef Py_ssize_t K = I + H
+    cdef Py_ssize_t n_chunks = (T + chunk - 1) // chunk
+    cdef Py_ssize_t c, t, b, j, k, n, t_lo, t_hi, r0, r1, zr, xr, prev_t
+    cdef const floating *h_prev
+    cdef const floating *x_row
+    cdef floating *z_row
+    cdef floating *db_row
+    cdef const floating *dg
+    cdef floating one = 1
+    if G == 0:
+        return
+    for k in range(G):
+        for j in range(K):
+            dw[k, j] = 0
+        db[k] = 0
+    db_row = &db[0]
+    for c in range(n_chunks):
+        _wait_for(progress, c + 1)
+        _chunk_bounds(c, chunk, T, not reverse, &t_lo, &t_hi)
+        r0 = packed_start[t_lo]
+        r1 = packed_start[t_hi - 1] + batch_sizes[t_hi - 1]
+        if r1 == r0:
+            continue
+        for t in range(t_lo, t_hi):
+            for b in range(batch_sizes[t]):
+                z_row = &z[packed_start[t] + b - r0, 0]
+                xr = x_step_row[t] + b * x_batch_stride
+                if I > 0:
+                    x_row = &x[xr, 0]
+                    for j in range(I):
+                        z_row[j] = x_row[j]
+                prev_t = _prev_step(t, b, T, batch_sizes, reverse)
+                h_prev = &cache_h[prev_t * B + b, 0] if prev_t >= 0 else &h0[b, 0]
+                for j in range(H):
+                    z_row[I + j] = h_prev[j]
+        gemm(Trans, NoTrans, <int>G, <int>K, <int>(r1 - r0), one, &dgates[r0, 0], <int>G,
+             &z[0, 0], <int>K, one, &dw[0, 0], <int>K)
+        for n in range(r0, r1):
+            dg = &dgates[n, 0]
+            for k in range(G):
+                db_row[k] += dg[k]
+    for k in range(G):
+        for j in range(I):
+            dw_ih[k, j] = dw[k, j]
+        for j in range(H):
+            dw_hh[k, j] = dw[k, I + j]
+
+
+cdef void _backward_dx(const floating[:, ::1] dgates, const floating[:, ::1] w_ih,
+                       floating[:, ::1] dx) noexcept nogil:
+    """``dx = dgates @ w_ih`` over all rows in one GEMM (zeros when H == 0)."""
+    cdef Py_ssize_t N = dgates.shape[0]
+    cdef Py_ssize_t G = dgates.shape[1]
+    cdef Py_ssize_t I = w_ih.shape[1]
+    if N == 0 or I == 0:
+        return
+    gemm(NoTrans, NoTrans, <int>N, <int>I, <int>G, <floating>1,
+         &dgates[0, 0] if G > 0 else NULL, <int>G, &w_ih[0, 0] if G > 0 else NULL, <int>I,
+         <floating>0, &dx[0, 0], <int>I)
+
+
+cdef void _backward_direction(
+        int part, Py_ssize_t d,
+        const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
+        const floating[:, ::1] dy, const Py_ssize_t[::1] dy_step_row, Py_ssize_t dy_batch_stride,
+        const floating[:, :, ::1] w_ih, const floating[:, :, ::1] w_hh,
+        const floating[:, :, ::1] h0, const floating[:, :, ::1] c0,
+        const floating[:, :, ::1] cache_i, const floating[:, :, ::1] cache_f,
+        const floating[:, :, ::1] cache_g, const floating[:, :, ::1] cache_o,
+        const floating[:, :, ::1] cache_c, const floating[:, :, ::1] cache_tanhc,
+        const floating[:, :, ::1] cache_h,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
+        floating[:, :, ::1] dh_state, floating[:, :, ::1] dc_state,
+        bint want_dx, floating[:, ::1] dx_target,
+        floating[:, :, ::1] dw_ih, floating[:, :, ::1] dw_hh, floating[:, ::1] db,
+        bint want_dparams, floating[:, :, ::1] dgates, floating[:, :, ::1] z,
+        floating[:, :, ::1] dw, Py_ssize_t chunk, Py_ssize_t *progress) noexcept nogil:
+    """Direction ``d``: ``part`` 0 = all of it, 1 = recurrence then dx, 2 = weight gradients."""
+    cdef bint reverse = d == 1
+    if part != 2:
+        _backward_recurrence(dy, dy_step_row, dy_batch_stride, d * dh_state.shape[2],
+                             w_hh[d], c0[d], cache_i[d], cache_f[d], cache_g[d], cache_o[d],
+                             cache_c[d], cache_tanhc[d], batch_sizes, packed_start, reverse,
+                             dh_state[d], dc_state[d], dgates[d], chunk, progress)
+    if part != 1 and want_dparams:
+        _backward_weights(x, x_step_row, x_batch_stride, h0[d], cache_h[d], batch_sizes,
+                          packed_start, reverse, dgates[d], dw_ih[d], dw_hh[d], db[d], z[d],
+                          dw[d], chunk, progress)
+    if part != 2 and want_dx:
+        _backward_dx(dgates[d], w_ih[d], dx_target)
+
+
+def backward_layer(
+        const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
+        bint x_rows_packed,
+        const floating[:, ::1] dy, const Py_ssize_t[::1] dy_step_row, Py_ssize_t dy_batch_stride,
+        const floating[:, :, ::1] w_ih, const floating[:, :, ::1] w_hh,
+        const floating[:, :, ::1] h0, const floating[:, :, ::1] c0,
+        const floating[:, :, ::1] cache_i, const floating[:, :, ::1] cache_f,
+        const floating[:, :, ::1] cache_g, const floating[:, :, ::1] cache_o,
+        const floating[:, :, ::1] cache_c, const floating[:, :, ::1] cache_tanhc,
+        const floating[:, :, ::1] cache_h,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
+        floating[:, :, ::1] dh_state, floating[:, :, ::1] dc_state,
+        floating[:, ::1] dx, bint want_dx,
+        floating[:, :, ::1] dw_ih, floating[:, :, ::1] dw_hh, floating[:, ::1] db,
+        bint want_dparams,
+        floating[:, :, ::1] dgates, floating[:, :, ::1] z, floating[:, :, ::1] dw,
+        floating[:, :, ::1] dx_packed, Py_ssize_t chunk, int n_threads):
+    """Backpropagate through both directions of one layer.
+
+    Parameters
+    ----------
+    x, x_step_row, x_batch_stride, x_rows_packed
+        Layer input as a row table; ``dx`` has the same rows.
+    dy, dy_step_row, dy_batch_stride
+        Gradient of the layer output (direction ``d`` reads columns ``d*H .. (d+1)*H``).
+    w_ih, w_hh : ndarray [D, 4H, I], [D, 4H, H]
+    h0, c0 : ndarray [D, B, H]
+        Initial states of the forward.
+    cache_* : ndarray [D, T*B, H]
+        Saved activations i, f, g, o, c, tanh(c), h.
+    batch_sizes, packed_start : ndarray [T] of intp
+    dh_state, dc_state : ndarray [D, B, H]
+        In: gradients of ``h_n``, ``c_n``. Out: gradients of ``h0``, ``c0``.
+    dx : ndarray [rows, I]
+        Input gradient, written at active rows when ``want_dx`` (padded rows untouched).
+    dw_ih, dw_hh, db : ndarray [D, 4H, I], [D, 4H, H], [D, 4H]
+        Parameter gradients, written when ``want_dparams``.
+    dgates, z, dw : ndarray [D, N, 4H], [D, chunk rows, I + H], [D, 4H, I + H]
+        Workspaces.
+    dx_packed : ndarray [D, N, I]
+        Each direction's dx in packed order, summed into ``dx`` at the end; with one
+        direction and packed rows, the caller passes ``dx`` itself (as ``[1, N, I]``).
+    chunk : int
+        Steps per chunk (fixed by the shape).
+    n_threads : int
+        1 or 2.
+    """
+    cdef Py_ssize_t D = w_ih.shape[0]
+    cdef Py_ssize_t T = batch_sizes.shape[0]
+    cdef Py_ssize_t I = w_ih.shape[2]
+    cdef Py_ssize_t progress[2]
+    cdef Py_ssize_t d, t, b, j, n, xr
+    cdef int tid, nt
+    # With one direction and packed rows, dx_packed is dx itself; otherwise each direction
+    # writes its own part, summed into dx in a fixed order below.
+    cdef bint direct_dx = D == 1 and x_rows_packed
+    progress[0] = 0
+    progress[1] = 0
+    with nogil:
+        if n_threads < 2:
+            for d in range(D):
+                _backward_direction(0, d, x, x_step_row, x_batch_stride, dy, dy_step_row,
+                                    dy_batch_stride, w_ih, w_hh, h0, c0, cache_i, cache_f, cache_g,
+                                    cache_o, cache_c, cache_tanhc, cache_h, batch_sizes,
+                                    packed_start, dh_state, dc_state, want_dx,
+                                    dx_packed[d], dw_ih, dw_hh, db,
+                                    want_dparams, dgates, z, dw, chunk, &progress[d])
+        else:
+            with parallel(num_threads=2):
+                tid = threadid()
+                nt = openmp.omp_get_num_threads()
+                if nt < 2:
+                    for d in range(D):
+                        _backward_direction(0, d, x, x_step_row, x_batch_stride, dy, dy_step_row,
+                                            dy_batch_stride, w_ih, w_hh, h0, c0, cache_i,
+                                            cache_f, cache_g, cache_o, cache_c, cache_tanhc,
+                                            cache_h, batch_sizes, packed_start, dh_state,
+                                            dc_state, want_dx,
+                                            dx_packed[d], dw_ih, dw_hh,
+                                            db, want_dparams, dgates, z, dw, chunk, &progress[d])
+                elif D == 2:
+                    _backward_direction(0, tid, x, x_step_row, x_batch_stride, dy, dy_step_row,
+                                        dy_batch_stride, w_ih, w_hh, h0, c0, cache_i, cache_f,
+                                        cache_g, cache_o, cache_c, cache_tanhc, cache_h,
+                                        batch_sizes, packed_start, dh_state, dc_state, want_dx,
+                                        dx_packed[tid], dw_ih, dw_hh,
+                                        db, want_dparams, dgates, z, dw, chunk, &progress[tid])
+                else:
+                    # Thread 0: recurrence, then dx. Thread 1: weight gradients of the chunks
+                    # the recurrence has finished.
+                    _backward_direction(tid + 1, 0, x, x_step_row, x_batch_stride, dy,
+                                        dy_step_row, dy_batch_stride, w_ih, w_hh, h0, c0,
+                                        cache_i, cache_f, cache_g, cache_o, cache_c, cache_tanhc,
+                                        cache_h, batch_sizes, packed_start, dh_state, dc_state,
+                                        want_dx, dx_packed[0], dw_ih, dw_hh, db, want_dparams,
+                                        dgates, z, dw, chunk, &progress[0])
+        if want_dx and not direct_dx and I > 0:
+            for t in range(T):
+                for b in range(batch_sizes[t]):
+                    n = packed_start[t] + b
+                    xr = x_step_row[t] + b * x_batch_stride
+                    if D == 2:
+                        for j in range(I):
+                            dx[xr, j] = dx_packed[0, n, j] + dx_packed[1, n, j]
+                    else:
+                        for j in range(I):
+                            dx[xr, j] = dx_packed[0, n, j]
+
+
+def _vector_sigmoid(const floating[::1] x, floating[::1] out):
+    """Test hook: ``out = sigmoid(x)`` with the kernels' own implementation."""
+    cdef Py_ssize_t k
+    with nogil:
+        for k in range(x.shape[0]):
+            out[k] = fast_sigmoid(x[k])
+
+
+def _vector_tanh(const floating[::1] x, floating[::1] out):
+    """Test hook: ``out = tanh(x)`` with the kernels' own implementation."""
+    cdef Py_ssize_t k
+    with nogil:
+        for k in range(x.shape[0]):
+            out[k] = fast_tanh(x[k])
+
+
+def omp_max_threads():
+    """``omp_get_max_threads()``: honours OMP_NUM_THREADS and threadpoolctl's OpenMP limits."""
+    return openmp.omp_get_max_threads()
