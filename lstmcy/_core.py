@@ -12,14 +12,15 @@ import numpy as np
 
 from lstmcy._dispatch import kernels as _lstm
 from lstmcy._cache import LSTMCache
-from lstmcy._threads import blas_single_threaded, get_num_threads, threads_for
+from lstmcy._threads import blas_single_threaded, threads_for
 from lstmcy._validation import (SAVED_NAMES, check_backward, check_bool, check_dropout,
                                 check_output_mask, check_problem, to_compute)
 
 __all__ = ["lstm_forward", "lstm_backward", "LSTMPlan"]
 
-# Below this many FLOPs a call is dominated by fixed costs: one thread, BLAS left alone.
-_SMALL_FLOPS = 2e6
+# OpenBLAS runs a GEMM on one thread when m*n*k <= 65536 * GEMM_MULTITHREAD_THRESHOLD (4):
+# a call whose largest GEMM is that small needs no cap on BLAS threads.
+_SINGLE_THREADED_GEMM = 65536 * 4
 # Target number of rows (time steps x batch) of one chunk of the batched GEMMs.
 _CHUNK_ROWS = 128
 _MAX_CHUNKS = 8
@@ -150,11 +151,13 @@ class LSTMPlan:
         return threads_for(flops, max(problem.D, math.ceil(problem.T / _chunk_steps(problem.T, problem.B))),
                            self.n_threads)
 
-    def _blas_cap(self, problem, flops):
-        """Cap BLAS to one thread unless the problem is so small that BLAS stays on one
-        thread anyway (the cap costs tens of microseconds)."""
-        return blas_single_threaded(active=flops >= _SMALL_FLOPS or self.n_threads is not None
-                                    or get_num_threads() is not None)
+    def _blas_cap(self, problem):
+        """Cap BLAS to one thread (results must not depend on the BLAS thread count, and
+        OpenBLAS rounds differently with more threads), unless every GEMM of the call is so
+        small that BLAS runs it on one thread anyway: the cap costs tens of microseconds."""
+        width = max(problem.I, problem.D * problem.H) if problem.L > 1 else problem.I
+        largest = problem.N * 4 * problem.H * (width + problem.H)
+        return blas_single_threaded(active=largest > _SINGLE_THREADED_GEMM)
 
     def forward(self, input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0, train=True,
                 bidirectional=False, batch_first=False, batch_sizes=None, seed=None):
@@ -181,7 +184,7 @@ class LSTMPlan:
         internal_step_row, _, internal_packed = p.time_major_map
 
         layer_in, in_step_row, in_stride, in_packed = p.x_rows, p.step_row, p.batch_stride, p.rows_packed
-        with self._blas_cap(p, 8.0 * D * N * H * (max(p.I, D * H) + H) * L):
+        with self._blas_cap(p):
             for layer in range(L):
                 last = layer == L - 1
                 if last:
@@ -247,7 +250,7 @@ class LSTMPlan:
         dparams = [None] * (L * D * per_dir)
         dx = None
         upper_dy, dy_step_row, dy_stride = dy_rows, p.step_row, p.batch_stride
-        with self._blas_cap(p, 16.0 * D * N * H * (max(I, D * H) + H) * L):
+        with self._blas_cap(p):
             for layer in reversed(range(L)):
                 ks = slice(layer * D, (layer + 1) * D)
                 saved = {name: _stacked(given[name], arrays[name], layer, D, (T * B, H), cdt)

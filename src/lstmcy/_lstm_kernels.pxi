@@ -45,11 +45,30 @@ cdef extern from *:
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
+cdef extern from "<time.h>" nogil:
+    struct timespec:
+        long tv_sec
+        long tv_nsec
+    int nanosleep(const timespec *req, timespec *rem)
+
 
 cdef inline void _wait_for(Py_ssize_t *progress, Py_ssize_t chunks) noexcept nogil:
-    """Block until the producer has published ``chunks`` finished chunks."""
+    """Block until the producer has published ``chunks`` finished chunks.
+
+    Spin (yielding) first: on an idle machine the producer is running on the other core
+    and the wait is short. If it goes on, the producer has probably lost its core to
+    another process, so sleep briefly to give the core back instead of burning it.
+    """
+    cdef int spins = 0
+    cdef timespec pause
+    pause.tv_sec = 0
+    pause.tv_nsec = 20000
     while load_acquire(progress) < chunks:
-        sched_yield()
+        if spins < 2000:
+            spins += 1
+            sched_yield()
+        else:
+            nanosleep(&pause, NULL)
 
 
 cdef inline void _chunk_bounds(Py_ssize_t c, Py_ssize_t chunk, Py_ssize_t T, bint descending,
