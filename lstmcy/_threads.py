@@ -6,6 +6,7 @@ oversubscribe the cores. :func:`blas_single_threaded` caps the BLAS library that
 ``scipy.linalg.cython_blas`` uses (found once with threadpoolctl) for the duration of a
 kernel call and restores it afterwards; concurrent callers share one cap.
 """
+import ctypes
 import os
 import threading
 from contextlib import contextmanager
@@ -66,8 +67,34 @@ def threads_for(flops, n_units, n_threads=None):
     return 2 if setting >= 2 else 1
 
 
+class _ThreadSetting:
+    """Get and set one BLAS library's thread count.
+
+    For OpenBLAS with its own (pthreads) thread pool the setting is process-wide, and
+    threadpoolctl lets only the first thread that used it change it (others "silently do
+    nothing"), so the library's own functions are called directly: lstmcy may be called
+    from any thread. Other libraries go through threadpoolctl.
+    """
+
+    def __init__(self, controller):
+        self.filepath = controller.filepath
+        self.get = controller.get_num_threads
+        self.set = controller.set_num_threads
+        if controller.internal_api == "openblas" and getattr(controller, "threading_layer", "") != "openmp":
+            try:
+                prefix, suffix = controller._find_affixes()
+                get = getattr(controller.dynlib, f"{prefix}openblas_get_num_threads{suffix}")
+                set_ = getattr(controller.dynlib, f"{prefix}openblas_set_num_threads{suffix}")
+            except (AttributeError, TypeError):
+                return
+            get.restype = ctypes.c_int
+            set_.restype = None
+            set_.argtypes = [ctypes.c_int]
+            self.get, self.set = get, set_
+
+
 def _blas_controllers():
-    """threadpoolctl controllers of the BLAS behind ``scipy.linalg.cython_blas``."""
+    """Thread settings of the BLAS behind ``scipy.linalg.cython_blas``."""
     global _controllers
     if _controllers is None:
         import scipy
@@ -80,7 +107,7 @@ def _blas_controllers():
         own = [lib for lib in blas.lib_controllers
                if os.path.basename(os.path.dirname(lib.filepath)).startswith("scipy")
                and os.path.dirname(os.path.dirname(lib.filepath)) == scipy_dir]
-        _controllers = own or list(blas.lib_controllers)
+        _controllers = [_ThreadSetting(lib) for lib in (own or blas.lib_controllers)]
     return _controllers
 
 
@@ -97,10 +124,10 @@ def blas_single_threaded(active=True):
     with _lock:
         if _active == 0:
             controllers = _blas_controllers()
-            _saved = [(lib, lib.get_num_threads()) for lib in controllers]
+            _saved = [(lib, lib.get()) for lib in controllers]
             for lib, threads in _saved:
                 if threads != 1:
-                    lib.set_num_threads(1)
+                    lib.set(1)
         _active += 1
     try:
         yield
@@ -110,5 +137,5 @@ def blas_single_threaded(active=True):
             if _active == 0:
                 for lib, threads in _saved:
                     if threads != 1:
-                        lib.set_num_threads(threads)
+                        lib.set(threads)
                 _saved = []

@@ -14,7 +14,7 @@ _OPT_IN = {
     # marker: (command-line option, environment variable, description)
     "slow": ("--runslow", "LSTMCY_TEST_SLOW", "long-running tests"),
     "large": ("--runlarge", "LSTMCY_TEST_LARGE",
-              "tests with a buffer larger than 2**31 bytes (needs ~12 GB of RAM)"),
+              "tests with a buffer larger than 2**31 bytes (needs ~9 GB of RAM, ~40 s)"),
 }
 
 

@@ -5,7 +5,7 @@
   validation with a ValueError, before anything is allocated, instead of wrapping
   around. These tests use zero-stride views (``np.broadcast_to``), so they need no memory
   and always run.
-* ``@pytest.mark.large`` (opt-in: ``--runlarge`` or ``LSTMCY_TEST_LARGE=1``; about 12 GB
+* ``@pytest.mark.large`` (opt-in: ``--runlarge`` or ``LSTMCY_TEST_LARGE=1``; about 9 GB
   of RAM and a minute): a forward and backward whose gate-gradient buffer, gate buffer
   and saved activations are each larger than 2**31 bytes, checked against the numpy
   reference on sequences sampled across the whole batch (including the last ones, at

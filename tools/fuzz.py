@@ -22,7 +22,7 @@ Short run (what CI does, through ``tests/test_fuzz.py``)::
 
     python tools/fuzz.py --time 15
 
-Long run (documented in the README; about 40 000 cases per 10 minutes on one core)::
+Long run (documented in the README; 100-400 cases per second, depending on the machine)::
 
     python tools/fuzz.py --time 3600 --seed 1 --malloc-check
 
