@@ -14,7 +14,7 @@ from lstmcy._dispatch import kernels as _lstm
 from lstmcy._cache import LSTMCache
 from lstmcy._threads import blas_single_threaded, threads_for
 from lstmcy._validation import (SAVED_NAMES, check_backward, check_bool, check_dropout,
-                                check_output_mask, check_problem, to_compute)
+                                check_output_mask, check_problem, check_seed, to_compute)
 
 __all__ = ["lstm_forward", "lstm_backward", "LSTMPlan"]
 
@@ -39,7 +39,10 @@ def _as_rows(array):
 
 
 def _out_dtype(array, dtype):
-    return array if array.dtype == dtype else array.astype(dtype)
+    if array.dtype == dtype:
+        return array
+    with np.errstate(over="ignore"):  # float16 overflow to inf is the right answer
+        return array.astype(dtype)
 
 
 class _BlockViews(list):
@@ -79,9 +82,9 @@ def _layer_weights(problem, layer):
     return tuple(np.stack([w[k] for w in per_dir]) for k in range(3))
 
 
-def _draw_masks(problem, dropout, seed):
+def _draw_masks(problem, dropout, rng):
     """``L - 1`` masks ``[T, B, D*H]`` of 0 or ``1 / (1 - dropout)`` in the caller's dtype."""
-    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    rng = rng if rng is not None else np.random.default_rng()
     shape = (problem.T, problem.B, problem.D * problem.H)
     scale = 1.0 / (1.0 - dropout)
     return [np.where(rng.random(shape) >= dropout, scale, 0.0).astype(problem.dtype)
@@ -164,6 +167,7 @@ class LSTMPlan:
         """Same as :func:`lstm_forward`, reusing this plan's buffers."""
         train = check_bool("train", train)
         dropout = check_dropout(dropout)
+        rng = check_seed(seed) if seed is not None else None
         p = check_problem(input, hx, params, has_bias=has_bias, num_layers=num_layers,
                           bidirectional=bidirectional, batch_first=batch_first,
                           batch_sizes=batch_sizes)
@@ -171,7 +175,7 @@ class LSTMPlan:
         cdt = p.compute_dtype
         alloc = np.empty if p.uniform else np.zeros
         chunk = _chunk_steps(T, B)
-        masks = _draw_masks(p, dropout, seed) if (train and dropout > 0 and L > 1) else None
+        masks = _draw_masks(p, dropout, rng) if (train and dropout > 0 and L > 1) else None
 
         y = alloc(p.output_shape(D * H), dtype=cdt)
         y_rows = _as_rows(y)
@@ -291,6 +295,7 @@ class LSTMPlan:
                     self._take("dgates", (D, N, 4 * H), cdt),
                     self._take("z", (D, chunk * B if want_dparams else 0, in_size + H), cdt),
                     self._take("dw", (D, 4 * H if want_dparams else 0, in_size + H), cdt),
+                    self._take("db_acc", (D, 4 * H if want_dparams else 0), np.dtype(np.float64)),
                     (layer_dx[:N].reshape(1, N, in_size) if direct_dx and layer_dx_needed
                      else self._take("dx_packed", (D, N if layer_dx_needed else 0, in_size), cdt)),
                     chunk, self._threads(p, 16.0 * D * N * H * (in_size + H)))

@@ -130,7 +130,7 @@ def test_two_threads_on_large_gemms_match_serial_and_do_not_slow_down():
     assert best < 3.0, f"2 concurrent calls took {best:.1f} x the time of the same 2 calls in series"
 
 
-def _long_call_arrays(T=100, B=32, I=256, H=256):
+def _long_call_arrays(T=400, B=32, I=256, H=256):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((T, B, I))
     params = [rng.uniform(-0.1, 0.1, (4 * H, I)), rng.uniform(-0.1, 0.1, (4 * H, H)),

@@ -384,11 +384,12 @@ cdef void _backward_weights(
         const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start, bint reverse,
         const floating[:, ::1] dgates,
         floating[:, ::1] dw_ih, floating[:, ::1] dw_hh, floating[::1] db,
-        floating[:, ::1] z, floating[:, ::1] dw, Py_ssize_t chunk,
+        floating[:, ::1] z, floating[:, ::1] dw, double[::1] db_acc, Py_ssize_t chunk,
         Py_ssize_t *progress) noexcept nogil:
     """``[dW_ih | dW_hh] = sum over chunks of dgates^T [x | h_prev]`` (one GEMM per chunk,
     accumulated in ``dw``) and ``db = sum(dgates)``, taking the chunks in order as the
-    recurrence finishes them (fixed order: bitwise reproducible)."""
+    recurrence finishes them (fixed order: bitwise reproducible). ``db`` is summed over up
+    to T*B rows, in double (``db_acc``): float32 would drift by ~1e-5 at a million rows."""
     cdef Py_ssize_t T = batch_sizes.shape[0]
     cdef Py_ssize_t B = h0.shape[0]
     cdef Py_ssize_t H = h0.shape[1]
@@ -400,16 +401,14 @@ cdef void _backward_weights(
     cdef const floating *h_prev
     cdef const floating *x_row
     cdef floating *z_row
-    cdef floating *db_row
     cdef const floating *dg
     cdef floating one = 1
     if G == 0:
         return
     for k in range(G):
+        db_acc[k] = 0
         for j in range(K):
             dw[k, j] = 0
-        db[k] = 0
-    db_row = &db[0]
     for c in range(n_chunks):
         _wait_for(progress, c + 1)
         _chunk_bounds(c, chunk, T, not reverse, &t_lo, &t_hi)
@@ -434,7 +433,9 @@ cdef void _backward_weights(
         for n in range(r0, r1):
             dg = &dgates[n, 0]
             for k in range(G):
-                db_row[k] += dg[k]
+                db_acc[k] += dg[k]
+    for k in range(G):
+        db[k] = <floating>db_acc[k]
     for k in range(G):
         for j in range(I):
             dw_ih[k, j] = dw[k, j]
@@ -470,7 +471,8 @@ cdef void _backward_direction(
         bint want_dx, floating[:, ::1] dx_target,
         floating[:, :, ::1] dw_ih, floating[:, :, ::1] dw_hh, floating[:, ::1] db,
         bint want_dparams, floating[:, :, ::1] dgates, floating[:, :, ::1] z,
-        floating[:, :, ::1] dw, Py_ssize_t chunk, Py_ssize_t *progress) noexcept nogil:
+        floating[:, :, ::1] dw, double[:, ::1] db_acc, Py_ssize_t chunk,
+        Py_ssize_t *progress) noexcept nogil:
     """Direction ``d``: ``part`` 0 = all of it, 1 = recurrence then dx, 2 = weight gradients."""
     cdef bint reverse = d == 1
     if part != 2:
@@ -481,7 +483,7 @@ cdef void _backward_direction(
     if part != 1 and want_dparams:
         _backward_weights(x, x_step_row, x_batch_stride, h0[d], cache_h[d], batch_sizes,
                           packed_start, reverse, dgates[d], dw_ih[d], dw_hh[d], db[d], z[d],
-                          dw[d], chunk, progress)
+                          dw[d], db_acc[d], chunk, progress)
     if part != 2 and want_dx:
         _backward_dx(dgates[d], w_ih[d], dx_target)
 
@@ -502,7 +504,7 @@ def backward_layer(
         floating[:, :, ::1] dw_ih, floating[:, :, ::1] dw_hh, floating[:, ::1] db,
         bint want_dparams,
         floating[:, :, ::1] dgates, floating[:, :, ::1] z, floating[:, :, ::1] dw,
-        floating[:, :, ::1] dx_packed, Py_ssize_t chunk, int n_threads):
+        double[:, ::1] db_acc, floating[:, :, ::1] dx_packed, Py_ssize_t chunk, int n_threads):
     """Backpropagate through both directions of one layer.
 
     Parameters
@@ -523,8 +525,8 @@ def backward_layer(
         Input gradient, written at active rows when ``want_dx`` (padded rows untouched).
     dw_ih, dw_hh, db : ndarray [D, 4H, I], [D, 4H, H], [D, 4H]
         Parameter gradients, written when ``want_dparams``.
-    dgates, z, dw : ndarray [D, N, 4H], [D, chunk rows, I + H], [D, 4H, I + H]
-        Workspaces.
+    dgates, z, dw, db_acc : ndarray [D, N, 4H], [D, chunk rows, I + H], [D, 4H, I + H], [D, 4H]
+        Workspaces (``db_acc`` is float64 whatever the dtype).
     dx_packed : ndarray [D, N, I]
         Each direction's dx in packed order, summed into ``dx`` at the end; with one
         direction and packed rows, the caller passes ``dx`` itself (as ``[1, N, I]``).
@@ -552,7 +554,7 @@ def backward_layer(
                                     cache_o, cache_c, cache_tanhc, cache_h, batch_sizes,
                                     packed_start, dh_state, dc_state, want_dx,
                                     dx_packed[d], dw_ih, dw_hh, db,
-                                    want_dparams, dgates, z, dw, chunk, &progress[d])
+                                    want_dparams, dgates, z, dw, db_acc, chunk, &progress[d])
         else:
             with parallel(num_threads=2):
                 tid = threadid()
@@ -565,14 +567,14 @@ def backward_layer(
                                             cache_h, batch_sizes, packed_start, dh_state,
                                             dc_state, want_dx,
                                             dx_packed[d], dw_ih, dw_hh,
-                                            db, want_dparams, dgates, z, dw, chunk, &progress[d])
+                                            db, want_dparams, dgates, z, dw, db_acc, chunk, &progress[d])
                 elif D == 2:
                     _backward_direction(0, tid, x, x_step_row, x_batch_stride, dy, dy_step_row,
                                         dy_batch_stride, w_ih, w_hh, h0, c0, cache_i, cache_f,
                                         cache_g, cache_o, cache_c, cache_tanhc, cache_h,
                                         batch_sizes, packed_start, dh_state, dc_state, want_dx,
                                         dx_packed[tid], dw_ih, dw_hh,
-                                        db, want_dparams, dgates, z, dw, chunk, &progress[tid])
+                                        db, want_dparams, dgates, z, dw, db_acc, chunk, &progress[tid])
                 else:
                     # Thread 0: recurrence, then dx. Thread 1: weight gradients of the chunks
                     # the recurrence has finished.
@@ -581,7 +583,7 @@ def backward_layer(
                                         cache_i, cache_f, cache_g, cache_o, cache_c, cache_tanhc,
                                         cache_h, batch_sizes, packed_start, dh_state, dc_state,
                                         want_dx, dx_packed[0], dw_ih, dw_hh, db, want_dparams,
-                                        dgates, z, dw, chunk, &progress[0])
+                                        dgates, z, dw, db_acc, chunk, &progress[0])
         if want_dx and not direct_dx and I > 0:
             for t in range(T):
                 for b in range(batch_sizes[t]):
