@@ -10,6 +10,8 @@ import numpy as np
 
 GATE_NAMES = ("w_ih", "w_hh", "b_ih", "b_hh")
 SAVED_NAMES = ("i", "g", "f", "o", "h", "c", "tanhc")
+# Native-byte-order float32 / float64 (a byte-swapped dtype compares unequal).
+_NATIVE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _is_bfloat16(dtype):
@@ -37,6 +39,9 @@ def as_array(name, value, ndim):
 
     No copy is made when ``value`` already is an ndarray.
     """
+    if (type(value) is np.ndarray and value.dtype in _NATIVE_FLOATS
+            and (ndim is None or value.ndim == ndim)):
+        return value  # the common case, kept cheap: it runs for every array of every call
     kind = f"{ndim}-D floating-point array" if ndim is not None else "floating-point array"
     if value is None:
         raise TypeError(f"{name} must be a {kind}, got None")
