@@ -79,6 +79,8 @@ def _layer_weights(problem, layer):
     """``w_ih [D, 4H, I_l]``, ``w_hh [D, 4H, H]`` and ``b_ih + b_hh [D, 4H]`` of one layer."""
     D = problem.D
     per_dir = problem.weights[layer * D:(layer + 1) * D]
+    if D == 1:  # a view, no copy of the weights
+        return tuple(w[np.newaxis] for w in per_dir[0])
     return tuple(np.stack([w[k] for w in per_dir]) for k in range(3))
 
 
