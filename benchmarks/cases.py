@@ -119,20 +119,29 @@ CASES = _build_cases()
 
 
 def select_cases(patterns=None, quick=False):
-    """Cases whose name matches one of the comma-separated glob ``patterns`` (or contains it).
+    """Cases selected by comma-separated ``patterns``, in suite order.
 
+    A pattern that is a case name selects exactly that case; one with ``*?[`` is a
+    glob; any other selects the names containing it (``f64``, ``packed``).
     ``quick`` keeps only the quick subset (before filtering).
     """
     cases = [c for c in CASES if c.quick] if quick else list(CASES)
     if not patterns:
         return cases
+    names = {c.name for c in cases}
     wanted = [p.strip() for p in patterns.split(",") if p.strip()]
-    chosen = [c for c in cases
-              if any(fnmatchcase(c.name, p) or (not any(ch in p for ch in "*?[") and p in c.name)
-                     for p in wanted)]
+
+    def matches(name, pattern):
+        if pattern in names:  # an exact case name selects that case only
+            return name == pattern
+        if any(ch in pattern for ch in "*?["):
+            return fnmatchcase(name, pattern)
+        return pattern in name
+
+    chosen = [c for c in cases if any(matches(c.name, p) for p in wanted)]
     if not chosen:
-        names = ", ".join(c.name for c in cases)
-        raise SystemExit(f"--shapes {patterns!r} matches no case; cases are: {names}")
+        listed = ", ".join(c.name for c in cases)
+        raise SystemExit(f"--shapes {patterns!r} matches no case; cases are: {listed}")
     return chosen
 
 

@@ -5,6 +5,7 @@
 into Markdown (as pasted into ``RESULTS.md``)::
 
     python benchmarks/report.py benchmarks/results/<timestamp>.json [--chart out.png]
+    python benchmarks/report.py run1.json run2.json ...   # merge: per case the least disturbed run
 """
 import argparse
 import json
@@ -57,6 +58,9 @@ def tables(doc):
               "lstmcy fwd ms", "torch fwd ms", "torch/lstmcy fwd", "LSTMPlan bwd / fwd ms",
               "numpy ref fwd/bwd ms",
               "max rel err vs torch", "others' cores"]
+    merged = any("run" in r for r in cases)
+    if merged:
+        header = header + ["run"]
     rows = []
     for r in cases:
         t, g, e = r["times"], r["gflops"], r.get("efficiency", {})
@@ -69,7 +73,8 @@ def tables(doc):
                      (f"{_ms(t['lstmcy_plan_bwd']['median'])} / {_ms(t['lstmcy_plan_fwd']['median'])}"
                       if "lstmcy_plan_bwd" in t else "-"),
                      _ref(r), f"{r['max_rel_err_vs_torch']:.1e}",
-                     "-" if r.get("others_cores") is None else f"{r['others_cores']:.1f}"])
+                     "-" if r.get("others_cores") is None else f"{r['others_cores']:.1f}"]
+                    + ([r.get("run", "")] if merged else []))
     out.append(("Backward and training forward (median ± half the inter-quartile range)", header, rows,
                 ["torch bwd = torch.autograd.grad(retain_graph=True) on a recorded forward; packed rows "
                  "compare PyTorch's PackedSequence path.",
@@ -145,29 +150,69 @@ def _md_table(header, rows):
     return "\n".join(lines)
 
 
-def _peak_lines(doc):
+def _peak_lines(doc, detail=False):
     lines = []
     for dt, p in doc["peaks"].items():
-        lines.append(f"{dt}: peak {p['peak_gflops']:.1f} GF/s ({p['best']}); "
-                     f"start: {format_peaks({dt: p['start']}).split(' ', 1)[1]}; "
-                     f"end: {format_peaks({dt: p['end']}).split(' ', 1)[1]}")
+        line = (f"{dt}: {p['peak_gflops']:.1f} GF/s ({p['best']}; best at start "
+                f"{p['start']['peak_gflops']:.1f}, at end {p['end']['peak_gflops']:.1f})")
+        if detail:
+            line += (f"; start: {format_peaks({dt: p['start']}).split(' ', 1)[1]}"
+                     f"; end: {format_peaks({dt: p['end']}).split(' ', 1)[1]}")
+        lines.append(line)
     return lines
 
 
 def text_report(doc):
-    parts = ["GEMM peak (GF/s, same run):"] + ["  " + ln for ln in _peak_lines(doc)]
+    parts = ["GEMM peak (GF/s, same run):"] + ["  " + ln for ln in _peak_lines(doc, detail=True)]
     for title, header, rows, notes in tables(doc):
         parts += ["", title, _text_table(header, rows)] + notes
     return "\n".join(parts)
 
 
+def _run_line(meta, n_cases):
+    git = meta.get("git") or {}
+    commit = (git.get("commit") or "?")[:7] + (" + uncommitted kernel changes"
+                                                 if git.get("kernel_changes_uncommitted") else "")
+    return (f"run {meta['timestamp']} (lstmcy {commit}): {n_cases} cases, {meta['repeats']} rounds, "
+            f"threads={meta['threads'] or 'default'}, load average "
+            f"{meta['loadavg_start'][0]:.2f} -> {meta['loadavg_end'][0]:.2f}, {meta['wall_s']:.0f} s")
+
+
+def merge(docs):
+    """One document from several runs: per case, the run with the least outside load.
+
+    Ties (outside load equal to 0.1 core) go to the later run. Each case keeps the
+    efficiency and targets computed against its own run's GEMM peak, and is tagged
+    with ``run`` (that run's timestamp).
+    """
+    chosen, order = {}, []
+    for index, doc in enumerate(docs):
+        for r in doc["cases"]:
+            key = (round(r.get("others_cores") or 0.0, 1), -index)
+            if r["name"] not in chosen:
+                order.append(r["name"])
+            if r["name"] not in chosen or key < chosen[r["name"]][0]:
+                chosen[r["name"]] = (key, dict(r, run=doc["meta"]["timestamp"]))
+    try:
+        from cases import CASES
+        rank = {c.name: i for i, c in enumerate(CASES)}
+        order.sort(key=lambda name: rank.get(name, len(rank)))
+    except ImportError:
+        pass
+    return {"meta": docs[-1]["meta"], "runs": [{"meta": d["meta"], "peaks": d["peaks"],
+                                                "n_cases": len(d["cases"])} for d in docs],
+            "peaks": docs[-1]["peaks"], "cases": [chosen[name][1] for name in order]}
+
+
 def markdown_report(doc):
-    meta = doc["meta"]
-    parts = [f"Run {meta['timestamp']}: {len(doc['cases'])} cases, {meta['repeats']} rounds, "
-             f"threads={meta['threads'] or 'default'}, load average "
-             f"{meta['loadavg_start'][0]:.2f} -> {meta['loadavg_end'][0]:.2f}, {meta['wall_s']:.0f} s.", "",
-             "GEMM peak measured in the same run:", ""]
-    parts += [f"- {ln}" for ln in _peak_lines(doc)]
+    runs = doc.get("runs") or [{"meta": doc["meta"], "peaks": doc["peaks"], "n_cases": len(doc["cases"])}]
+    parts = []
+    if len(runs) > 1:
+        parts += ["Merged from several runs; each case is taken from the run with the least outside "
+                  "load (ties: the later run), with efficiencies against that run's own GEMM peak.", ""]
+    for run in runs:
+        parts.append(f"- {_run_line(run['meta'], run['n_cases'])}")
+        parts += [f"  - GEMM peak {ln}" for ln in _peak_lines(run)]
     for title, header, rows, notes in tables(doc):
         parts += ["", f"### {title}", "", _md_table(header, rows)]
         if notes:
@@ -217,13 +262,16 @@ def chart(doc, path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Markdown tables (and a chart) from a benchmark JSON")
-    parser.add_argument("json")
+    parser = argparse.ArgumentParser(description="Markdown tables (and a chart) from benchmark JSON files")
+    parser.add_argument("json", nargs="+", help="one run, or several to merge (see merge())")
     parser.add_argument("--chart", default=None, help="also draw the PNG chart here")
     parser.add_argument("--text", action="store_true", help="plain-text tables instead of Markdown")
     args = parser.parse_args(argv)
-    with open(args.json) as fh:
-        doc = json.load(fh)
+    docs = []
+    for path in args.json:
+        with open(path) as fh:
+            docs.append(json.load(fh))
+    doc = docs[0] if len(docs) == 1 else merge(docs)
     print(text_report(doc) if args.text else markdown_report(doc))
     if args.chart and not chart(doc, args.chart):
         print("matplotlib not importable: no chart", file=sys.stderr)
