@@ -84,6 +84,17 @@ def _layer_weights(problem, layer):
     return tuple(np.stack([w[k] for w in per_dir]) for k in range(3))
 
 
+def _split_point(H):
+    """Where the hidden units are cut between the two threads (a multiple of 8: aligned)."""
+    return min(H, (H + 15) // 16 * 8)
+
+
+def _half_permutation(H, split):
+    """Gate-row order ``[i f g o of units [0, split) | i f g o of units [split, H)]``."""
+    return np.concatenate([q * H + np.arange(u0, u1, dtype=np.intp)
+                           for u0, u1 in ((0, split), (split, H)) for q in range(4)])
+
+
 def _draw_masks(problem, dropout, rng):
     """``L - 1`` masks ``[T, B, D*H]`` of 0 or ``1 / (1 - dropout)`` in the caller's dtype."""
     rng = rng if rng is not None else np.random.default_rng()
@@ -205,11 +216,26 @@ class LSTMPlan:
                          if train else [no_cache] * 7)
                 gates = self._take("gates", (D, N, 4 * H), cdt)
                 x_packed = self._take("x_packed", (D, 0 if in_packed else N, in_size), cdt)
-                _lstm.forward_layer(
-                    layer_in, in_step_row, in_stride, in_packed, w_ih, w_hh, bias,
-                    p.batch_sizes, p.packed_start, out, out_step_row, out_stride,
-                    h_n[ks], c_n[ks], *cache, train, gates, x_packed, chunk,
-                    self._threads(p, 8.0 * D * N * H * (in_size + H)))
+                if D == 1:
+                    # One direction: every step's work is split over the two threads.
+                    split = _split_point(H)
+                    perm = _half_permutation(H, split)
+                    k = layer
+                    _lstm.forward_direction_split(
+                        layer_in, in_step_row, in_stride, in_packed,
+                        w_ih[0][perm], w_hh[0][perm], bias[0][perm],
+                        p.batch_sizes, p.packed_start, False, split,
+                        out, out_step_row, out_stride, h_n[k], c_n[k],
+                        *[a[0] for a in cache], train, gates[0], x_packed[0],
+                        # Two barriers a step: worth it when a step's GEMM is not tiny.
+                        threads_for(8.0 * N * H * (in_size + H) if 8.0 * B * H * H >= 4e5 else 0.0,
+                                    2, self.n_threads))
+                else:
+                    _lstm.forward_layer(
+                        layer_in, in_step_row, in_stride, in_packed, w_ih, w_hh, bias,
+                        p.batch_sizes, p.packed_start, out, out_step_row, out_stride,
+                        h_n[ks], c_n[ks], *cache, train, gates, x_packed, chunk,
+                        self._threads(p, 8.0 * D * N * H * (in_size + H)))
                 if not last:
                     if masks is not None:
                         with np.errstate(invalid="ignore"):  # inf * 0 -> NaN, as in torch; no warning

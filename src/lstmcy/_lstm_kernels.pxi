@@ -42,6 +42,24 @@ cdef extern from *:
     Py_ssize_t load_acquire "lstmcy_load_acquire"(Py_ssize_t *p) noexcept nogil
     void store_release "lstmcy_store_release"(Py_ssize_t *p, Py_ssize_t v) noexcept nogil
 
+cdef extern from *:
+    """
+    /* A reusable barrier for the two threads of a parallel region: state[0] counts
+       arrivals, state[1] is the generation. */
+    static inline int lstmcy_barrier_arrive(Py_ssize_t *state, Py_ssize_t n, Py_ssize_t *gen) {
+        *gen = __atomic_load_n(&state[1], __ATOMIC_ACQUIRE);
+        if (__atomic_add_fetch(&state[0], 1, __ATOMIC_ACQ_REL) == n) {
+            __atomic_store_n(&state[0], 0, __ATOMIC_RELAXED);
+            __atomic_add_fetch(&state[1], 1, __ATOMIC_ACQ_REL);
+            return 1;
+        }
+        return 0;
+    }
+    """
+    bint barrier_arrive "lstmcy_barrier_arrive"(Py_ssize_t *state, Py_ssize_t n,
+                                                 Py_ssize_t *gen) noexcept nogil
+
+
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
@@ -69,6 +87,15 @@ cdef inline void _wait_for(Py_ssize_t *progress, Py_ssize_t chunks) noexcept nog
             sched_yield()
         else:
             nanosleep(&pause, NULL)
+
+
+cdef inline void _barrier(Py_ssize_t *state) noexcept nogil:
+    """Wait until both threads arrive (no-op when ``state`` is NULL: one thread)."""
+    cdef Py_ssize_t gen
+    if state == NULL:
+        return
+    if not barrier_arrive(state, 2, &gen):
+        _wait_for(&state[1], gen + 1)
 
 
 cdef inline void _chunk_bounds(Py_ssize_t c, Py_ssize_t chunk, Py_ssize_t T, bint descending,
@@ -299,6 +326,196 @@ def forward_layer(
                                        y_step_row, y_batch_stride, h_n, c_n, cache_i, cache_f,
                                        cache_g, cache_o, cache_c, cache_tanhc, cache_h,
                                        store_cache, gates, x_packed, chunk, &progress[0])
+
+
+# Forward of one direction with the work of every step split between two threads: the
+# hidden units are cut in two halves, and the gate rows of the weights are permuted so that
+# each half's four gates are contiguous ([i f g o] of units [0, split), then of [split, H)).
+# Each thread runs the recurrent GEMM and the elementwise pass of its half; two barriers per
+# step keep the halves in step. One thread runs both halves in turn, with the same calls,
+# so results are bitwise identical for 1 or 2 threads.
+
+cdef void _forward_split_half_rows(
+        const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
+        bint x_rows_packed, const floating[:, ::1] w_ih,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
+        floating[:, ::1] gates, floating[:, ::1] x_packed, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
+    """``gates[r0:r1] = x[r0:r1] @ w_ih^T`` (packed rows)."""
+    cdef Py_ssize_t T = batch_sizes.shape[0]
+    cdef Py_ssize_t I = w_ih.shape[1]
+    cdef Py_ssize_t G = w_ih.shape[0]
+    cdef Py_ssize_t t, b, j, n, xr
+    cdef const floating *a = NULL
+    if r1 <= r0 or G == 0:
+        return
+    if I > 0:
+        if x_rows_packed:
+            a = &x[r0, 0]
+        else:
+            for t in range(T):
+                for b in range(batch_sizes[t]):
+                    n = packed_start[t] + b
+                    if n < r0 or n >= r1:
+                        continue
+                    xr = x_step_row[t] + b * x_batch_stride
+                    for j in range(I):
+                        x_packed[n, j] = x[xr, j]
+            a = &x_packed[r0, 0]
+    gemm(NoTrans, Trans, <int>(r1 - r0), <int>G, <int>I, <floating>1, a, <int>I,
+         &w_ih[0, 0] if I > 0 else NULL, <int>I, <floating>0, &gates[r0, 0], <int>G)
+
+
+cdef void _forward_split_elementwise(
+        Py_ssize_t u0, Py_ssize_t w, Py_ssize_t t, const floating[::1] bias,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
+        floating[:, ::1] gates, floating[:, ::1] h_state, floating[:, ::1] c_state,
+        floating[:, ::1] y, const Py_ssize_t[::1] y_step_row, Py_ssize_t y_batch_stride,
+        Py_ssize_t y_col,
+        floating[:, ::1] cache_i, floating[:, ::1] cache_f, floating[:, ::1] cache_g,
+        floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
+        floating[:, ::1] cache_h, bint store_cache) noexcept nogil:
+    """The activations and state update of units ``[u0, u0 + w)`` at step ``t``."""
+    cdef Py_ssize_t B = h_state.shape[0]
+    cdef Py_ssize_t nb = batch_sizes[t]
+    cdef Py_ssize_t n0 = packed_start[t]
+    cdef Py_ssize_t b, j, k, u, row, yr
+    cdef floating *act
+    cdef const floating *bias_half
+    cdef floating v_h
+    if w == 0:
+        return
+    bias_half = &bias[4 * u0]
+    for b in range(nb):
+        row = t * B + b
+        yr = y_step_row[t] + b * y_batch_stride
+        act = &gates[n0 + b, 4 * u0]
+        for k in range(2 * w):
+            act[k] = fast_sigmoid(act[k] + bias_half[k])
+        for k in range(2 * w, 3 * w):
+            act[k] = fast_tanh(act[k] + bias_half[k])
+        for k in range(3 * w, 4 * w):
+            act[k] = fast_sigmoid(act[k] + bias_half[k])
+        for j in range(w):
+            u = u0 + j
+            c_state[b, u] = act[w + j] * c_state[b, u] + act[j] * act[2 * w + j]
+        for j in range(w):
+            u = u0 + j
+            h_state[b, u] = fast_tanh(c_state[b, u])
+        if store_cache:
+            for j in range(w):
+                u = u0 + j
+                cache_i[row, u] = act[j]
+                cache_f[row, u] = act[w + j]
+                cache_g[row, u] = act[2 * w + j]
+                cache_o[row, u] = act[3 * w + j]
+                cache_c[row, u] = c_state[b, u]
+                cache_tanhc[row, u] = h_state[b, u]
+        for j in range(w):
+            u = u0 + j
+            v_h = act[3 * w + j] * h_state[b, u]
+            h_state[b, u] = v_h
+            y[yr, y_col + u] = v_h
+        if store_cache:
+            for j in range(w):
+                u = u0 + j
+                cache_h[row, u] = h_state[b, u]
+
+
+cdef void _forward_split(
+        int first_half, int last_half, bint reverse, Py_ssize_t split,
+        const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
+        bint x_rows_packed,
+        const floating[:, ::1] w_ih, const floating[:, ::1] w_hh, const floating[::1] bias,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
+        floating[:, ::1] y, const Py_ssize_t[::1] y_step_row, Py_ssize_t y_batch_stride,
+        floating[:, ::1] h_state, floating[:, ::1] c_state,
+        floating[:, ::1] cache_i, floating[:, ::1] cache_f, floating[:, ::1] cache_g,
+        floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
+        floating[:, ::1] cache_h, bint store_cache,
+        floating[:, ::1] gates, floating[:, ::1] x_packed,
+        Py_ssize_t *barrier) noexcept nogil:
+    """Halves ``first_half .. last_half`` of the split forward (weights already permuted)."""
+    cdef Py_ssize_t T = batch_sizes.shape[0]
+    cdef Py_ssize_t H = h_state.shape[1]
+    cdef Py_ssize_t N = gates.shape[0]
+    cdef Py_ssize_t s, t, nb, n0, u0, w
+    cdef int half
+    for half in range(first_half, last_half + 1):
+        # Half 0 projects rows [0, N/2) of the input, half 1 rows [N/2, N).
+        _forward_split_half_rows(x, x_step_row, x_batch_stride, x_rows_packed, w_ih,
+                                 batch_sizes, packed_start, gates, x_packed,
+                                 0 if half == 0 else N // 2, N // 2 if half == 0 else N)
+    _barrier(barrier)
+    if H == 0 or h_state.shape[0] == 0:
+        return
+    for s in range(T):
+        t = T - 1 - s if reverse else s
+        nb = batch_sizes[t]
+        n0 = packed_start[t]
+        for half in range(first_half, last_half + 1):
+            u0 = 0 if half == 0 else split
+            w = split if half == 0 else H - split
+            if w > 0:
+                gemm(NoTrans, Trans, <int>nb, <int>(4 * w), <int>H, <floating>1,
+                     &h_state[0, 0], <int>H, &w_hh[4 * u0, 0], <int>H, <floating>1,
+                     &gates[n0, 4 * u0], <int>(4 * H))
+        _barrier(barrier)  # every thread has read h_{t-1}
+        for half in range(first_half, last_half + 1):
+            u0 = 0 if half == 0 else split
+            w = split if half == 0 else H - split
+            _forward_split_elementwise(u0, w, t, bias, batch_sizes, packed_start, gates,
+                                       h_state, c_state, y, y_step_row, y_batch_stride, 0,
+                                       cache_i, cache_f, cache_g, cache_o, cache_c,
+                                       cache_tanhc, cache_h, store_cache)
+        _barrier(barrier)  # h_t is complete
+
+
+def forward_direction_split(
+        const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
+        bint x_rows_packed,
+        const floating[:, ::1] w_ih, const floating[:, ::1] w_hh, const floating[::1] bias,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start, bint reverse,
+        Py_ssize_t split,
+        floating[:, ::1] y, const Py_ssize_t[::1] y_step_row, Py_ssize_t y_batch_stride,
+        floating[:, ::1] h_state, floating[:, ::1] c_state,
+        floating[:, ::1] cache_i, floating[:, ::1] cache_f, floating[:, ::1] cache_g,
+        floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
+        floating[:, ::1] cache_h, bint store_cache,
+        floating[:, ::1] gates, floating[:, ::1] x_packed, int n_threads):
+    """Forward of one direction (a one-direction layer) with each step split over threads.
+
+    Parameters are those of ``forward_layer`` for a single direction, except that
+    ``w_ih``, ``w_hh`` and ``bias`` have their gate rows permuted to
+    ``[i f g o of units [0, split) | i f g o of units [split, H)]`` (``gates`` uses the
+    same column order), ``y`` is written from column 0, and ``h_state``/``c_state`` hold
+    the initial state on entry and the final state on return.
+    """
+    cdef Py_ssize_t barrier_state[2]
+    cdef int tid, nt
+    barrier_state[0] = 0
+    barrier_state[1] = 0
+    with nogil:
+        if n_threads < 2:
+            _forward_split(0, 1, reverse, split, x, x_step_row, x_batch_stride, x_rows_packed,
+                           w_ih, w_hh, bias, batch_sizes, packed_start, y, y_step_row,
+                           y_batch_stride, h_state, c_state, cache_i, cache_f, cache_g, cache_o,
+                           cache_c, cache_tanhc, cache_h, store_cache, gates, x_packed, NULL)
+        else:
+            with parallel(num_threads=2):
+                tid = threadid()
+                nt = openmp.omp_get_num_threads()
+                if nt < 2:
+                    _forward_split(0, 1, reverse, split, x, x_step_row, x_batch_stride,
+                                   x_rows_packed, w_ih, w_hh, bias, batch_sizes, packed_start,
+                                   y, y_step_row, y_batch_stride, h_state, c_state, cache_i,
+                                   cache_f, cache_g, cache_o, cache_c, cache_tanhc, cache_h,
+                                   store_cache, gates, x_packed, NULL)
+                else:
+                    _forward_split(tid, tid, reverse, split, x, x_step_row, x_batch_stride,
+                                   x_rows_packed, w_ih, w_hh, bias, batch_sizes, packed_start,
+                                   y, y_step_row, y_batch_stride, h_state, c_state, cache_i,
+                                   cache_f, cache_g, cache_o, cache_c, cache_tanhc, cache_h,
+                                   store_cache, gates, x_packed, barrier_state)
 
 
 # ---------------------------------------------------------------------------- backward

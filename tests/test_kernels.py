@@ -1,0 +1,142 @@
+"""The kernels' own pieces: the vectorised exp/sigmoid/tanh, the instruction-set builds and
+the thread layouts (one direction split per step, two directions side by side, the
+recurrence overlapped with the weight GEMMs)."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import lstmcy
+from lstmcy import _dispatch, reference
+from lstmcy._lstm import _vector_sigmoid, _vector_tanh
+
+
+def _special_and_sweep(dtype):
+    sweep = np.concatenate([np.linspace(-120, 120, 200001), np.geomspace(1e-30, 60, 20001),
+                            -np.geomspace(1e-30, 60, 20001)])
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e30, 800.0, -800.0,
+                        88.7, -103.9, 710.0, -745.0])
+    return np.concatenate([sweep, special]).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sigmoid_and_tanh_are_accurate_to_two_ulp(dtype):
+    x = _special_and_sweep(dtype)
+    sig, tanh = np.empty_like(x), np.empty_like(x)
+    _vector_sigmoid(x, sig)
+    _vector_tanh(x, tanh)
+    exact = x.astype(np.longdouble)
+    with np.errstate(over="ignore"):
+        sig_ref = (1 / (1 + np.exp(-exact))).astype(dtype)
+    tanh_ref = np.tanh(exact).astype(dtype)
+    eps, tiny = np.finfo(dtype).eps, np.finfo(dtype).tiny
+    for got, ref, name in ((sig, sig_ref, "sigmoid"), (tanh, tanh_ref, "tanh")):
+        normal = np.isfinite(ref) & (np.abs(ref) >= tiny)
+        ulp = np.abs(got[normal].astype(np.longdouble) - ref[normal]) / np.abs(ref[normal]) / eps
+        assert ulp.max() <= 2, f"{name}: {float(ulp.max()):.2f} ulp"
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(x), err_msg=name)
+    # Saturation is exact, as in PyTorch: sigmoid(+-inf) = 1 / 0, tanh(+-inf) = +-1.
+    np.testing.assert_array_equal(sig[np.isinf(x)], (x[np.isinf(x)] > 0).astype(dtype))
+    np.testing.assert_array_equal(tanh[np.isinf(x)], np.sign(x[np.isinf(x)]))
+    assert np.all((sig[np.isfinite(x)] >= 0) & (sig[np.isfinite(x)] <= 1))
+    assert np.all(np.abs(tanh[np.isfinite(x)]) <= 1)
+
+
+_RUN_ONE_BUILD = r"""
+import sys
+import numpy as np
+import lstmcy
+rng = np.random.default_rng(0)
+out = []
+for dtype in (np.float32, np.float64):
+    for T, B, I, H, L, bid in [(13, 5, 7, 37, 2, True), (20, 3, 4, 9, 1, False), (9, 4, 3, 70, 1, False)]:
+        D = 2 if bid else 1
+        x = (rng.standard_normal((T, B, I)) * 3).astype(dtype)
+        params = []
+        for layer in range(L):
+            for _ in range(D):
+                params += [rng.standard_normal(s).astype(dtype) for s in
+                           [(4 * H, I if layer == 0 else D * H), (4 * H, H), (4 * H,), (4 * H,)]]
+        y, h_n, c_n, cache = lstmcy.lstm_forward(x, None, params, num_layers=L, bidirectional=bid)
+        grads = lstmcy.lstm_backward(x, None, params, np.full_like(y, 0.3), h_n, c_n, *cache.saved(),
+                                     num_layers=L, bidirectional=bid)
+        out += [y, h_n, c_n, *grads[:3], *grads[3], *cache.i, *cache.tanhc]
+np.savez(sys.argv[1], *out)
+"""
+
+
+def test_instruction_set_builds_are_bitwise_identical(tmp_path):
+    builds = _dispatch.available_builds()
+    if len(builds) == 1:
+        pytest.skip("only the baseline build runs on this CPU")
+    results = {}
+    for build in builds:
+        path = tmp_path / f"{build}.npz"
+        subprocess.run([sys.executable, "-c", _RUN_ONE_BUILD, str(path)], check=True,
+                       env=dict(os.environ, LSTMCY_KERNELS=build))
+        results[build] = np.load(path)
+    base = results["baseline"]
+    for build in builds[:-1]:
+        for name in base.files:
+            np.testing.assert_array_equal(results[build][name], base[name], err_msg=f"{build} {name}")
+
+
+def test_unknown_build_name_is_refused():
+    with pytest.raises(ValueError, match="LSTMCY_KERNELS"):
+        _dispatch.load("sse9")
+
+
+def _case(layout, rng, T=7, B=5, I=6, H=19, L=2, bidirectional=False):
+    D = 2 if bidirectional else 1
+    lengths = np.array([7, 6, 6, 3, 1])
+    batch_sizes = np.array([(lengths > t).sum() for t in range(T)])
+    kwargs = dict(num_layers=L, bidirectional=bidirectional)
+    if layout == "batch_first":
+        x = rng.standard_normal((B, T, I))
+        kwargs["batch_first"] = True
+    elif layout == "time_major":
+        x = rng.standard_normal((T, B, I))
+    elif layout == "packed":
+        x = rng.standard_normal((batch_sizes.sum(), I))
+        kwargs["batch_sizes"] = batch_sizes
+    else:
+        x = rng.standard_normal((T * B, I))
+        kwargs["batch_sizes"] = batch_sizes
+    params = []
+    for layer in range(L):
+        for _ in range(D):
+            params += [rng.standard_normal((4 * H, I if layer == 0 else D * H)) * 0.5,
+                       rng.standard_normal((4 * H, H)) * 0.5, rng.standard_normal(4 * H),
+                       rng.standard_normal(4 * H)]
+    hx = (rng.standard_normal((L * D, B, H)), rng.standard_normal((L * D, B, H)))
+    return x, hx, params, kwargs
+
+
+@pytest.fixture
+def threads():
+    saved = lstmcy.get_num_threads()
+    yield lstmcy.set_num_threads
+    lstmcy.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("layout", ["batch_first", "time_major", "packed", "padded_2d"])
+def test_thread_layouts_match_the_reference_and_each_other(threads, layout, bidirectional):
+    x, hx, params, kwargs = _case(layout, np.random.default_rng(5), bidirectional=bidirectional)
+    runs = []
+    for n_threads in (1, 2):
+        threads(n_threads)
+        y, h_n, c_n, cache = lstmcy.lstm_forward(x, hx, params, **kwargs)
+        dy = np.random.default_rng(1).standard_normal(y.shape)
+        grads = lstmcy.lstm_backward(x, hx, params, dy, h_n, c_n, *cache.saved(), **kwargs)
+        runs.append([y, h_n, c_n, *grads[:3], *grads[3], *cache.h, *cache.c])
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)  # bitwise, 1 vs 2 threads
+    y_ref, h_ref, c_ref, cache_ref = reference.lstm_forward(x, hx, params, **kwargs)
+    dy = np.random.default_rng(1).standard_normal(y_ref.shape)
+    grads_ref = reference.lstm_backward(x, hx, params, dy, h_n, c_n, *cache_ref.saved(), **kwargs)
+    expected = [y_ref, h_ref, c_ref, *grads_ref[:3], *grads_ref[3], *cache_ref.h, *cache_ref.c]
+    for got, ref in zip(runs[0], expected):
+        np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-12)
