@@ -5,9 +5,9 @@ PyTorch's ``aten::lstm`` backward. See :func:`lstm_forward` and :func:`lstm_back
 :class:`LSTMPlan` reuses work buffers across calls.
 """
 from lstmcy._cache import LSTMCache
-from lstmcy._core import LSTMPlan, lstm_backward, lstm_forward
+from lstmcy._core import LSTMPlan, lstm_backward, lstm_forward, release_workspaces
 from lstmcy._threads import get_num_threads, set_num_threads
 
 __version__ = "0.1.0"
 __all__ = ["lstm_forward", "lstm_backward", "LSTMPlan", "LSTMCache", "set_num_threads",
-           "get_num_threads", "__version__"]
+           "get_num_threads", "release_workspaces", "__version__"]

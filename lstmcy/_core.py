@@ -4,9 +4,10 @@ The kernels (``lstmcy._lstm``) process one layer, both directions. This module l
 layers, routes each layer's output (and, backwards, its input gradient) to the next,
 applies dropout masks between layers and converts results to the caller's dtype and
 layout. :class:`LSTMPlan` keeps the work buffers between calls (the two-phase use of the
-Ascend operator: plan once, run many times); the plain functions use a fresh one.
+Ascend operator: plan once, run many times); the plain functions use one plan per thread.
 """
 import math
+import threading
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from lstmcy._threads import blas_single_threaded, threads_for
 from lstmcy._validation import (SAVED_NAMES, check_backward, check_bool, check_dropout,
                                 check_output_mask, check_problem, check_seed, to_compute)
 
-__all__ = ["lstm_forward", "lstm_backward", "LSTMPlan"]
+__all__ = ["lstm_forward", "lstm_backward", "LSTMPlan", "release_workspaces"]
 
 # OpenBLAS runs a GEMM on one thread when m*n*k <= 65536 * GEMM_MULTITHREAD_THRESHOLD (4):
 # a call whose largest GEMM is that small needs no cap on BLAS threads.
@@ -215,7 +216,7 @@ class LSTMPlan:
                 cache = ([saved[name][ks] for name in ("i", "f", "g", "o", "c", "tanhc", "h")]
                          if train else [no_cache] * 7)
                 gates = self._take("gates", (D, N, 4 * H), cdt)
-                x_packed = self._take("x_packed", (D, 0 if in_packed else N, in_size), cdt)
+                x_packed = self._take("packed_rows", (D, 0 if in_packed else N, in_size), cdt)
                 if D == 1:
                     # One direction: every step's work is split over the two threads.
                     split = _split_point(H)
@@ -320,12 +321,12 @@ class LSTMPlan:
                     saved["i"], saved["f"], saved["g"], saved["o"], saved["c"], saved["tanhc"], saved["h"],
                     p.batch_sizes, p.packed_start, dh_state[ks], dc_state[ks],
                     layer_dx, layer_dx_needed, dw_ih, dw_hh, db, want_dparams,
-                    self._take("dgates", (D, N, 4 * H), cdt),
+                    self._take("gates", (D, N, 4 * H), cdt),
                     self._take("z", (D, chunk * B if want_dparams else 0, in_size + H), cdt),
                     self._take("dw", (D, 4 * H if want_dparams else 0, in_size + H), cdt),
                     self._take("db_acc", (D, 4 * H if want_dparams else 0), np.dtype(np.float64)),
                     (layer_dx[:N].reshape(1, N, in_size) if direct_dx and layer_dx_needed
-                     else self._take("dx_packed", (D, N if layer_dx_needed else 0, in_size), cdt)),
+                     else self._take("packed_rows", (D, N if layer_dx_needed else 0, in_size), cdt)),
                     chunk, self._threads(p, 16.0 * D * N * H * (in_size + H)))
                 if want_dparams:
                     for d in range(D):
@@ -349,6 +350,27 @@ class LSTMPlan:
         dc_prev = _out_dtype(dc_state, dtype) if want_dc else None
         dparams = [_out_dtype(a, dtype) for a in dparams] if want_dparams else None
         return dx, dh_prev, dc_prev, dparams
+
+
+_per_thread = threading.local()
+
+
+def _thread_plan():
+    """The plan whose work buffers this thread's plain calls reuse.
+
+    Fresh multi-megabyte buffers on every call cost page faults (tens of ms on large
+    shapes); one plan per thread keeps the calls thread-safe. The buffers hold the largest
+    problem seen; ``lstmcy.release_workspaces()`` frees them.
+    """
+    plan = getattr(_per_thread, "plan", None)
+    if plan is None:
+        plan = _per_thread.plan = LSTMPlan()
+    return plan
+
+
+def release_workspaces():
+    """Free the work buffers the plain functions keep for the calling thread."""
+    _per_thread.plan = None
 
 
 def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0, train=True,
@@ -391,7 +413,7 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
     cache : LSTMCache or None
         Saved activations and dropout masks (None when ``train`` is False).
     """
-    return LSTMPlan().forward(
+    return _thread_plan().forward(
         input, hx, params, has_bias=has_bias, num_layers=num_layers, dropout=dropout,
         train=train, bidirectional=bidirectional, batch_first=batch_first,
         batch_sizes=batch_sizes, seed=seed)
@@ -460,7 +482,7 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, bat
                 batch_sizes=batch_sizes, has_bias=has_bias, num_layers=num_layers,
                 dropout=dropout, train=train, bidirectional=bidirectional,
                 batch_first=batch_first, output_mask=output_mask)
-    return LSTMPlan().backward(
+    return _thread_plan().backward(
         input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, batch_sizes=batch_sizes,
         has_bias=has_bias, num_layers=num_layers, dropout=dropout, train=train,
         bidirectional=bidirectional, batch_first=batch_first, output_mask=output_mask,
