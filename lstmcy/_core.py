@@ -228,8 +228,9 @@ class LSTMPlan:
                         p.batch_sizes, p.packed_start, False, split,
                         out, out_step_row, out_stride, h_n[k], c_n[k],
                         *[a[0] for a in cache], train, gates[0], x_packed[0],
-                        # Two barriers a step: worth it when a step's GEMM is not tiny.
-                        threads_for(8.0 * N * H * (in_size + H) if 8.0 * B * H * H >= 4e5 else 0.0,
+                        # Two barriers a step: worth it only when a step's GEMM is large
+                        # (measured: B*H^2 = 0.5M is faster on one thread, 4M on two).
+                        threads_for(8.0 * N * H * (in_size + H) if 8.0 * B * H * H >= 2e7 else 0.0,
                                     2, self.n_threads))
                 else:
                     _lstm.forward_layer(
