@@ -265,7 +265,7 @@ class LSTMPlan:
         if not any(output_mask):
             return None, None, None, None
         given = dict(zip(SAVED_NAMES, (i, g, f, o, h, c, tanhc)))
-        T, B, I, H, L, D, N = p.T, p.B, p.I, p.H, p.L, p.D, p.N
+        T, B, H, L, D, N = p.T, p.B, p.H, p.L, p.D, p.N
         cdt = p.compute_dtype
         chunk = _chunk_steps(T, B)
         masks = None

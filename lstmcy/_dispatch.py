@@ -7,8 +7,6 @@ results. ``LSTMCY_KERNELS=baseline|avx2|avx512`` forces a build (for testing).
 import importlib
 import os
 
-import numpy as np
-
 # (name, CPU features it needs), best first. numpy reports features the OS has enabled.
 _BUILDS = (
     ("avx512", ("AVX512F", "AVX512CD", "AVX512VL", "AVX512BW", "AVX512DQ")),

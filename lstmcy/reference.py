@@ -488,7 +488,7 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
     H = groups[0][1].shape[1]
     batch_hint = np.asarray(hx[0]).shape[1] if hx is not None else None
     layout = _Layout(x_in.shape, batch_sizes, batch_first, batch_hint)
-    T, B, bs = layout.T, layout.B, layout.batch_sizes
+    B, bs = layout.B, layout.batch_sizes
     h0, c0 = _initial_state(hx, D * L, B, H)
     dh = np.zeros((D * L, B, H)) if dh is None else np.asarray(dh).astype(np.float64)
     dc = np.zeros((D * L, B, H)) if dc is None else np.asarray(dc).astype(np.float64)

@@ -223,7 +223,7 @@ cdef void _forward_recurrence(
 
 
 cdef void _forward_direction(
-        int part, Py_ssize_t d,
+        Py_ssize_t d,
         const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
         bint x_rows_packed,
         const floating[:, :, ::1] w_ih, const floating[:, :, ::1] w_hh, const floating[:, ::1] bias,
@@ -235,18 +235,16 @@ cdef void _forward_direction(
         floating[:, :, ::1] cache_h, bint store_cache,
         floating[:, :, ::1] gates, floating[:, :, ::1] x_packed,
         Py_ssize_t chunk, Py_ssize_t *progress) noexcept nogil:
-    """Direction ``d``: ``part`` 0 = all of it, 1 = the projection only, 2 = the recurrence only."""
+    """Direction ``d``: the input projection, then the recurrence."""
     cdef bint reverse = d == 1
     cdef Py_ssize_t s = d if store_cache else 0
-    if part != 2:
-        _forward_projection(x, x_step_row, x_batch_stride, x_rows_packed, w_ih[d],
-                            batch_sizes, packed_start, reverse, gates[d], x_packed[d],
-                            chunk, progress)
-    if part != 1:
-        _forward_recurrence(w_hh[d], bias[d], batch_sizes, packed_start, reverse, gates[d],
-                            h_n[d], c_n[d], y, y_step_row, y_batch_stride, d * h_n.shape[2],
-                            cache_i[s], cache_f[s], cache_g[s], cache_o[s], cache_c[s],
-                            cache_tanhc[s], cache_h[s], store_cache, chunk, progress)
+    _forward_projection(x, x_step_row, x_batch_stride, x_rows_packed, w_ih[d],
+                        batch_sizes, packed_start, reverse, gates[d], x_packed[d],
+                        chunk, progress)
+    _forward_recurrence(w_hh[d], bias[d], batch_sizes, packed_start, reverse, gates[d],
+                        h_n[d], c_n[d], y, y_step_row, y_batch_stride, d * h_n.shape[2],
+                        cache_i[s], cache_f[s], cache_g[s], cache_o[s], cache_c[s],
+                        cache_tanhc[s], cache_h[s], store_cache, chunk, progress)
 
 
 def forward_layer(
@@ -262,7 +260,10 @@ def forward_layer(
         floating[:, :, ::1] cache_h, bint store_cache,
         floating[:, :, ::1] gates, floating[:, :, ::1] x_packed,
         Py_ssize_t chunk, int n_threads):
-    """Run both directions of one layer forward, storing gate activations.
+    """Run the directions of one layer forward, storing gate activations.
+
+    With two directions and two threads, each thread runs one direction. (A one-direction
+    layer is better served by ``forward_direction_split``.)
 
     Parameters
     ----------
@@ -293,9 +294,9 @@ def forward_layer(
     progress[0] = 0
     progress[1] = 0
     with nogil:
-        if n_threads < 2:
+        if n_threads < 2 or D < 2:
             for d in range(D):
-                _forward_direction(0, d, x, x_step_row, x_batch_stride, x_rows_packed, w_ih, w_hh,
+                _forward_direction(d, x, x_step_row, x_batch_stride, x_rows_packed, w_ih, w_hh,
                                    bias, batch_sizes, packed_start, y, y_step_row, y_batch_stride,
                                    h_n, c_n, cache_i, cache_f, cache_g, cache_o, cache_c,
                                    cache_tanhc, cache_h, store_cache, gates, x_packed, chunk,
@@ -305,28 +306,22 @@ def forward_layer(
                 tid = threadid()
                 nt = openmp.omp_get_num_threads()
                 if nt < 2:
-                    for d in range(D):
-                        _forward_direction(0, d, x, x_step_row, x_batch_stride, x_rows_packed,
-                                           w_ih, w_hh, bias, batch_sizes, packed_start, y,
-                                           y_step_row, y_batch_stride, h_n, c_n, cache_i,
-                                           cache_f, cache_g, cache_o, cache_c, cache_tanhc,
-                                           cache_h, store_cache, gates, x_packed, chunk,
-                                           &progress[d])
-                elif D == 2:
-                    _forward_direction(0, tid, x, x_step_row, x_batch_stride, x_rows_packed,
-                                       w_ih, w_hh, bias, batch_sizes, packed_start, y,
-                                       y_step_row, y_batch_stride, h_n, c_n, cache_i, cache_f,
-                                       cache_g, cache_o, cache_c, cache_tanhc, cache_h,
-                                       store_cache, gates, x_packed, chunk, &progress[tid])
-                else:
-                    # Thread 1 projects the input chunk by chunk; thread 0 follows with the
-                    # recurrence.
-                    _forward_direction(2 - tid, 0, x, x_step_row, x_batch_stride, x_rows_packed,
+                    _forward_direction(0, x, x_step_row, x_batch_stride, x_rows_packed,
                                        w_ih, w_hh, bias, batch_sizes, packed_start, y,
                                        y_step_row, y_batch_stride, h_n, c_n, cache_i, cache_f,
                                        cache_g, cache_o, cache_c, cache_tanhc, cache_h,
                                        store_cache, gates, x_packed, chunk, &progress[0])
-
+                    _forward_direction(1, x, x_step_row, x_batch_stride, x_rows_packed,
+                                       w_ih, w_hh, bias, batch_sizes, packed_start, y,
+                                       y_step_row, y_batch_stride, h_n, c_n, cache_i, cache_f,
+                                       cache_g, cache_o, cache_c, cache_tanhc, cache_h,
+                                       store_cache, gates, x_packed, chunk, &progress[1])
+                else:
+                    _forward_direction(tid, x, x_step_row, x_batch_stride, x_rows_packed,
+                                       w_ih, w_hh, bias, batch_sizes, packed_start, y,
+                                       y_step_row, y_batch_stride, h_n, c_n, cache_i, cache_f,
+                                       cache_g, cache_o, cache_c, cache_tanhc, cache_h,
+                                       store_cache, gates, x_packed, chunk, &progress[tid])
 
 # Forward of one direction with the work of every step split between two threads: the
 # hidden units are cut in two halves, and the gate rows of the weights are permuted so that
