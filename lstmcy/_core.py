@@ -139,21 +139,25 @@ class LSTMPlan:
     @staticmethod
     def required_workspace(T, B, input_size, hidden_size, *, num_layers=1, bidirectional=False,
                            batch_sizes=None, dtype=np.float32, backward=True):
-        """Bytes of work buffers one call needs (the analogue of ``GetWorkspaceSize``).
+        """Bytes of work buffers one call needs at most (the analogue of ``GetWorkspaceSize``).
 
-        The workspace is O(T*B*4H) per direction: the gate (gradient) buffer, plus one
-        chunk of ``[x_t, h_{t-1}]`` rows for the weight gradients and, where the input is
-        not in packed order, a packed copy of the input (gradient).
+        The workspace is O(T*B*4H) per direction: the gate (gradient) buffer and, where the
+        input is not in packed order, a packed copy of the input (gradient); the backward
+        adds one chunk of ``[x_t, h_{t-1}]`` rows, a ``[4H, I + H]`` weight-gradient
+        accumulator and a float64 bias accumulator. An upper bound of what
+        :attr:`workspace_size` reaches after such calls.
         """
         D = 2 if bidirectional else 1
+        H = hidden_size
         N = int(np.sum(batch_sizes)) if batch_sizes is not None else T * B
-        width = max(input_size, D * hidden_size) if num_layers > 1 else input_size
-        chunk_rows = _chunk_steps(T, B) * B
-        elements = D * N * 4 * hidden_size + D * N * width
+        width = max(input_size, D * H) if num_layers > 1 else input_size
+        itemsize = max(np.dtype(dtype).itemsize, 4)  # float16/bfloat16 compute in float32
+        elements = D * N * 4 * H + D * N * width  # gates, packed rows
+        extra_bytes = 0
         if backward:
-            elements += D * chunk_rows * (width + hidden_size)
-        return int(elements * np.dtype(dtype).itemsize if np.dtype(dtype).itemsize >= 4
-                   else elements * 4)
+            elements += D * _chunk_steps(T, B) * B * (width + H) + D * 4 * H * (width + H)
+            extra_bytes = D * 4 * H * 8
+        return int(elements * itemsize + extra_bytes)
 
     def _take(self, name, shape, dtype):
         """A C-contiguous ``shape`` view into the named buffer (grown if too small)."""

@@ -140,3 +140,20 @@ def test_thread_layouts_match_the_reference_and_each_other(threads, layout, bidi
     expected = [y_ref, h_ref, c_ref, *grads_ref[:3], *grads_ref[3], *cache_ref.h, *cache_ref.c]
     for got, ref in zip(runs[0], expected):
         np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["batch_first", "time_major", "packed", "padded_2d"])
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_plan_workspace_stays_within_required_workspace(layout, bidirectional, dtype):
+    x, hx, params, kwargs = _case(layout, np.random.default_rng(2), bidirectional=bidirectional)
+    x, hx = x.astype(dtype), tuple(a.astype(dtype) for a in hx)
+    params = [p.astype(dtype) for p in params]
+    plan = lstmcy.LSTMPlan()
+    y, h_n, c_n, cache = plan.forward(x, hx, params, **kwargs)
+    plan.backward(x, hx, params, np.ones_like(y), h_n, c_n, *cache.saved(), **kwargs)
+    T, B, I, H = 7, 5, 6, 19
+    needed = lstmcy.LSTMPlan.required_workspace(
+        T, B, I, H, num_layers=kwargs["num_layers"], bidirectional=bidirectional,
+        batch_sizes=kwargs.get("batch_sizes"), dtype=dtype)
+    assert 0 < plan.workspace_size <= needed
