@@ -11,6 +11,7 @@ import pytest
 
 from lstmcy import reference as ref
 from lstmcy._cache import LSTMCache
+from torch_oracle import make_params
 
 torch = pytest.importorskip("torch")
 
@@ -29,20 +30,6 @@ def assert_close(actual, desired, rtol=RTOL, what=""):
     scale = float(np.max(np.abs(desired))) if desired.size else 0.0
     np.testing.assert_allclose(actual, desired, rtol=rtol, atol=rtol * scale,
                                err_msg=what)
-
-
-def make_params(rng, num_layers, num_directions, input_size, hidden, has_bias):
-    """Random flat parameter list in nn.LSTM order."""
-    params = []
-    for layer in range(num_layers):
-        layer_input = input_size if layer == 0 else num_directions * hidden
-        for _ in range(num_directions):
-            params.append(rng.uniform(-0.8, 0.8, (4 * hidden, layer_input)))
-            params.append(rng.uniform(-0.8, 0.8, (4 * hidden, hidden)))
-            if has_bias:
-                params.append(rng.uniform(-0.5, 0.5, 4 * hidden))
-                params.append(rng.uniform(-0.5, 0.5, 4 * hidden))
-    return params
 
 
 def scaled_normal(rng, shape):
