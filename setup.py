@@ -32,7 +32,7 @@ def extension(name, source, flags=()):
     return Extension(
         f"lstmcy.{name}",
         [f"src/lstmcy/{source}.pyx"],
-        include_dirs=[np.get_include()],
+        include_dirs=[np.get_include(), "src/lstmcy"],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_9_API_VERSION")],
         extra_compile_args=compile_args + list(flags),
         extra_link_args=["-fopenmp"],

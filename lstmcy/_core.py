@@ -6,7 +6,9 @@ applies dropout masks between layers and converts results to the caller's dtype 
 layout. :class:`LSTMPlan` keeps the work buffers between calls (the two-phase use of the
 Ascend operator: plan once, run many times); the plain functions use one plan per thread.
 """
+import functools
 import math
+import operator
 import threading
 
 import numpy as np
@@ -27,6 +29,7 @@ _CHUNK_ROWS = 128
 _MAX_CHUNKS = 8
 
 
+@functools.lru_cache(maxsize=256)  # called twice per call; cheaper looked up than computed
 def _chunk_steps(T, B):
     """Steps per chunk: a function of the shape only, so results never depend on threads."""
     if T == 0:
@@ -53,10 +56,27 @@ class _BlockViews(list):
     directions out of ``block`` without copying.
     """
 
+    __slots__ = ("block", "views", "_rows")
+
     def __init__(self, block):
-        super().__init__(block)
+        # Indexed, not iterated (iteration ends in a formatted, costly IndexError); one
+        # forward makes seven of these, so the common single piece is a special case.
+        n = len(block)
+        views = self.views = (block[0],) if n == 1 else tuple([block[k] for k in range(n)])
+        list.__init__(self, views)
         self.block = block
-        self.views = tuple(self)
+        self._rows = None
+
+    def rows(self, arrays, dtype):
+        """``block`` as ``[L*D, T*B, H]`` if ``arrays`` still are this list's pieces and
+        ``dtype`` is the block's, else None."""
+        if (self.block.dtype != dtype or len(arrays) != len(self.views)
+                or not all(map(operator.is_, arrays, self.views))):
+            return None
+        if self._rows is None:
+            L_D, T, B, H = self.block.shape
+            self._rows = self.block.reshape(L_D, T * B, H)
+        return self._rows
 
 
 def _stacked(given, arrays, layer, D, shape, dtype):
@@ -66,10 +86,11 @@ def _stacked(given, arrays, layer, D, shape, dtype):
     from :func:`lstm_forward` is viewed without copying; anything else is stacked (and
     converted) into a new array.
     """
+    rows = given.rows(arrays, dtype) if type(given) is _BlockViews else None
+    if rows is not None:
+        # The whole block when it is this one layer (one less view on small calls).
+        return rows if rows.shape[0] == D else rows[layer * D:(layer + 1) * D]
     ks = slice(layer * D, (layer + 1) * D)
-    if (isinstance(given, _BlockViews) and given.block.dtype == dtype
-            and all(a is v for a, v in zip(arrays[ks], given.views[ks]))):
-        return given.block[ks].reshape((D,) + tuple(shape))
     out = np.empty((D,) + tuple(shape), dtype=dtype)  # C order whatever the inputs' order
     for k, a in enumerate(arrays[ks]):
         out[k] = a.reshape(shape)
@@ -81,7 +102,8 @@ def _layer_weights(problem, layer):
     D = problem.D
     per_dir = problem.weights[layer * D:(layer + 1) * D]
     if D == 1:  # a view, no copy of the weights
-        return tuple(w[np.newaxis] for w in per_dir[0])
+        w_ih, w_hh, bias = per_dir[0]
+        return w_ih[np.newaxis], w_hh[np.newaxis], bias[np.newaxis]
     return tuple(np.stack([w[k] for w in per_dir]) for k in range(3))
 
 
@@ -90,10 +112,22 @@ def _split_point(H):
     return min(H, (H + 15) // 16 * 8)
 
 
+@functools.lru_cache(maxsize=256)
+def _packed_len(n, k, dtype):
+    """Elements of the kernels' packed copy of a ``[k, n]`` weight matrix."""
+    return _lstm.packed_len(n, k, dtype == np.float64)
+
+
+@functools.lru_cache(maxsize=64)
 def _half_permutation(H, split):
-    """Gate-row order ``[i f g o of units [0, split) | i f g o of units [split, H)]``."""
-    return np.concatenate([q * H + np.arange(u0, u1, dtype=np.intp)
+    """Gate-row order ``[i f g o of units [0, split) | i f g o of units [split, H)]``.
+
+    Cached (read-only): building it costs more than a small forward's arithmetic.
+    """
+    perm = np.concatenate([q * H + np.arange(u0, u1, dtype=np.intp)
                            for u0, u1 in ((0, split), (split, H)) for q in range(4)])
+    perm.flags.writeable = False
+    return perm
 
 
 def _draw_masks(problem, dropout, rng):
@@ -131,6 +165,7 @@ class LSTMPlan:
             raise ValueError(f"n_threads must be a positive int or None, got {n_threads!r}")
         self.n_threads = n_threads
         self._buffers = {}
+        self._last_views = {}  # name -> the view _take last returned of that buffer
 
     @property
     def workspace_size(self):
@@ -142,7 +177,8 @@ class LSTMPlan:
         """Bytes of work buffers one call needs at most (the analogue of ``GetWorkspaceSize``).
 
         The workspace is O(T*B*4H) per direction: the gate (gradient) buffer and, where the
-        input is not in packed order, a packed copy of the input (gradient); the backward
+        input is not in packed order, a packed copy of the input (gradient), plus a
+        panel-packed copy of ``w_hh`` per direction for the recurrent products; the backward
         adds one chunk of ``[x_t, h_{t-1}]`` rows, a ``[4H, I + H]`` weight-gradient
         accumulator and a float64 bias accumulator. An upper bound of what
         :attr:`workspace_size` reaches after such calls.
@@ -153,6 +189,13 @@ class LSTMPlan:
         width = max(input_size, D * H) if num_layers > 1 else input_size
         itemsize = max(np.dtype(dtype).itemsize, 4)  # float16/bfloat16 compute in float32
         elements = D * N * 4 * H + D * N * width  # gates, packed rows
+        compute = np.dtype(np.float64 if itemsize == 8 else np.float32)
+        split = _split_point(H)
+        packed_w_hh = max(D * _packed_len(4 * H, H, compute),  # forward, recurrent weights
+                          _packed_len(4 * split, H, compute) + _packed_len(4 * (H - split), H, compute))
+        if backward:
+            packed_w_hh = max(packed_w_hh, D * _packed_len(H, 4 * H, compute))
+        elements += packed_w_hh
         extra_bytes = 0
         if backward:
             elements += D * _chunk_steps(T, B) * B * (width + H) + D * 4 * H * (width + H)
@@ -161,12 +204,19 @@ class LSTMPlan:
 
     def _take(self, name, shape, dtype):
         """A C-contiguous ``shape`` view into the named buffer (grown if too small)."""
+        # Repeated calls of one shape reuse the last view (cheaper than slicing anew); one
+        # view per name, so a grown buffer's old memory is not kept alive.
+        view = self._last_views.get(name)
+        if (view is not None and view.shape == shape and view.dtype == dtype
+                and view.base is self._buffers[name]):
+            return view
         size = math.prod(shape)
         buffer = self._buffers.get(name)
         if buffer is None or buffer.dtype != dtype or buffer.size < size:
             buffer = np.empty(max(size, 1), dtype=dtype)
             self._buffers[name] = buffer
-        return buffer[:size].reshape(shape)
+        view = self._last_views[name] = buffer[:size].reshape(shape)
+        return view
 
     def _threads(self, problem, flops):
         return threads_for(flops, max(problem.D, math.ceil(problem.T / _chunk_steps(problem.T, problem.B))),
@@ -224,14 +274,16 @@ class LSTMPlan:
                 if D == 1:
                     # One direction: every step's work is split over the two threads.
                     split = _split_point(H)
-                    perm = _half_permutation(H, split)
+                    perm = _half_permutation(H, split)  # .take(perm, 0): 2-3x faster than [perm]
                     k = layer
                     _lstm.forward_direction_split(
                         layer_in, in_step_row, in_stride, in_packed,
-                        w_ih[0][perm], w_hh[0][perm], bias[0][perm],
+                        w_ih[0].take(perm, 0), w_hh[0].take(perm, 0), bias[0][perm],
                         p.batch_sizes, p.packed_start, False, split,
                         out, out_step_row, out_stride, h_n[k], c_n[k],
                         *[a[0] for a in cache], train, gates[0], x_packed[0],
+                        self._take("w_packed", (_packed_len(4 * split, H, cdt)
+                                                + _packed_len(4 * (H - split), H, cdt),), cdt),
                         # Two barriers a step: worth it only when a step's GEMM is large
                         # (measured: B*H^2 = 0.5M is faster on one thread, 4M on two).
                         threads_for(8.0 * N * H * (in_size + H) if 8.0 * B * H * H >= 2e7 else 0.0,
@@ -240,7 +292,8 @@ class LSTMPlan:
                     _lstm.forward_layer(
                         layer_in, in_step_row, in_stride, in_packed, w_ih, w_hh, bias,
                         p.batch_sizes, p.packed_start, out, out_step_row, out_stride,
-                        h_n[ks], c_n[ks], *cache, train, gates, x_packed, chunk,
+                        h_n[ks], c_n[ks], *cache, train, gates, x_packed,
+                        self._take("w_packed", (D, _packed_len(4 * H, H, cdt)), cdt), chunk,
                         self._threads(p, 8.0 * D * N * H * (in_size + H)))
                 if not last:
                     if masks is not None:
@@ -332,7 +385,7 @@ class LSTMPlan:
                     self._take("db_acc", (D, 4 * H if want_dparams else 0), np.dtype(np.float64)),
                     (layer_dx[:N].reshape(1, N, in_size) if direct_dx and layer_dx_needed
                      else self._take("packed_rows", (D, N if layer_dx_needed else 0, in_size), cdt)),
-                    chunk, self._threads(p, 16.0 * D * N * H * (in_size + H)))
+                    self._take("w_packed", (D, _packed_len(H, 4 * H, cdt)), cdt), chunk, self._threads(p, 16.0 * D * N * H * (in_size + H)))
                 if want_dparams:
                     for d in range(D):
                         base = (layer * D + d) * per_dir

@@ -9,7 +9,7 @@ kernel call and restores it afterwards; concurrent callers share one cap.
 import ctypes
 import os
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 _lock = threading.Lock()
 _active = 0
@@ -58,12 +58,13 @@ def threads_for(flops, n_units, n_threads=None):
     """Threads to use for a layer with ``flops`` work split in ``n_units`` parallel units."""
     setting = _num_threads if n_threads is None else n_threads
     if setting is None:
-        from lstmcy._lstm import omp_max_threads
-
         # Below ~2 MFLOP the start-up of a parallel region costs more than it saves. The
         # OpenMP limit (OMP_NUM_THREADS, threadpoolctl, joblib's workers) is respected.
-        return 2 if (n_units >= 2 and flops >= 2e6 and _cores() >= 2
-                     and omp_max_threads() >= 2) else 1
+        if n_units < 2 or flops < 2e6 or _cores() < 2:
+            return 1  # decided without the import below (small calls are the frequent ones)
+        from lstmcy._lstm import omp_max_threads
+
+        return 2 if omp_max_threads() >= 2 else 1
     return 2 if setting >= 2 else 1
 
 
@@ -111,16 +112,20 @@ def _blas_controllers():
     return _controllers
 
 
-@contextmanager
+_NO_CAP = nullcontext()  # reusable and re-entrant
+
+
 def blas_single_threaded(active=True):
     """Keep scipy's BLAS on one thread inside the block (re-entrant, thread-safe).
 
     With ``active=False`` it does nothing (for calls too small for BLAS to use threads).
     """
+    return _capped_blas() if active else _NO_CAP
+
+
+@contextmanager
+def _capped_blas():
     global _active, _saved
-    if not active:
-        yield
-        return
     with _lock:
         if _active == 0:
             controllers = _blas_controllers()

@@ -12,6 +12,7 @@ GATE_NAMES = ("w_ih", "w_hh", "b_ih", "b_hh")
 SAVED_NAMES = ("i", "g", "f", "o", "h", "c", "tanhc")
 # Native-byte-order float32 / float64 (a byte-swapped dtype compares unequal).
 _NATIVE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_F32, _F64 = _NATIVE_FLOATS
 
 
 def _is_bfloat16(dtype):
@@ -25,7 +26,7 @@ def is_supported_float(dtype):
 
 def compute_dtype_for(dtype):
     """float32/float64 are computed natively, float16/bfloat16 in float32."""
-    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+    return _F64 if dtype == _F64 else _F32
 
 
 def _describe(value):
@@ -117,11 +118,7 @@ class Problem:
     c0: np.ndarray
     weights: list               # per layer*D + d: (w_ih, w_hh, bias_sum) in compute dtype
     input_shape: tuple
-
-    @property
-    def N(self):
-        """Number of active (t, b) positions."""
-        return int(self.packed_start[-1] + self.batch_sizes[-1]) if self.T else 0
+    N: int                      # number of active (t, b) positions
 
     def output_shape(self, features):
         """Shape of y / dy (caller layout) with ``features`` columns."""
@@ -130,8 +127,66 @@ class Problem:
     @property
     def time_major_map(self):
         """Row map of an internal time-major ``[T*B, F]`` buffer."""
-        step_row = np.arange(self.T, dtype=np.intp) * self.B
-        return step_row, 1, self.uniform
+        return _step_rows(self.T, self.B), 1, self.uniform
+
+
+# Shape-derived index arrays, shared between calls (read-only: the kernels only read
+# them). Small calls spend more time building them than computing; the caches are
+# cleared when they grow large (many distinct shapes).
+_CACHE_LIMIT = 256
+_step_rows_cache = {}
+_row_maps_cache = {}
+
+
+def _cached(cache, key, value):
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+def _read_only(array):
+    array.flags.writeable = False
+    return array
+
+
+def _step_rows(T, B):
+    """``arange(T) * B`` (intp, read-only): the step rows of a time-major ``[T*B, F]`` buffer."""
+    key = (T, B)
+    rows = _step_rows_cache.get(key)
+    if rows is None:
+        rows = _cached(_step_rows_cache, key, _read_only(np.arange(T, dtype=np.intp) * B))
+    return rows
+
+
+def _row_maps(T, B, layout, sizes):
+    """``(batch_sizes, packed_start, uniform, step_row, batch_stride, rows_packed, N)``.
+
+    ``sizes`` is the checked ``batch_sizes`` (None: every step has ``B`` rows, and the
+    result, read-only, is shared by all calls of that shape).
+    """
+    if sizes is None:
+        key = (T, B, layout)
+        maps = _row_maps_cache.get(key)
+        if maps is None:
+            maps = _row_maps(T, B, layout, np.full(T, B, dtype=np.intp))
+            for array in maps[:2] + maps[3:4]:  # shared, so read-only
+                _read_only(array)
+            maps = _cached(_row_maps_cache, key, maps)
+        return maps
+    packed_start = np.zeros(T, dtype=np.intp)
+    if T > 1:
+        np.cumsum(sizes[:-1], out=packed_start[1:])
+    uniform = bool(T == 0 or sizes[-1] == B)
+    if layout == "batch_first":
+        step_row, stride = np.arange(T, dtype=np.intp), T
+    elif layout == "packed":
+        step_row, stride = packed_start.copy(), 1
+    else:  # time_major, padded_2d
+        step_row, stride = np.arange(T, dtype=np.intp) * B, 1
+    rows_packed = bool(np.array_equal(step_row, packed_start) and (stride == 1 or np.all(sizes <= 1)))
+    N = int(packed_start[-1] + sizes[-1]) if T else 0
+    return sizes, packed_start, uniform, step_row, stride, rows_packed, N
 
 
 def to_compute(array, dtype):
@@ -181,6 +236,8 @@ def check_blas_limits(T, B, I, H, L, D):
     Runs before anything proportional to the sizes is allocated.
     """
     width = max(I, D * H) if L > 1 else I
+    if max(B, T * B, width + D * H, 4 * D * H) <= BLAS_INT_MAX:
+        return  # the common case: no message to format
     limits = [
         ("input", B, f"the batch size B = {B}"),
         ("input", T * B, f"T*B = {T}*{B} = {T * B} time steps times batch"),
@@ -199,6 +256,10 @@ def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, bat
 
     ``arrays_for_dtype`` lists further ``(name, array)`` pairs that must share the dtype.
     """
+    problem = _problem_fast(input, hx, params, has_bias, num_layers, bidirectional, batch_first,
+                            batch_sizes)
+    if problem is not None and all(arr.dtype == problem.dtype for _, arr in arrays_for_dtype):
+        return problem
     has_bias = check_bool("has_bias", has_bias)
     bidirectional = check_bool("bidirectional", bidirectional)
     batch_first = check_bool("batch_first", batch_first)
@@ -256,8 +317,6 @@ def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, bat
         raise ValueError(f"input must be 3-D [T, B, I] ([B, T, I] if batch_first) or 2-D with "
                          f"batch_sizes, got shape {x.shape}")
     check_blas_limits(T, B, I, H, L, D)
-    if sizes is None:
-        sizes = np.full(T, B, dtype=np.intp)
     dtype = x.dtype
 
     checked_params = []
@@ -296,25 +355,21 @@ def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, bat
             raise TypeError(f"all arrays must share one dtype: input is {dtype} but {name} is "
                             f"{arr.dtype} (convert explicitly; there is no silent promotion)")
 
-    compute = compute_dtype_for(dtype)
-    packed_start = np.zeros(T, dtype=np.intp)
-    if T > 1:
-        np.cumsum(sizes[:-1], out=packed_start[1:])
-    uniform = bool(T == 0 or sizes[-1] == B)
+    return _make_problem(x, h0, c0, [arr for _, arr in checked_params], T, B, I, H, L, D,
+                         has_bias, layout, sizes)
 
+
+def _make_problem(x, h0, c0, params, T, B, I, H, L, D, has_bias, layout, sizes):
+    """The :class:`Problem` of checked arguments (``params``: the arrays, in order)."""
+    dtype = x.dtype
+    compute = compute_dtype_for(dtype)
+    sizes, packed_start, uniform, step_row, stride, rows_packed, N = _row_maps(T, B, layout, sizes)
     if layout == "batch_first":
         x_rows = to_compute(x, compute).reshape(B * T, I)
-        step_row, stride = np.arange(T, dtype=np.intp), T
     elif layout == "time_major":
         x_rows = to_compute(x, compute).reshape(T * B, I)
-        step_row, stride = np.arange(T, dtype=np.intp) * B, 1
-    elif layout == "packed":
-        x_rows = to_compute(x, compute)
-        step_row, stride = packed_start.copy(), 1
     else:
         x_rows = to_compute(x, compute)
-        step_row, stride = np.arange(T, dtype=np.intp) * B, 1
-    rows_packed = bool(np.array_equal(step_row, packed_start) and (stride == 1 or np.all(sizes <= 1)))
 
     if h0 is None:
         h0 = np.zeros((L * D, B, H), dtype=compute)
@@ -323,8 +378,9 @@ def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, bat
         h0 = to_compute(h0, compute)
         c0 = to_compute(c0, compute)
 
+    per_dir = 4 if has_bias else 2
     weights = []
-    arrays = [to_compute(arr, compute) for _, arr in checked_params]
+    arrays = [to_compute(arr, compute) for arr in params]
     for k in range(L * D):
         w_ih, w_hh = arrays[k * per_dir], arrays[k * per_dir + 1]
         if has_bias:
@@ -336,7 +392,68 @@ def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, bat
     return Problem(T=T, B=B, I=I, H=H, L=L, D=D, dtype=dtype, compute_dtype=compute,
                    has_bias=has_bias, layout=layout, batch_sizes=sizes, packed_start=packed_start,
                    uniform=uniform, step_row=step_row, batch_stride=stride, rows_packed=rows_packed,
-                   x_rows=x_rows, h0=h0, c0=c0, weights=weights, input_shape=tuple(x.shape))
+                   x_rows=x_rows, h0=h0, c0=c0, weights=weights, input_shape=tuple(x.shape), N=N)
+
+
+_param_shapes_cache = {}
+
+
+def _param_shapes(I, H, L, D, has_bias):
+    """The shapes of ``params``, in order."""
+    key = (I, H, L, D, has_bias)
+    shapes = _param_shapes_cache.get(key)
+    if shapes is None:
+        shapes = []
+        for layer in range(L):
+            shape_ih = (4 * H, I if layer == 0 else D * H)
+            shapes += [shape_ih, (4 * H, H), (4 * H,), (4 * H,)][:4 if has_bias else 2] * D
+        shapes = _cached(_param_shapes_cache, key, tuple(shapes))
+    return shapes
+
+
+def _problem_fast(input, hx, params, has_bias, num_layers, bidirectional, batch_first, batch_sizes):
+    """:func:`check_problem` for the common case, or None (then the full checks run).
+
+    The common case: plain bool and int options, no ``batch_sizes``, and exact ndarrays
+    (no subclasses) of one native-byte-order float32 or float64 dtype with the expected
+    shapes (any memory layout). It accepts only arguments the full checks accept and
+    returns the same :class:`Problem`, in a fraction of the time (it formats no names).
+    """
+    if (batch_sizes is not None or type(input) is not np.ndarray or input.ndim != 3
+            or type(has_bias) is not bool or type(bidirectional) is not bool
+            or type(batch_first) is not bool or type(num_layers) is not int or num_layers < 1
+            or type(params) not in (list, tuple)):
+        return None
+    dtype = input.dtype
+    if dtype not in _NATIVE_FLOATS:
+        return None
+    L, D = num_layers, 2 if bidirectional else 1
+    if len(params) != L * D * (4 if has_bias else 2):
+        return None
+    w_hh0 = params[1]
+    if type(w_hh0) is not np.ndarray or w_hh0.ndim != 2:
+        return None
+    H = w_hh0.shape[1]
+    if batch_first:
+        B, T, I = input.shape
+    else:
+        T, B, I = input.shape
+    for value, shape in zip(params, _param_shapes(I, H, L, D, has_bias)):
+        if type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape:
+            return None
+    if hx is None:
+        h0 = c0 = None
+    else:
+        if type(hx) not in (tuple, list) or len(hx) != 2:
+            return None
+        h0, c0 = hx
+        state_shape = (L * D, B, H)
+        if (type(h0) is not np.ndarray or h0.dtype != dtype or h0.shape != state_shape
+                or type(c0) is not np.ndarray or c0.dtype != dtype or c0.shape != state_shape):
+            return None
+    check_blas_limits(T, B, I, H, L, D)
+    return _make_problem(input, h0, c0, params, T, B, I, H, L, D, has_bias,
+                         "batch_first" if batch_first else "time_major", None)
 
 
 def _batch_from_hx(hx, n_states):
@@ -347,6 +464,8 @@ def _batch_from_hx(hx, n_states):
 
 
 def check_dropout(dropout):
+    if type(dropout) is float and 0.0 <= dropout < 1.0:
+        return dropout  # the common case, without the slower isinstance(Real) test
     if isinstance(dropout, (bool, np.bool_)) or not isinstance(dropout, Real):
         raise TypeError(f"dropout must be a float in [0, 1), got {_describe(dropout)}")
     dropout = float(dropout)
@@ -374,6 +493,10 @@ def check_seed(seed):
 
 
 def check_output_mask(output_mask):
+    if type(output_mask) is tuple and len(output_mask) == 4:
+        a, b, c, d = output_mask
+        if type(a) is bool and type(b) is bool and type(c) is bool and type(d) is bool:
+            return output_mask  # the common case: already a tuple of 4 bools
     if isinstance(output_mask, np.ndarray) and output_mask.dtype == np.bool_ and output_mask.ndim == 1:
         output_mask = tuple(output_mask)
     if isinstance(output_mask, (str, bytes, np.ndarray)) or not isinstance(output_mask, (list, tuple)):
@@ -397,6 +520,10 @@ def check_backward(input, hx, params, dy, dh, dc, saved, *, batch_sizes, has_bia
         mapped to its list, and ``dropout_masks`` when the masks are in use. Arrays are
         the caller's, unconverted (shapes and the shared dtype checked).
     """
+    checked = _backward_fast(input, hx, params, dy, dh, dc, saved, batch_sizes, has_bias,
+                             num_layers, dropout, train, bidirectional, batch_first, dropout_masks)
+    if checked is not None:
+        return checked
     train = check_bool("train", train)
     dropout = check_dropout(dropout)
     bidirectional = check_bool("bidirectional", bidirectional)
@@ -454,4 +581,50 @@ def check_backward(input, hx, params, dy, dh, dc, saved, *, batch_sizes, has_bia
             expect_shape(f"{name}[{k}]", a, (p.T, p.B, H), "time-major [T, B, H]")
     for k, m in enumerate(arrays.get("dropout_masks", ())):
         expect_shape(f"dropout_masks[{k}]", m, (p.T, p.B, D * H), "[T, B, D*H]")
+    return p, arrays
+
+
+def _backward_fast(input, hx, params, dy, dh, dc, saved, batch_sizes, has_bias, num_layers,
+                   dropout, train, bidirectional, batch_first, dropout_masks):
+    """:func:`check_backward` for the common case, or None (then the full checks run).
+
+    The common case is that of :func:`_problem_fast`, with ``dy``, ``dh``, ``dc``, the
+    saved arrays and the dropout masks exact ndarrays of the input's dtype and the
+    expected shapes, in lists or tuples of the expected lengths.
+    """
+    if (type(train) is not bool or type(dropout) not in (float, int)
+            or not 0.0 <= dropout < 1.0):
+        return None
+    p = _problem_fast(input, hx, params, has_bias, num_layers, bidirectional, batch_first,
+                      batch_sizes)
+    if p is None:
+        return None
+    dtype, L, D, B, H = p.dtype, p.L, p.D, p.B, p.H
+    if type(dy) is not np.ndarray or dy.dtype != dtype or dy.shape != p.output_shape(D * H):
+        return None
+    arrays = {"dy": dy}
+    state_shape = (L * D, B, H)
+    for name, value in (("dh", dh), ("dc", dc)):
+        if value is not None:
+            if type(value) is not np.ndarray or value.dtype != dtype or value.shape != state_shape:
+                return None
+            arrays[name] = value
+    saved_shape = (p.T, B, H)
+    for name, items in zip(SAVED_NAMES, saved):
+        if not isinstance(items, (list, tuple)) or len(items) != L * D:
+            return None
+        for a in items:
+            if type(a) is not np.ndarray or a.dtype != dtype or a.shape != saved_shape:
+                return None
+        arrays[name] = list(items)
+    if train and dropout > 0 and L > 1:
+        if not isinstance(dropout_masks, (list, tuple)) or len(dropout_masks) != L - 1:
+            return None
+        mask_shape = (p.T, B, D * H)
+        for m in dropout_masks:
+            if type(m) is not np.ndarray or m.dtype != dtype or m.shape != mask_shape:
+                return None
+        arrays["dropout_masks"] = list(dropout_masks)
+    elif dropout_masks is not None:
+        return None
     return p, arrays

@@ -30,9 +30,24 @@
 from cython cimport floating
 from cython.parallel cimport parallel, threadid
 cimport openmp
+import numpy as np
 
 from lstmcy._blas cimport gemm, NoTrans, Trans
 from lstmcy._fastmath cimport fast_sigmoid, fast_tanh
+
+cdef extern from "_packed_gemm.h" nogil:
+    # The per-step recurrent products run against W_hh packed once per call (see the
+    # header: OpenBLAS would re-pack W_hh on every step).
+    void pg_s_pack(const float *w, Py_ssize_t ldw, int trans, Py_ssize_t K, Py_ssize_t n0,
+                   Py_ssize_t n, float *out)
+    void pg_d_pack(const double *w, Py_ssize_t ldw, int trans, Py_ssize_t K, Py_ssize_t n0,
+                   Py_ssize_t n, double *out)
+    void pg_s_gemm(Py_ssize_t M, Py_ssize_t n, Py_ssize_t K, const float *a, Py_ssize_t lda,
+                   const float *packed, float *c, Py_ssize_t ldc, int accumulate)
+    void pg_d_gemm(Py_ssize_t M, Py_ssize_t n, Py_ssize_t K, const double *a, Py_ssize_t lda,
+                   const double *packed, double *c, Py_ssize_t ldc, int accumulate)
+    Py_ssize_t pg_s_packed_len(Py_ssize_t n, Py_ssize_t K)
+    Py_ssize_t pg_d_packed_len(Py_ssize_t n, Py_ssize_t K)
 
 cdef extern from *:
     """
@@ -96,6 +111,30 @@ cdef inline void _barrier(Py_ssize_t *state) noexcept nogil:
         return
     if not barrier_arrive(state, 2, &gen):
         _wait_for(&state[1], gen + 1)
+
+
+cdef inline void _pack(const floating *w, Py_ssize_t ldw, bint trans, Py_ssize_t K,
+                       Py_ssize_t n0, Py_ssize_t n, floating *out) noexcept nogil:
+    """Pack columns ``[n0, n0 + n)`` of ``op(W)`` (``W^T`` when ``trans``) for ``_packed_gemm``."""
+    if floating is float:
+        pg_s_pack(w, ldw, trans, K, n0, n, out)
+    else:
+        pg_d_pack(w, ldw, trans, K, n0, n, out)
+
+
+cdef inline void _packed_gemm(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k, const floating *a,
+                              Py_ssize_t lda, const floating *packed, floating *c,
+                              Py_ssize_t ldc, bint accumulate) noexcept nogil:
+    """``C[m, n] = A[m, k] @ P[k, n]`` (``+=`` when ``accumulate``), P packed by ``_pack``."""
+    if floating is float:
+        pg_s_gemm(m, n, k, a, lda, packed, c, ldc, accumulate)
+    else:
+        pg_d_gemm(m, n, k, a, lda, packed, c, ldc, accumulate)
+
+
+def packed_len(Py_ssize_t n, Py_ssize_t k, bint is_double):
+    """Elements a ``[k, n]`` matrix takes once packed (panel width depends on the build)."""
+    return pg_d_packed_len(n, k) if is_double else pg_s_packed_len(n, k)
 
 
 cdef inline void _chunk_bounds(Py_ssize_t c, Py_ssize_t chunk, Py_ssize_t T, bint descending,
@@ -167,18 +206,18 @@ cdef void _forward_recurrence(
         Py_ssize_t y_col,
         floating[:, ::1] cache_i, floating[:, ::1] cache_f, floating[:, ::1] cache_g,
         floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
-        floating[:, ::1] cache_h, bint store_cache,
+        floating[:, ::1] cache_h, bint store_cache, floating[::1] w_packed,
         Py_ssize_t chunk, Py_ssize_t *progress) noexcept nogil:
-    """The sequential part of the forward: per step one GEMM and the fused elementwise pass."""
+    """The sequential part of the forward: per step one GEMM (against ``w_hh^T`` packed
+    into ``w_packed`` first) and the fused elementwise pass."""
     cdef Py_ssize_t T = batch_sizes.shape[0]
     cdef Py_ssize_t B = h_state.shape[0]
     cdef Py_ssize_t H = h_state.shape[1]
     cdef Py_ssize_t G = 4 * H
-    cdef Py_ssize_t s, t, b, j, k, n, n0, nb, row, yr
-    cdef floating *act
-    cdef floating v_tc, v_h
+    cdef Py_ssize_t s, t, n0, nb
     if H == 0 or B == 0:
         return
+    _pack(&w_hh[0, 0], H, True, H, 0, G, &w_packed[0])
     for s in range(T):
         if s % chunk == 0:
             _wait_for(progress, s // chunk + 1)
@@ -186,40 +225,10 @@ cdef void _forward_recurrence(
         nb = batch_sizes[t]
         n0 = packed_start[t]
         # gates += h @ w_hh^T for the active rows.
-        gemm(NoTrans, Trans, <int>nb, <int>G, <int>H, <floating>1, &h_state[0, 0], <int>H,
-             &w_hh[0, 0], <int>H, <floating>1, &gates[n0, 0], <int>G)
-        for b in range(nb):
-            n = n0 + b
-            row = t * B + b
-            yr = y_step_row[t] + b * y_batch_stride
-            act = &gates[n, 0]
-            # Activations in place (short loops over one row, so they can vectorise).
-            for k in range(2 * H):
-                act[k] = fast_sigmoid(act[k] + bias[k])
-            for k in range(2 * H, 3 * H):
-                act[k] = fast_tanh(act[k] + bias[k])
-            for k in range(3 * H, G):
-                act[k] = fast_sigmoid(act[k] + bias[k])
-            # c = f * c_prev + i * g, as PyTorch: (f * c_prev) + (i * g).
-            for j in range(H):
-                c_state[b, j] = act[H + j] * c_state[b, j] + act[j] * act[2 * H + j]
-            for j in range(H):
-                h_state[b, j] = fast_tanh(c_state[b, j])
-            if store_cache:
-                for j in range(H):
-                    cache_i[row, j] = act[j]
-                    cache_f[row, j] = act[H + j]
-                    cache_g[row, j] = act[2 * H + j]
-                    cache_o[row, j] = act[3 * H + j]
-                    cache_c[row, j] = c_state[b, j]
-                    cache_tanhc[row, j] = h_state[b, j]
-            for j in range(H):
-                v_h = act[3 * H + j] * h_state[b, j]
-                h_state[b, j] = v_h
-                y[yr, y_col + j] = v_h
-            if store_cache:
-                for j in range(H):
-                    cache_h[row, j] = h_state[b, j]
+        _packed_gemm(nb, G, H, &h_state[0, 0], H, &w_packed[0], &gates[n0, 0], G, True)
+        _forward_elementwise(0, H, t, bias, batch_sizes, packed_start, gates, h_state, c_state,
+                             y, y_step_row, y_batch_stride, y_col, cache_i, cache_f, cache_g,
+                             cache_o, cache_c, cache_tanhc, cache_h, store_cache)
 
 
 cdef void _forward_direction(
@@ -233,7 +242,7 @@ cdef void _forward_direction(
         floating[:, :, ::1] cache_i, floating[:, :, ::1] cache_f, floating[:, :, ::1] cache_g,
         floating[:, :, ::1] cache_o, floating[:, :, ::1] cache_c, floating[:, :, ::1] cache_tanhc,
         floating[:, :, ::1] cache_h, bint store_cache,
-        floating[:, :, ::1] gates, floating[:, :, ::1] x_packed,
+        floating[:, :, ::1] gates, floating[:, :, ::1] x_packed, floating[:, ::1] w_packed,
         Py_ssize_t chunk, Py_ssize_t *progress) noexcept nogil:
     """Direction ``d``: the input projection, then the recurrence."""
     cdef bint reverse = d == 1
@@ -244,7 +253,7 @@ cdef void _forward_direction(
     _forward_recurrence(w_hh[d], bias[d], batch_sizes, packed_start, reverse, gates[d],
                         h_n[d], c_n[d], y, y_step_row, y_batch_stride, d * h_n.shape[2],
                         cache_i[s], cache_f[s], cache_g[s], cache_o[s], cache_c[s],
-                        cache_tanhc[s], cache_h[s], store_cache, chunk, progress)
+                        cache_tanhc[s], cache_h[s], store_cache, w_packed[d], chunk, progress)
 
 
 def forward_layer(
@@ -258,7 +267,7 @@ def forward_layer(
         floating[:, :, ::1] cache_i, floating[:, :, ::1] cache_f, floating[:, :, ::1] cache_g,
         floating[:, :, ::1] cache_o, floating[:, :, ::1] cache_c, floating[:, :, ::1] cache_tanhc,
         floating[:, :, ::1] cache_h, bint store_cache,
-        floating[:, :, ::1] gates, floating[:, :, ::1] x_packed,
+        floating[:, :, ::1] gates, floating[:, :, ::1] x_packed, floating[:, ::1] w_packed,
         Py_ssize_t chunk, int n_threads):
     """Run the directions of one layer forward, storing gate activations.
 
@@ -282,6 +291,8 @@ def forward_layer(
         Saved activations i, f, g, o, c, tanh(c), h (written when ``store_cache``).
     gates, x_packed : ndarray [D, N, 4H], [D, N, I]
         Workspaces.
+    w_packed : ndarray [D, packed_len(4H, H)]
+        Workspace for each direction's packed ``w_hh^T``.
     chunk : int
         Steps per chunk (fixed by the shape).
     n_threads : int
@@ -299,7 +310,7 @@ def forward_layer(
                 _forward_direction(d, x, x_step_row, x_batch_stride, x_rows_packed, w_ih, w_hh,
                                    bias, batch_sizes, packed_start, y, y_step_row, y_batch_stride,
                                    h_n, c_n, cache_i, cache_f, cache_g, cache_o, cache_c,
-                                   cache_tanhc, cache_h, store_cache, gates, x_packed, chunk,
+                                   cache_tanhc, cache_h, store_cache, gates, x_packed, w_packed, chunk,
                                    &progress[d])
         else:
             with parallel(num_threads=2):
@@ -310,18 +321,18 @@ def forward_layer(
                                        w_ih, w_hh, bias, batch_sizes, packed_start, y,
                                        y_step_row, y_batch_stride, h_n, c_n, cache_i, cache_f,
                                        cache_g, cache_o, cache_c, cache_tanhc, cache_h,
-                                       store_cache, gates, x_packed, chunk, &progress[0])
+                                       store_cache, gates, x_packed, w_packed, chunk, &progress[0])
                     _forward_direction(1, x, x_step_row, x_batch_stride, x_rows_packed,
                                        w_ih, w_hh, bias, batch_sizes, packed_start, y,
                                        y_step_row, y_batch_stride, h_n, c_n, cache_i, cache_f,
                                        cache_g, cache_o, cache_c, cache_tanhc, cache_h,
-                                       store_cache, gates, x_packed, chunk, &progress[1])
+                                       store_cache, gates, x_packed, w_packed, chunk, &progress[1])
                 else:
                     _forward_direction(tid, x, x_step_row, x_batch_stride, x_rows_packed,
                                        w_ih, w_hh, bias, batch_sizes, packed_start, y,
                                        y_step_row, y_batch_stride, h_n, c_n, cache_i, cache_f,
                                        cache_g, cache_o, cache_c, cache_tanhc, cache_h,
-                                       store_cache, gates, x_packed, chunk, &progress[tid])
+                                       store_cache, gates, x_packed, w_packed, chunk, &progress[tid])
 
 # Forward of one direction with the work of every step split between two threads: the
 # hidden units are cut in two halves, and the gate rows of the weights are permuted so that
@@ -360,7 +371,52 @@ cdef void _forward_split_half_rows(
          &w_ih[0, 0] if I > 0 else NULL, <int>I, <floating>0, &gates[r0, 0], <int>G)
 
 
-cdef void _forward_split_elementwise(
+cdef inline void _forward_cell_row(
+        Py_ssize_t w, floating *act, const floating *bias, floating *c_row, floating *h_row,
+        floating *y_row, floating *ci, floating *cf, floating *cg, floating *co, floating *cc,
+        floating *ctc, floating *ch, bint store_cache) noexcept nogil:
+    """One row of ``w`` units: ``act`` holds their pre-activations ``[i f g o]`` (width ``w``
+    each) and receives the activations; ``c_row``/``h_row`` go from step t-1 to t. Raw
+    pointers and one short loop per quantity, so that every loop vectorises (indexing the
+    memoryviews inside the loops kept GCC from it: extensions build without strict
+    aliasing, so each store might move the views' data pointers)."""
+    cdef Py_ssize_t j, k
+    for k in range(2 * w):
+        act[k] = fast_sigmoid(act[k] + bias[k])
+    for k in range(2 * w, 3 * w):
+        act[k] = fast_tanh(act[k] + bias[k])
+    for k in range(3 * w, 4 * w):
+        act[k] = fast_sigmoid(act[k] + bias[k])
+    # c = f * c_prev + i * g, as PyTorch: (f * c_prev) + (i * g).
+    for j in range(w):
+        c_row[j] = act[w + j] * c_row[j] + act[j] * act[2 * w + j]
+    if store_cache:
+        for j in range(w):
+            ci[j] = act[j]
+        for j in range(w):
+            cf[j] = act[w + j]
+        for j in range(w):
+            cg[j] = act[2 * w + j]
+        for j in range(w):
+            co[j] = act[3 * w + j]
+        for j in range(w):
+            cc[j] = c_row[j]
+        # h = o * tanh(c). At most three pointers per loop: with more, GCC's runtime alias
+        # checks exceed its limit and the loop stays scalar.
+        for j in range(w):
+            ctc[j] = fast_tanh(c_row[j])
+        for j in range(w):
+            h_row[j] = act[3 * w + j] * ctc[j]
+        for j in range(w):
+            ch[j] = h_row[j]
+    else:
+        for j in range(w):
+            h_row[j] = act[3 * w + j] * fast_tanh(c_row[j])
+    for j in range(w):
+        y_row[j] = h_row[j]
+
+
+cdef void _forward_elementwise(
         Py_ssize_t u0, Py_ssize_t w, Py_ssize_t t, const floating[::1] bias,
         const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
         floating[:, ::1] gates, floating[:, ::1] h_state, floating[:, ::1] c_state,
@@ -369,51 +425,27 @@ cdef void _forward_split_elementwise(
         floating[:, ::1] cache_i, floating[:, ::1] cache_f, floating[:, ::1] cache_g,
         floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
         floating[:, ::1] cache_h, bint store_cache) noexcept nogil:
-    """The activations and state update of units ``[u0, u0 + w)`` at step ``t``."""
+    """The activations and state update of units ``[u0, u0 + w)`` at step ``t``; their
+    gate columns are ``gates[:, 4*u0 : 4*(u0 + w)]`` in the order ``[i f g o]``."""
     cdef Py_ssize_t B = h_state.shape[0]
     cdef Py_ssize_t nb = batch_sizes[t]
     cdef Py_ssize_t n0 = packed_start[t]
-    cdef Py_ssize_t b, j, k, u, row, yr
-    cdef floating *act
-    cdef const floating *bias_half
-    cdef floating v_h
+    cdef Py_ssize_t b, row
+    cdef floating *none = NULL
     if w == 0:
         return
-    bias_half = &bias[4 * u0]
     for b in range(nb):
         row = t * B + b
-        yr = y_step_row[t] + b * y_batch_stride
-        act = &gates[n0 + b, 4 * u0]
-        for k in range(2 * w):
-            act[k] = fast_sigmoid(act[k] + bias_half[k])
-        for k in range(2 * w, 3 * w):
-            act[k] = fast_tanh(act[k] + bias_half[k])
-        for k in range(3 * w, 4 * w):
-            act[k] = fast_sigmoid(act[k] + bias_half[k])
-        for j in range(w):
-            u = u0 + j
-            c_state[b, u] = act[w + j] * c_state[b, u] + act[j] * act[2 * w + j]
-        for j in range(w):
-            u = u0 + j
-            h_state[b, u] = fast_tanh(c_state[b, u])
         if store_cache:
-            for j in range(w):
-                u = u0 + j
-                cache_i[row, u] = act[j]
-                cache_f[row, u] = act[w + j]
-                cache_g[row, u] = act[2 * w + j]
-                cache_o[row, u] = act[3 * w + j]
-                cache_c[row, u] = c_state[b, u]
-                cache_tanhc[row, u] = h_state[b, u]
-        for j in range(w):
-            u = u0 + j
-            v_h = act[3 * w + j] * h_state[b, u]
-            h_state[b, u] = v_h
-            y[yr, y_col + u] = v_h
-        if store_cache:
-            for j in range(w):
-                u = u0 + j
-                cache_h[row, u] = h_state[b, u]
+            _forward_cell_row(w, &gates[n0 + b, 4 * u0], &bias[4 * u0], &c_state[b, u0],
+                              &h_state[b, u0], &y[y_step_row[t] + b * y_batch_stride, y_col + u0],
+                              &cache_i[row, u0], &cache_f[row, u0], &cache_g[row, u0],
+                              &cache_o[row, u0], &cache_c[row, u0], &cache_tanhc[row, u0],
+                              &cache_h[row, u0], True)
+        else:
+            _forward_cell_row(w, &gates[n0 + b, 4 * u0], &bias[4 * u0], &c_state[b, u0],
+                              &h_state[b, u0], &y[y_step_row[t] + b * y_batch_stride, y_col + u0],
+                              none, none, none, none, none, none, none, False)
 
 
 cdef void _forward_split(
@@ -427,19 +459,31 @@ cdef void _forward_split(
         floating[:, ::1] cache_i, floating[:, ::1] cache_f, floating[:, ::1] cache_g,
         floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
         floating[:, ::1] cache_h, bint store_cache,
-        floating[:, ::1] gates, floating[:, ::1] x_packed,
+        floating[:, ::1] gates, floating[:, ::1] x_packed, floating[::1] w_packed,
         Py_ssize_t *barrier) noexcept nogil:
-    """Halves ``first_half .. last_half`` of the split forward (weights already permuted)."""
+    """Halves ``first_half .. last_half`` of the split forward (weights already permuted).
+    Each half packs its own gate rows of ``w_hh`` into ``w_packed`` (half 1 after half 0's
+    ``packed_len(4 * split, H)`` elements)."""
     cdef Py_ssize_t T = batch_sizes.shape[0]
     cdef Py_ssize_t H = h_state.shape[1]
     cdef Py_ssize_t N = gates.shape[0]
     cdef Py_ssize_t s, t, nb, n0, u0, w
+    cdef Py_ssize_t half1_offset
     cdef int half
+    if floating is float:
+        half1_offset = pg_s_packed_len(4 * split, H)
+    else:
+        half1_offset = pg_d_packed_len(4 * split, H)
     for half in range(first_half, last_half + 1):
         # Half 0 projects rows [0, N/2) of the input, half 1 rows [N/2, N).
         _forward_split_half_rows(x, x_step_row, x_batch_stride, x_rows_packed, w_ih,
                                  batch_sizes, packed_start, gates, x_packed,
                                  0 if half == 0 else N // 2, N // 2 if half == 0 else N)
+        u0 = 0 if half == 0 else split
+        w = split if half == 0 else H - split
+        if H > 0 and w > 0:
+            _pack(&w_hh[0, 0], H, True, H, 4 * u0, 4 * w,
+                  &w_packed[0 if half == 0 else half1_offset])
     _barrier(barrier)
     if H == 0 or h_state.shape[0] == 0:
         return
@@ -451,14 +495,14 @@ cdef void _forward_split(
             u0 = 0 if half == 0 else split
             w = split if half == 0 else H - split
             if w > 0:
-                gemm(NoTrans, Trans, <int>nb, <int>(4 * w), <int>H, <floating>1,
-                     &h_state[0, 0], <int>H, &w_hh[4 * u0, 0], <int>H, <floating>1,
-                     &gates[n0, 4 * u0], <int>(4 * H))
+                _packed_gemm(nb, 4 * w, H, &h_state[0, 0], H,
+                             &w_packed[0 if half == 0 else half1_offset], &gates[n0, 4 * u0],
+                             4 * H, True)
         _barrier(barrier)  # every thread has read h_{t-1}
         for half in range(first_half, last_half + 1):
             u0 = 0 if half == 0 else split
             w = split if half == 0 else H - split
-            _forward_split_elementwise(u0, w, t, bias, batch_sizes, packed_start, gates,
+            _forward_elementwise(u0, w, t, bias, batch_sizes, packed_start, gates,
                                        h_state, c_state, y, y_step_row, y_batch_stride, 0,
                                        cache_i, cache_f, cache_g, cache_o, cache_c,
                                        cache_tanhc, cache_h, store_cache)
@@ -476,14 +520,16 @@ def forward_direction_split(
         floating[:, ::1] cache_i, floating[:, ::1] cache_f, floating[:, ::1] cache_g,
         floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
         floating[:, ::1] cache_h, bint store_cache,
-        floating[:, ::1] gates, floating[:, ::1] x_packed, int n_threads):
+        floating[:, ::1] gates, floating[:, ::1] x_packed, floating[::1] w_packed,
+        int n_threads):
     """Forward of one direction (a one-direction layer) with each step split over threads.
 
     Parameters are those of ``forward_layer`` for a single direction, except that
     ``w_ih``, ``w_hh`` and ``bias`` have their gate rows permuted to
     ``[i f g o of units [0, split) | i f g o of units [split, H)]`` (``gates`` uses the
     same column order), ``y`` is written from column 0, and ``h_state``/``c_state`` hold
-    the initial state on entry and the final state on return.
+    the initial state on entry and the final state on return. ``w_packed`` is a workspace
+    of ``packed_len(4 * split, H) + packed_len(4 * (H - split), H)`` elements.
     """
     cdef Py_ssize_t barrier_state[2]
     cdef int tid, nt
@@ -494,7 +540,8 @@ def forward_direction_split(
             _forward_split(0, 1, reverse, split, x, x_step_row, x_batch_stride, x_rows_packed,
                            w_ih, w_hh, bias, batch_sizes, packed_start, y, y_step_row,
                            y_batch_stride, h_state, c_state, cache_i, cache_f, cache_g, cache_o,
-                           cache_c, cache_tanhc, cache_h, store_cache, gates, x_packed, NULL)
+                           cache_c, cache_tanhc, cache_h, store_cache, gates, x_packed, w_packed,
+                           NULL)
         else:
             with parallel(num_threads=2):
                 tid = threadid()
@@ -504,13 +551,13 @@ def forward_direction_split(
                                    x_rows_packed, w_ih, w_hh, bias, batch_sizes, packed_start,
                                    y, y_step_row, y_batch_stride, h_state, c_state, cache_i,
                                    cache_f, cache_g, cache_o, cache_c, cache_tanhc, cache_h,
-                                   store_cache, gates, x_packed, NULL)
+                                   store_cache, gates, x_packed, w_packed, NULL)
                 else:
                     _forward_split(tid, tid, reverse, split, x, x_step_row, x_batch_stride,
                                    x_rows_packed, w_ih, w_hh, bias, batch_sizes, packed_start,
                                    y, y_step_row, y_batch_stride, h_state, c_state, cache_i,
                                    cache_f, cache_g, cache_o, cache_c, cache_tanhc, cache_h,
-                                   store_cache, gates, x_packed, barrier_state)
+                                   store_cache, gates, x_packed, w_packed, barrier_state)
 
 
 # ---------------------------------------------------------------------------- backward
@@ -524,9 +571,10 @@ cdef void _backward_recurrence(
         const floating[:, ::1] cache_c, const floating[:, ::1] cache_tanhc,
         const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start, bint reverse,
         floating[:, ::1] dh_state, floating[:, ::1] dc_state, floating[:, ::1] dgates,
-        Py_ssize_t chunk, Py_ssize_t *progress) noexcept nogil:
+        floating[::1] w_packed, Py_ssize_t chunk, Py_ssize_t *progress) noexcept nogil:
     """The sequential part of the backward: per step one fused elementwise pass writing the
-    four gate gradients and updating dc, then one GEMM for dh."""
+    four gate gradients and updating dc, then one GEMM for dh (against ``w_hh`` packed into
+    ``w_packed`` first)."""
     cdef Py_ssize_t T = batch_sizes.shape[0]
     cdef Py_ssize_t B = dh_state.shape[0]
     cdef Py_ssize_t H = dh_state.shape[1]
@@ -546,6 +594,7 @@ cdef void _backward_recurrence(
     if H == 0 or B == 0:
         store_release(progress, (T + chunk - 1) // chunk)
         return
+    _pack(&w_hh[0, 0], H, False, G, 0, H, &w_packed[0])
     for s in range(T):
         t = s if reverse else T - 1 - s
         nb = batch_sizes[t]
@@ -584,8 +633,7 @@ cdef void _backward_recurrence(
             for j in range(H):  # dc_next = dc * f
                 dc_row[j] = dc_row[j] * f_row[j]
         # dh for the previous step: dgates_t @ w_hh.
-        gemm(NoTrans, NoTrans, <int>nb, <int>H, <int>G, one, &dgates[n0, 0], <int>G,
-             &w_hh[0, 0], <int>H, <floating>0, &dh_state[0, 0], <int>H)
+        _packed_gemm(nb, H, G, &dgates[n0, 0], G, &w_packed[0], &dh_state[0, 0], H, False)
         if (s + 1) % chunk == 0 or s + 1 == T:
             store_release(progress, (s + chunk) // chunk)
 
@@ -683,15 +731,15 @@ cdef void _backward_direction(
         bint want_dx, floating[:, ::1] dx_target,
         floating[:, :, ::1] dw_ih, floating[:, :, ::1] dw_hh, floating[:, ::1] db,
         bint want_dparams, floating[:, :, ::1] dgates, floating[:, :, ::1] z,
-        floating[:, :, ::1] dw, double[:, ::1] db_acc, Py_ssize_t chunk,
-        Py_ssize_t *progress) noexcept nogil:
+        floating[:, :, ::1] dw, double[:, ::1] db_acc, floating[:, ::1] w_packed,
+        Py_ssize_t chunk, Py_ssize_t *progress) noexcept nogil:
     """Direction ``d``: ``part`` 0 = all of it, 1 = recurrence then dx, 2 = weight gradients."""
     cdef bint reverse = d == 1
     if part != 2:
         _backward_recurrence(dy, dy_step_row, dy_batch_stride, d * dh_state.shape[2],
                              w_hh[d], c0[d], cache_i[d], cache_f[d], cache_g[d], cache_o[d],
                              cache_c[d], cache_tanhc[d], batch_sizes, packed_start, reverse,
-                             dh_state[d], dc_state[d], dgates[d], chunk, progress)
+                             dh_state[d], dc_state[d], dgates[d], w_packed[d], chunk, progress)
     if part != 1 and want_dparams:
         _backward_weights(x, x_step_row, x_batch_stride, h0[d], cache_h[d], batch_sizes,
                           packed_start, reverse, dgates[d], dw_ih[d], dw_hh[d], db[d], z[d],
@@ -716,7 +764,8 @@ def backward_layer(
         floating[:, :, ::1] dw_ih, floating[:, :, ::1] dw_hh, floating[:, ::1] db,
         bint want_dparams,
         floating[:, :, ::1] dgates, floating[:, :, ::1] z, floating[:, :, ::1] dw,
-        double[:, ::1] db_acc, floating[:, :, ::1] dx_packed, Py_ssize_t chunk, int n_threads):
+        double[:, ::1] db_acc, floating[:, :, ::1] dx_packed, floating[:, ::1] w_packed,
+        Py_ssize_t chunk, int n_threads):
     """Backpropagate through both directions of one layer.
 
     Parameters
@@ -742,6 +791,8 @@ def backward_layer(
     dx_packed : ndarray [D, N, I]
         Each direction's dx in packed order, summed into ``dx`` at the end; with one
         direction and packed rows, the caller passes ``dx`` itself (as ``[1, N, I]``).
+    w_packed : ndarray [D, packed_len(H, 4H)]
+        Workspace for each direction's packed ``w_hh``.
     chunk : int
         Steps per chunk (fixed by the shape).
     n_threads : int
@@ -766,7 +817,7 @@ def backward_layer(
                                     cache_o, cache_c, cache_tanhc, cache_h, batch_sizes,
                                     packed_start, dh_state, dc_state, want_dx,
                                     dx_packed[d], dw_ih, dw_hh, db,
-                                    want_dparams, dgates, z, dw, db_acc, chunk, &progress[d])
+                                    want_dparams, dgates, z, dw, db_acc, w_packed, chunk, &progress[d])
         else:
             with parallel(num_threads=2):
                 tid = threadid()
@@ -779,14 +830,14 @@ def backward_layer(
                                             cache_h, batch_sizes, packed_start, dh_state,
                                             dc_state, want_dx,
                                             dx_packed[d], dw_ih, dw_hh,
-                                            db, want_dparams, dgates, z, dw, db_acc, chunk, &progress[d])
+                                            db, want_dparams, dgates, z, dw, db_acc, w_packed, chunk, &progress[d])
                 elif D == 2:
                     _backward_direction(0, tid, x, x_step_row, x_batch_stride, dy, dy_step_row,
                                         dy_batch_stride, w_ih, w_hh, h0, c0, cache_i, cache_f,
                                         cache_g, cache_o, cache_c, cache_tanhc, cache_h,
                                         batch_sizes, packed_start, dh_state, dc_state, want_dx,
                                         dx_packed[tid], dw_ih, dw_hh,
-                                        db, want_dparams, dgates, z, dw, db_acc, chunk, &progress[tid])
+                                        db, want_dparams, dgates, z, dw, db_acc, w_packed, chunk, &progress[tid])
                 else:
                     # Thread 0: recurrence, then dx. Thread 1: weight gradients of the chunks
                     # the recurrence has finished.
@@ -795,7 +846,7 @@ def backward_layer(
                                         cache_i, cache_f, cache_g, cache_o, cache_c, cache_tanhc,
                                         cache_h, batch_sizes, packed_start, dh_state, dc_state,
                                         want_dx, dx_packed[0], dw_ih, dw_hh, db, want_dparams,
-                                        dgates, z, dw, db_acc, chunk, &progress[0])
+                                        dgates, z, dw, db_acc, w_packed, chunk, &progress[0])
         if want_dx and not direct_dx and I > 0:
             for t in range(T):
                 for b in range(batch_sizes[t]):
@@ -807,6 +858,30 @@ def backward_layer(
                     else:
                         for j in range(I):
                             dx[xr, j] = dx_packed[0, n, j]
+
+
+def _packed_matmul(const floating[:, ::1] a, const floating[:, ::1] w, bint trans,
+                   floating[:, ::1] c, bint accumulate, Py_ssize_t n0=0, Py_ssize_t n=-1):
+    """Test hook: ``c (+)= a @ op(w)[:, n0:n0+n]`` through ``_pack`` and ``_packed_gemm``
+    (``op(w)`` is ``w.T`` when ``trans``)."""
+    cdef Py_ssize_t K = a.shape[1]
+    if n < 0:
+        n = (w.shape[0] if trans else w.shape[1]) - n0
+    if (w.shape[1] if trans else w.shape[0]) != K or c.shape[0] != a.shape[0] or c.shape[1] != n:
+        raise ValueError("shapes do not match")
+    if n0 < 0 or n0 + n > (w.shape[0] if trans else w.shape[1]):
+        raise ValueError("column range out of bounds")
+    if a.shape[0] == 0 or n == 0 or K == 0:
+        raise ValueError("empty products are not handled by the packed GEMM")
+    cdef floating[::1] packed
+    if floating is float:
+        packed = np.empty(pg_s_packed_len(n, K), dtype=np.float32)
+    else:
+        packed = np.empty(pg_d_packed_len(n, K), dtype=np.float64)
+    with nogil:
+        _pack(&w[0, 0], w.shape[1], trans, K, n0, n, &packed[0])
+        _packed_gemm(a.shape[0], n, K, &a[0, 0], a.shape[1], &packed[0], &c[0, 0], c.shape[1],
+                     accumulate)
 
 
 def _vector_sigmoid(const floating[::1] x, floating[::1] out):

@@ -1,0 +1,110 @@
+/* Body of the packed-panel GEMM, instantiated by _packed_gemm.h once per element type.
+   Expects: PG_T, PG_NAME(x), PG_MR, PG_VEC, PG_VL, PG_LOAD, PG_STORE, PG_SET1, PG_ZERO,
+   PG_ADD, PG_MULADD (acc + a * b, fused or not per build). */
+#define PG_NR (2 * PG_VL)
+
+/* c[r, :ncols] (+)= sum_k a[r, k] * panel[k, :ncols] for r < mr. Inlined with a constant
+   mr, so the 2 * mr accumulators stay in registers. Each element is summed over k in
+   increasing order whatever the vector width. */
+static inline __attribute__((always_inline)) void
+PG_NAME(block)(const int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const PG_T *panel,
+               PG_T *c, ptrdiff_t ldc, int ncols, int accumulate)
+{
+    PG_VEC acc0[PG_MR], acc1[PG_MR];
+    for (int r = 0; r < mr; r++) {
+        acc0[r] = PG_ZERO();
+        acc1[r] = PG_ZERO();
+    }
+    for (ptrdiff_t k = 0; k < K; k++) {
+        PG_VEC b0 = PG_LOAD(panel + k * PG_NR);
+        PG_VEC b1 = PG_LOAD(panel + k * PG_NR + PG_VL);
+        for (int r = 0; r < mr; r++) {
+            PG_VEC av = PG_SET1(a[r * lda + k]);
+            acc0[r] = PG_MULADD(acc0[r], av, b0);
+            acc1[r] = PG_MULADD(acc1[r], av, b1);
+        }
+    }
+    for (int r = 0; r < mr; r++) {
+        PG_T *cr = c + r * ldc;
+        if (ncols == PG_NR) {
+            if (accumulate) {
+                PG_STORE(cr, PG_ADD(PG_LOAD(cr), acc0[r]));
+                PG_STORE(cr + PG_VL, PG_ADD(PG_LOAD(cr + PG_VL), acc1[r]));
+            } else {
+                PG_STORE(cr, acc0[r]);
+                PG_STORE(cr + PG_VL, acc1[r]);
+            }
+        } else {  /* the last, partial panel */
+            PG_T tmp[PG_NR];
+            PG_STORE(tmp, acc0[r]);
+            PG_STORE(tmp + PG_VL, acc1[r]);
+            for (int j = 0; j < ncols; j++)
+                cr[j] = accumulate ? cr[j] + tmp[j] : tmp[j];
+        }
+    }
+}
+
+static void
+PG_NAME(rows)(int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const PG_T *panel,
+              PG_T *c, ptrdiff_t ldc, int ncols, int accumulate)
+{
+    switch (mr) {
+#define PG_CASE(n) case n: PG_NAME(block)(n, K, a, lda, panel, c, ldc, ncols, accumulate); break;
+    PG_CASE(1) PG_CASE(2) PG_CASE(3) PG_CASE(4) PG_CASE(5) PG_CASE(6)
+#if PG_MR > 6
+    PG_CASE(7) PG_CASE(8) PG_CASE(9) PG_CASE(10) PG_CASE(11) PG_CASE(12)
+#endif
+#undef PG_CASE
+    }
+}
+
+/* Pack columns [n0, n0 + n) of op(W) (W row-major with leading dimension ldw; op(W)[k, j]
+   is W[j, k] when trans, else W[k, j]) into panels of PG_NR columns, k-major inside a
+   panel, the last panel zero-padded. out holds PG_NAME(packed_len)(n, K) elements. */
+static void
+PG_NAME(pack)(const PG_T *w, ptrdiff_t ldw, int trans, ptrdiff_t K, ptrdiff_t n0,
+              ptrdiff_t n, PG_T *out)
+{
+    ptrdiff_t npanel = (n + PG_NR - 1) / PG_NR;
+    for (ptrdiff_t p = 0; p < npanel; p++) {
+        PG_T *dst = out + p * K * PG_NR;
+        for (int j = 0; j < PG_NR; j++) {
+            ptrdiff_t col = p * PG_NR + j;
+            if (col >= n) {
+                for (ptrdiff_t k = 0; k < K; k++)
+                    dst[k * PG_NR + j] = 0;
+            } else if (trans) {  /* row n0 + col of W, read contiguously */
+                const PG_T *src = w + (n0 + col) * ldw;
+                for (ptrdiff_t k = 0; k < K; k++)
+                    dst[k * PG_NR + j] = src[k];
+            } else {
+                for (ptrdiff_t k = 0; k < K; k++)
+                    dst[k * PG_NR + j] = w[k * ldw + n0 + col];
+            }
+        }
+    }
+}
+
+/* c[M, n] = a[M, K] @ packed[K, n] (accumulate: c += ...). Panel-outer, so one panel
+   (K x PG_NR) stays in cache while all M rows pass over it. */
+static void
+PG_NAME(gemm)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t lda,
+              const PG_T *packed, PG_T *c, ptrdiff_t ldc, int accumulate)
+{
+    ptrdiff_t npanel = (n + PG_NR - 1) / PG_NR;
+    for (ptrdiff_t p = 0; p < npanel; p++) {
+        int ncols = (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
+        const PG_T *panel = packed + p * K * PG_NR;
+        for (ptrdiff_t m0 = 0; m0 < M; m0 += PG_MR) {
+            int mr = (int)(M - m0 < PG_MR ? M - m0 : PG_MR);
+            PG_NAME(rows)(mr, K, a + m0 * lda, lda, panel, c + m0 * ldc + p * PG_NR, ldc,
+                          ncols, accumulate);
+        }
+    }
+}
+
+static ptrdiff_t PG_NAME(packed_len)(ptrdiff_t n, ptrdiff_t K)
+{
+    return (n + PG_NR - 1) / PG_NR * PG_NR * K;
+}
+#undef PG_NR
