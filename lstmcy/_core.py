@@ -15,6 +15,7 @@ import numpy as np
 
 from lstmcy._dispatch import kernels as _lstm
 from lstmcy._cache import LSTMCache
+from lstmcy._pool import ResultPool
 from lstmcy._threads import blas_single_threaded, threads_for
 from lstmcy._validation import (SAVED_NAMES, check_backward, check_bool, check_dropout,
                                 check_output_mask, check_problem, check_seed, to_compute)
@@ -26,6 +27,9 @@ __all__ = ["lstm_forward", "lstm_backward", "LSTMPlan", "release_workspaces"]
 _SINGLE_THREADED_GEMM = 65536 * 4
 # Target number of rows (time steps x batch) of one chunk of the batched GEMMs.
 _CHUNK_ROWS = 128
+# The one-direction forward splits each step over two threads when 8*B*H^2 reaches this
+# (and the layer has enough work at all, see threads_for).
+_SPLIT_FORWARD_MIN = 2e5
 _MAX_CHUNKS = 8
 
 
@@ -165,6 +169,8 @@ class LSTMPlan:
             raise ValueError(f"n_threads must be a positive int or None, got {n_threads!r}")
         self.n_threads = n_threads
         self._buffers = {}
+        # Result arrays come from here: their memory is reused once the caller drops them.
+        self._results = ResultPool()
         self._last_views = {}  # name -> the view _take last returned of that buffer
 
     @property
@@ -241,7 +247,7 @@ class LSTMPlan:
                           batch_sizes=batch_sizes)
         T, B, H, L, D, N = p.T, p.B, p.H, p.L, p.D, p.N
         cdt = p.compute_dtype
-        alloc = np.empty if p.uniform else np.zeros
+        alloc = self._results.empty if p.uniform else self._results.zeros
         chunk = _chunk_steps(T, B)
         masks = _draw_masks(p, dropout, rng) if (train and dropout > 0 and L > 1) else None
 
@@ -284,9 +290,10 @@ class LSTMPlan:
                         *[a[0] for a in cache], train, gates[0], x_packed[0],
                         self._take("w_packed", (_packed_len(4 * split, H, cdt)
                                                 + _packed_len(4 * (H - split), H, cdt),), cdt),
-                        # Two barriers a step: worth it only when a step's GEMM is large
-                        # (measured: B*H^2 = 0.5M is faster on one thread, 4M on two).
-                        threads_for(8.0 * N * H * (in_size + H) if 8.0 * B * H * H >= 2e7 else 0.0,
+                        # Two barriers a step: worth it only when a step's GEMM is not tiny
+                        # (measured with the packed recurrent GEMM: (B, H) = (8, 64) and
+                        # (16, 64) gain ~10%, (32, 128) 35%; (1, 32) nothing).
+                        threads_for(8.0 * N * H * (in_size + H) if 8.0 * B * H * H >= _SPLIT_FORWARD_MIN else 0.0,
                                     2, self.n_threads))
                 else:
                     _lstm.forward_layer(
@@ -335,7 +342,7 @@ class LSTMPlan:
         dh_state = np.array(arrays["dh"], dtype=cdt, order="C") if "dh" in arrays else np.zeros(state_shape, cdt)
         dc_state = np.array(arrays["dc"], dtype=cdt, order="C") if "dc" in arrays else np.zeros(state_shape, cdt)
 
-        alloc = np.empty if p.uniform else np.zeros
+        alloc = self._results.empty if p.uniform else self._results.zeros
         internal_step_row, _, internal_packed = p.time_major_map
         per_dir = 4 if p.has_bias else 2
         dparams = [None] * (L * D * per_dir)
@@ -351,7 +358,9 @@ class LSTMPlan:
                     layer_dx_needed = want_dx
                 else:
                     below = _stacked(given["h"], arrays["h"], layer - 1, D, (T * B, H), cdt)
-                    layer_in = np.concatenate(list(below), axis=-1)
+                    below = list(below)
+                    layer_in = self._results.empty((T * B, D * H), cdt)
+                    np.concatenate(below, axis=-1, out=layer_in)
                     if masks is not None:
                         with np.errstate(invalid="ignore"):  # inf * 0 -> NaN, as in torch; no warning
                             layer_in *= masks[layer - 1]
@@ -363,9 +372,9 @@ class LSTMPlan:
                 else:
                     layer_dx = np.empty((0, in_size), dtype=cdt)
                 if want_dparams:
-                    dw_ih = np.empty((D, 4 * H, in_size), dtype=cdt)
-                    dw_hh = np.empty((D, 4 * H, H), dtype=cdt)
-                    db = np.empty((D, 4 * H), dtype=cdt)
+                    dw_ih = self._results.empty((D, 4 * H, in_size), dtype=cdt)
+                    dw_hh = self._results.empty((D, 4 * H, H), dtype=cdt)
+                    db = self._results.empty((D, 4 * H), dtype=cdt)
                 else:
                     dw_ih = np.empty((D, 0, in_size), dtype=cdt)
                     dw_hh = np.empty((D, 0, H), dtype=cdt)

@@ -53,9 +53,17 @@ cdef extern from *:
     """
     static inline Py_ssize_t lstmcy_load_acquire(Py_ssize_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
     static inline void lstmcy_store_release(Py_ssize_t *p, Py_ssize_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+    static inline void lstmcy_cpu_relax(void) {
+    #if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+    #elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+    #endif
+    }
     """
     Py_ssize_t load_acquire "lstmcy_load_acquire"(Py_ssize_t *p) noexcept nogil
     void store_release "lstmcy_store_release"(Py_ssize_t *p, Py_ssize_t v) noexcept nogil
+    void cpu_relax "lstmcy_cpu_relax"() noexcept nogil
 
 cdef extern from *:
     """
@@ -85,19 +93,36 @@ cdef extern from "<time.h>" nogil:
     int nanosleep(const timespec *req, timespec *rem)
 
 
+# How long _wait_for spins (PAUSE instructions), then yields, before it sleeps.
+cdef int _spin_pauses = 20000
+cdef int _spin_yields = 2000
+
+
+def _set_spin_limits(int pauses, int yields):
+    """Tuning hook: how many PAUSEs, then ``sched_yield`` calls, a wait makes before sleeping."""
+    global _spin_pauses, _spin_yields
+    _spin_pauses = pauses
+    _spin_yields = yields
+
+
 cdef inline void _wait_for(Py_ssize_t *progress, Py_ssize_t chunks) noexcept nogil:
     """Block until the producer has published ``chunks`` finished chunks.
 
-    Spin (yielding) first: on an idle machine the producer is running on the other core
-    and the wait is short. If it goes on, the producer has probably lost its core to
-    another process, so sleep briefly to give the core back instead of burning it.
+    Spin first: on an idle machine the producer is running on the other core and the
+    wait is short (the per-step barriers wait a few microseconds, less than a
+    ``sched_yield`` system call costs). If it goes on, yield, and then sleep briefly: the
+    producer has probably lost its core to another process, so give the core back
+    instead of burning it.
     """
     cdef int spins = 0
     cdef timespec pause
     pause.tv_sec = 0
     pause.tv_nsec = 20000
     while load_acquire(progress) < chunks:
-        if spins < 2000:
+        if spins < _spin_pauses:
+            spins += 1
+            cpu_relax()
+        elif spins < _spin_pauses + _spin_yields:
             spins += 1
             sched_yield()
         else:

@@ -1,0 +1,92 @@
+"""Memory for result arrays, reused once the caller has dropped them.
+
+Every call returns fresh arrays (outputs, saved activations, gradients) of megabytes.
+Allocated afresh, their pages are mapped and zeroed by the kernel on first touch: glibc
+serves such sizes with ``mmap`` or returns them to the system on ``free``, so a training
+loop page-faults through its whole working set on every call, which measured up to half
+of a small forward's time (50x32x128: 3.1 ms with warm memory, 5-8 ms with page faults).
+
+:class:`ResultPool` keeps the buffers it handed out. A buffer is free again when no array
+made from it is alive: every view numpy makes of it references it as ``base``, so its
+reference count says so exactly. The caller sees ordinary arrays (views of a pool buffer,
+``base`` set), which stay valid for as long as they are referenced.
+"""
+import math
+import sys
+import threading
+
+import numpy as np
+
+# Below this, malloc keeps the memory in its heap anyway (its mmap threshold is 128 KiB).
+_MIN_BYTES = 64 * 1024
+# Buffers kept per pool; beyond this, free buffers are dropped oldest first.
+_MAX_BUFFERS = 64
+# A free buffer serves a request of at least this share of its size (no large waste).
+_MIN_FILL = 0.5
+
+
+class ResultPool:
+    """Hands out result arrays backed by reusable buffers (see the module docstring)."""
+
+    def __init__(self):
+        self._buffers = []
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self):
+        """Bytes held by the pool, in use or free."""
+        return sum(b.nbytes for b in self._buffers)
+
+    def empty(self, shape, dtype):
+        """An uninitialised C-contiguous array, like ``np.empty(shape, dtype)``."""
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < _MIN_BYTES:
+            return np.empty(shape, dtype)
+        with self._lock:
+            buffer = self._find_free(nbytes)
+            if buffer is None:
+                buffer = np.empty(nbytes, np.uint8)
+                self._buffers.append(buffer)
+                self._trim()
+        return buffer[:nbytes].view(dtype).reshape(shape)
+
+    def zeros(self, shape, dtype):
+        """Like ``np.zeros(shape, dtype)``."""
+        array = self.empty(shape, dtype)
+        array.fill(0)
+        return array
+
+    def clear(self):
+        """Forget every buffer (arrays in use stay valid: they hold their buffer)."""
+        with self._lock:
+            self._buffers = []
+
+    # A free buffer is referenced only by the list and getrefcount's argument (and, in
+    # _trim, the loop variable).
+    _FREE_REFCOUNT = 2
+
+    def _find_free(self, nbytes):
+        best, best_index = None, -1
+        for index in range(len(self._buffers)):
+            size = self._buffers[index].nbytes
+            if (nbytes <= size and nbytes >= _MIN_FILL * size
+                    and (best is None or size < best.nbytes)
+                    and sys.getrefcount(self._buffers[index]) == self._FREE_REFCOUNT):
+                best, best_index = self._buffers[index], index
+        if best is not None:
+            # Move it to the end: the list stays in order of last use.
+            self._buffers.append(self._buffers.pop(best_index))
+        return best
+
+    def _trim(self):
+        excess = len(self._buffers) - _MAX_BUFFERS
+        if excess <= 0:
+            return
+        kept = []
+        for buffer in self._buffers:
+            if excess > 0 and sys.getrefcount(buffer) == self._FREE_REFCOUNT + 1:
+                excess -= 1
+                continue
+            kept.append(buffer)
+        self._buffers = kept
