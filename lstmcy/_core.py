@@ -184,7 +184,8 @@ class LSTMPlan:
 
         The workspace is O(T*B*4H) per direction: the gate (gradient) buffer and, where the
         input is not in packed order, a packed copy of the input (gradient), plus a
-        panel-packed copy of ``w_hh`` per direction for the recurrent products; the backward
+        panel-packed copy of ``w_hh`` per direction for the recurrent products (and a second
+        ``[B, H]`` h buffer for the split forward); the backward
         adds one chunk of ``[x_t, h_{t-1}]`` rows, a ``[4H, I + H]`` weight-gradient
         accumulator and a float64 bias accumulator. An upper bound of what
         :attr:`workspace_size` reaches after such calls.
@@ -201,7 +202,7 @@ class LSTMPlan:
                           _packed_len(4 * split, H, compute) + _packed_len(4 * (H - split), H, compute))
         if backward:
             packed_w_hh = max(packed_w_hh, D * _packed_len(H, 4 * H, compute))
-        elements += packed_w_hh
+        elements += packed_w_hh + B * H  # + the second h buffer of the split forward
         extra_bytes = 0
         if backward:
             elements += D * _chunk_steps(T, B) * B * (width + H) + D * 4 * H * (width + H)
@@ -290,6 +291,7 @@ class LSTMPlan:
                         *[a[0] for a in cache], train, gates[0], x_packed[0],
                         self._take("w_packed", (_packed_len(4 * split, H, cdt)
                                                 + _packed_len(4 * (H - split), H, cdt),), cdt),
+                        self._take("h_other", (B, H), cdt),
                         # Two barriers a step: worth it only when a step's GEMM is not tiny
                         # (measured with the packed recurrent GEMM: (B, H) = (8, 64) and
                         # (16, 64) gain ~10%, (32, 128) 35%; (1, 32) nothing).

@@ -485,15 +485,22 @@ cdef void _forward_split(
         floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
         floating[:, ::1] cache_h, bint store_cache,
         floating[:, ::1] gates, floating[:, ::1] x_packed, floating[::1] w_packed,
-        Py_ssize_t *barrier) noexcept nogil:
+        floating[:, ::1] h_other, Py_ssize_t *barrier) noexcept nogil:
     """Halves ``first_half .. last_half`` of the split forward (weights already permuted).
     Each half packs its own gate rows of ``w_hh`` into ``w_packed`` (half 1 after half 0's
-    ``packed_len(4 * split, H)`` elements)."""
+    ``packed_len(4 * split, H)`` elements).
+
+    ``h`` is double-buffered (``h_state`` and ``h_other``, ``[B, H]``): step ``s`` reads
+    one and writes the other, so a step needs one barrier (h_t complete), not a second one
+    to protect ``h_{t-1}`` from being overwritten while the other thread still reads it."""
     cdef Py_ssize_t T = batch_sizes.shape[0]
+    cdef Py_ssize_t B = h_state.shape[0]
     cdef Py_ssize_t H = h_state.shape[1]
     cdef Py_ssize_t N = gates.shape[0]
-    cdef Py_ssize_t s, t, nb, n0, u0, w
+    cdef Py_ssize_t s, t, nb, n0, u0, w, b, j, nb_before
     cdef Py_ssize_t half1_offset
+    cdef floating *h_prev
+    cdef floating *h_next
     cdef int half
     if floating is float:
         half1_offset = pg_s_packed_len(4 * split, H)
@@ -509,29 +516,51 @@ cdef void _forward_split(
         if H > 0 and w > 0:
             _pack(&w_hh[0, 0], H, True, H, 4 * u0, 4 * w,
                   &w_packed[0 if half == 0 else half1_offset])
+            # Both h buffers start as the initial state: a row joining later (reverse
+            # direction) reads its initial state from whichever buffer is current.
+            for b in range(B):
+                for j in range(u0, u0 + w):
+                    h_other[b, j] = h_state[b, j]
     _barrier(barrier)
-    if H == 0 or h_state.shape[0] == 0:
+    if H == 0 or B == 0:
         return
     for s in range(T):
         t = T - 1 - s if reverse else s
         nb = batch_sizes[t]
         n0 = packed_start[t]
+        h_prev = &h_state[0, 0] if s % 2 == 0 else &h_other[0, 0]
+        h_next = &h_other[0, 0] if s % 2 == 0 else &h_state[0, 0]
+        # Rows active at the previous step but not at this one keep their h: carry it
+        # into the buffer this step writes.
+        nb_before = batch_sizes[t + 1 if reverse else t - 1] if s > 0 else nb
         for half in range(first_half, last_half + 1):
             u0 = 0 if half == 0 else split
             w = split if half == 0 else H - split
             if w > 0:
-                _packed_gemm(nb, 4 * w, H, &h_state[0, 0], H,
+                _packed_gemm(nb, 4 * w, H, h_prev, H,
                              &w_packed[0 if half == 0 else half1_offset], &gates[n0, 4 * u0],
                              4 * H, True)
-        _barrier(barrier)  # every thread has read h_{t-1}
+            for b in range(nb, nb_before):
+                for j in range(u0, u0 + w):
+                    h_next[b * H + j] = h_prev[b * H + j]
+            if s % 2 == 0:
+                _forward_elementwise(u0, w, t, bias, batch_sizes, packed_start, gates,
+                                     h_other, c_state, y, y_step_row, y_batch_stride, 0,
+                                     cache_i, cache_f, cache_g, cache_o, cache_c,
+                                     cache_tanhc, cache_h, store_cache)
+            else:
+                _forward_elementwise(u0, w, t, bias, batch_sizes, packed_start, gates,
+                                     h_state, c_state, y, y_step_row, y_batch_stride, 0,
+                                     cache_i, cache_f, cache_g, cache_o, cache_c,
+                                     cache_tanhc, cache_h, store_cache)
+        _barrier(barrier)  # h_t is complete
+    if T % 2 == 1:  # the final state is in h_other
         for half in range(first_half, last_half + 1):
             u0 = 0 if half == 0 else split
             w = split if half == 0 else H - split
-            _forward_elementwise(u0, w, t, bias, batch_sizes, packed_start, gates,
-                                       h_state, c_state, y, y_step_row, y_batch_stride, 0,
-                                       cache_i, cache_f, cache_g, cache_o, cache_c,
-                                       cache_tanhc, cache_h, store_cache)
-        _barrier(barrier)  # h_t is complete
+            for b in range(B):
+                for j in range(u0, u0 + w):
+                    h_state[b, j] = h_other[b, j]
 
 
 def forward_direction_split(
@@ -546,7 +575,7 @@ def forward_direction_split(
         floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
         floating[:, ::1] cache_h, bint store_cache,
         floating[:, ::1] gates, floating[:, ::1] x_packed, floating[::1] w_packed,
-        int n_threads):
+        floating[:, ::1] h_other, int n_threads):
     """Forward of one direction (a one-direction layer) with each step split over threads.
 
     Parameters are those of ``forward_layer`` for a single direction, except that
@@ -554,7 +583,8 @@ def forward_direction_split(
     ``[i f g o of units [0, split) | i f g o of units [split, H)]`` (``gates`` uses the
     same column order), ``y`` is written from column 0, and ``h_state``/``c_state`` hold
     the initial state on entry and the final state on return. ``w_packed`` is a workspace
-    of ``packed_len(4 * split, H) + packed_len(4 * (H - split), H)`` elements.
+    of ``packed_len(4 * split, H) + packed_len(4 * (H - split), H)`` elements, ``h_other``
+    one of ``[B, H]``.
     """
     cdef Py_ssize_t barrier_state[2]
     cdef int tid, nt
@@ -566,7 +596,7 @@ def forward_direction_split(
                            w_ih, w_hh, bias, batch_sizes, packed_start, y, y_step_row,
                            y_batch_stride, h_state, c_state, cache_i, cache_f, cache_g, cache_o,
                            cache_c, cache_tanhc, cache_h, store_cache, gates, x_packed, w_packed,
-                           NULL)
+                           h_other, NULL)
         else:
             with parallel(num_threads=2):
                 tid = threadid()
@@ -576,13 +606,14 @@ def forward_direction_split(
                                    x_rows_packed, w_ih, w_hh, bias, batch_sizes, packed_start,
                                    y, y_step_row, y_batch_stride, h_state, c_state, cache_i,
                                    cache_f, cache_g, cache_o, cache_c, cache_tanhc, cache_h,
-                                   store_cache, gates, x_packed, w_packed, NULL)
+                                   store_cache, gates, x_packed, w_packed, h_other, NULL)
                 else:
                     _forward_split(tid, tid, reverse, split, x, x_step_row, x_batch_stride,
                                    x_rows_packed, w_ih, w_hh, bias, batch_sizes, packed_start,
                                    y, y_step_row, y_batch_stride, h_state, c_state, cache_i,
                                    cache_f, cache_g, cache_o, cache_c, cache_tanhc, cache_h,
-                                   store_cache, gates, x_packed, w_packed, barrier_state)
+                                   store_cache, gates, x_packed, w_packed, h_other,
+                                   barrier_state)
 
 
 # ---------------------------------------------------------------------------- backward

@@ -68,18 +68,23 @@ PG_NAME(pack)(const PG_T *w, ptrdiff_t ldw, int trans, ptrdiff_t K, ptrdiff_t n0
     ptrdiff_t npanel = (n + PG_NR - 1) / PG_NR;
     for (ptrdiff_t p = 0; p < npanel; p++) {
         PG_T *dst = out + p * K * PG_NR;
-        for (int j = 0; j < PG_NR; j++) {
-            ptrdiff_t col = p * PG_NR + j;
-            if (col >= n) {
-                for (ptrdiff_t k = 0; k < K; k++)
-                    dst[k * PG_NR + j] = 0;
-            } else if (trans) {  /* row n0 + col of W, read contiguously */
-                const PG_T *src = w + (n0 + col) * ldw;
+        int width = (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
+        if (trans) {  /* column j of the panel is row n0 + col of W: read it contiguously */
+            for (int j = 0; j < width; j++) {
+                const PG_T *src = w + (n0 + p * PG_NR + j) * ldw;
                 for (ptrdiff_t k = 0; k < K; k++)
                     dst[k * PG_NR + j] = src[k];
-            } else {
+            }
+            for (int j = width; j < PG_NR; j++)
                 for (ptrdiff_t k = 0; k < K; k++)
-                    dst[k * PG_NR + j] = w[k * ldw + n0 + col];
+                    dst[k * PG_NR + j] = 0;
+        } else {  /* row k of the panel is a contiguous piece of row k of W */
+            for (ptrdiff_t k = 0; k < K; k++) {
+                const PG_T *src = w + k * ldw + n0 + p * PG_NR;
+                for (int j = 0; j < width; j++)
+                    dst[k * PG_NR + j] = src[j];
+                for (int j = width; j < PG_NR; j++)
+                    dst[k * PG_NR + j] = 0;
             }
         }
     }
