@@ -53,9 +53,6 @@ cdef extern from *:
     """
     static inline Py_ssize_t lstmcy_load_acquire(Py_ssize_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
     static inline void lstmcy_store_release(Py_ssize_t *p, Py_ssize_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-    static inline int lstmcy_compare_exchange(Py_ssize_t *p, Py_ssize_t expected, Py_ssize_t desired) {
-        return __atomic_compare_exchange_n(p, &expected, desired, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-    }
     static inline void lstmcy_cpu_relax(void) {
     #if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_pause();
@@ -67,8 +64,6 @@ cdef extern from *:
     Py_ssize_t load_acquire "lstmcy_load_acquire"(Py_ssize_t *p) noexcept nogil
     void store_release "lstmcy_store_release"(Py_ssize_t *p, Py_ssize_t v) noexcept nogil
     void cpu_relax "lstmcy_cpu_relax"() noexcept nogil
-    bint compare_exchange "lstmcy_compare_exchange"(Py_ssize_t *p, Py_ssize_t expected,
-                                                     Py_ssize_t desired) noexcept nogil
 
 cdef extern from *:
     """
@@ -699,197 +694,87 @@ cdef void _backward_recurrence(
             store_release(progress, (s + chunk) // chunk)
 
 
-# After (and alongside) the recurrence, the backward's batched GEMMs run as work items, one
-# per chunk of finished steps:
-#   chain 0, chunk c: dW_ih^T += x_c^T @ dgates_c (and db += the column sums of dgates_c)
-#   chain 1, chunk c: dW_hh^T += h_prev_c^T @ dgates_c
-#   dx, chunk c:      dx_c = dgates_c @ w_ih
-# ``dw`` holds ``[dW_ih | dW_hh]^T`` as ``[I + H, 4H]`` (this orientation ran ~4% faster in
-# OpenBLAS); items of a chain run in chunk order (they accumulate into their own rows);
-# dx items are independent. Either thread may run any item, but every item is the same
-# computation whoever runs it and whenever, so results do not depend on the thread count.
-# With one direction, thread 1 takes items as the recurrence (thread 0) finishes chunks,
-# and thread 0 joins once the recurrence is done: the two finish together instead of one
-# waiting for the other's tail.
-
-cdef enum:
-    _ITEM_NEXT0 = 0   # next chunk of chain 0
-    _ITEM_NEXT1 = 1   # next chunk of chain 1
-    _ITEM_BUSY0 = 2   # chain 0 claimed by a thread
-    _ITEM_BUSY1 = 3
-    _ITEM_DX = 4      # next dx chunk
-    _ITEM_STATE = 5
-
-
-cdef void _weights_item(
-        int chain, Py_ssize_t c,
+cdef void _backward_weights(
         const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
-        bint x_rows_packed, const floating[:, ::1] h0, const floating[:, ::1] cache_h,
+        const floating[:, ::1] h0, const floating[:, ::1] cache_h,
         const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start, bint reverse,
-        const floating[:, ::1] dgates, floating[:, ::1] z, floating[:, ::1] dw,
-        double[::1] db_acc, Py_ssize_t chunk) noexcept nogil:
-    """Item ``c`` of chain 0 (``dW_ih``, ``db``) or chain 1 (``dW_hh``); see above."""
+        const floating[:, ::1] dgates,
+        floating[:, ::1] dw_ih, floating[:, ::1] dw_hh, floating[::1] db,
+        floating[:, ::1] z, floating[:, ::1] dw, double[::1] db_acc, Py_ssize_t chunk,
+        Py_ssize_t *progress) noexcept nogil:
+    """``[dW_ih | dW_hh] = sum over chunks of dgates^T [x | h_prev]`` (one GEMM per chunk,
+    accumulated in ``dw``) and ``db = sum(dgates)``, taking the chunks in order as the
+    recurrence finishes them (fixed order: bitwise reproducible). ``db`` is summed over up
+    to T*B rows, in double (``db_acc``): float32 would drift by ~1e-5 at a million rows."""
     cdef Py_ssize_t T = batch_sizes.shape[0]
     cdef Py_ssize_t B = h0.shape[0]
     cdef Py_ssize_t H = h0.shape[1]
-    cdef Py_ssize_t G = dw.shape[0]
-    cdef Py_ssize_t I = dw.shape[1] - H
-    cdef Py_ssize_t K = I if chain == 0 else H
-    cdef floating *dw_t  # this chain's rows of dw read as [I + H, G]
-    cdef Py_ssize_t t, b, j, k, n, t_lo, t_hi, r0, r1, prev_t
-    cdef floating *buf
-    cdef const floating *src
-    cdef const floating *operand
-    cdef const floating *dg
-    if G == 0:
-        return
-    dw_t = &dw[0, 0] + (0 if chain == 0 else I * G)
-    _chunk_bounds(c, chunk, T, not reverse, &t_lo, &t_hi)
-    r0 = packed_start[t_lo]
-    r1 = packed_start[t_hi - 1] + batch_sizes[t_hi - 1]
-    if r1 == r0:  # no rows (B == 0): the first item still initialises the sums
-        if c == 0:
-            for j in range(K * G):
-                dw_t[j] = 0
-            if chain == 0:
-                for k in range(G):
-                    db_acc[k] = 0
-        return
-    # The chunk's rows of x (chain 0) or h_{t-1} (chain 1), contiguous: z holds room for
-    # one chunk of each, x's part first.
-    buf = &z[0, 0] if chain == 0 else &z[0, 0] + z.shape[0] * I
-    operand = buf
-    if chain == 0 and x_rows_packed:
-        operand = &x[r0, 0] if I > 0 else buf
-    elif K > 0:
-        for t in range(t_lo, t_hi):
-            for b in range(batch_sizes[t]):
-                n = packed_start[t] + b - r0
-                if chain == 0:
-                    src = &x[x_step_row[t] + b * x_batch_stride, 0]
-                else:
-                    prev_t = _prev_step(t, b, T, batch_sizes, reverse)
-                    src = &cache_h[prev_t * B + b, 0] if prev_t >= 0 else &h0[b, 0]
-                for j in range(K):
-                    buf[n * K + j] = src[j]
-    if K > 0:
-        gemm(Trans, NoTrans, <int>K, <int>G, <int>(r1 - r0), <floating>1, operand, <int>K,
-             &dgates[r0, 0], <int>G, <floating>(0 if c == 0 else 1), dw_t, <int>G)
-    if chain == 0:
-        for n in range(r0, r1):
-            dg = &dgates[n, 0]
-            if n == r0 and c == 0:
-                for k in range(G):
-                    db_acc[k] = dg[k]
-            else:
-                for k in range(G):
-                    db_acc[k] += dg[k]
-
-
-cdef void _dx_item(Py_ssize_t c, const Py_ssize_t[::1] batch_sizes,
-                   const Py_ssize_t[::1] packed_start, bint reverse,
-                   const floating[:, ::1] dgates, const floating[:, ::1] w_ih,
-                   floating[:, ::1] dx, Py_ssize_t chunk) noexcept nogil:
-    """``dx_c = dgates_c @ w_ih`` for the rows of chunk ``c`` (zeros when H == 0)."""
-    cdef Py_ssize_t T = batch_sizes.shape[0]
-    cdef Py_ssize_t G = dgates.shape[1]
-    cdef Py_ssize_t I = w_ih.shape[1]
-    cdef Py_ssize_t t_lo, t_hi, r0, r1
-    _chunk_bounds(c, chunk, T, not reverse, &t_lo, &t_hi)
-    r0 = packed_start[t_lo]
-    r1 = packed_start[t_hi - 1] + batch_sizes[t_hi - 1]
-    if r1 == r0 or I == 0:
-        return
-    gemm(NoTrans, NoTrans, <int>(r1 - r0), <int>I, <int>G, <floating>1,
-         &dgates[r0, 0] if G > 0 else NULL, <int>G, &w_ih[0, 0] if G > 0 else NULL, <int>I,
-         <floating>0, &dx[r0, 0], <int>I)
-
-
-cdef void _backward_items(
-        Py_ssize_t *state, Py_ssize_t *progress, bint want_dparams, bint want_dx,
-        const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
-        bint x_rows_packed, const floating[:, ::1] w_ih,
-        const floating[:, ::1] h0, const floating[:, ::1] cache_h,
-        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start, bint reverse,
-        const floating[:, ::1] dgates, floating[:, ::1] z, floating[:, ::1] dw,
-        double[::1] db_acc, floating[:, ::1] dx, Py_ssize_t chunk) noexcept nogil:
-    """Run work items of one direction until none is left to claim (see above): chain items
-    first, a dx item when no chain item is ready. Chains are claimed through a busy flag,
-    dx chunks through a counter; ``progress`` is the recurrence's count of finished chunks."""
-    cdef Py_ssize_t T = batch_sizes.shape[0]
-    cdef Py_ssize_t n_chunks = (T + chunk - 1) // chunk
-    cdef Py_ssize_t ready, c
-    cdef bint did, left
-    cdef int ch
-    while True:
-        ready = load_acquire(progress)
-        did = False
-        left = False
-        if want_dparams:
-            for ch in range(2):
-                if load_acquire(&state[_ITEM_NEXT0 + ch]) >= n_chunks:
-                    continue
-                left = True
-                if not compare_exchange(&state[_ITEM_BUSY0 + ch], 0, 1):
-                    continue
-                c = load_acquire(&state[_ITEM_NEXT0 + ch])
-                if c < ready:
-                    _weights_item(ch, c, x, x_step_row, x_batch_stride, x_rows_packed, h0,
-                                  cache_h, batch_sizes, packed_start, reverse, dgates, z, dw,
-                                  db_acc, chunk)
-                    store_release(&state[_ITEM_NEXT0 + ch], c + 1)
-                    did = True
-                store_release(&state[_ITEM_BUSY0 + ch], 0)
-        if want_dx:
-            c = load_acquire(&state[_ITEM_DX])
-            if c < n_chunks:
-                left = True
-                if not did and c < ready and compare_exchange(&state[_ITEM_DX], c, c + 1):
-                    _dx_item(c, batch_sizes, packed_start, reverse, dgates, w_ih, dx, chunk)
-                    did = True
-        if not left:
-            return
-        if not did:
-            if ready < n_chunks:
-                _wait_for(progress, ready + 1)
-            else:
-                cpu_relax()  # the other thread holds the chain's current item
-
-
-cdef void _backward_finish(const floating[:, ::1] dw, const double[::1] db_acc,
-                           Py_ssize_t n_chunks, floating[:, ::1] dw_ih, floating[:, ::1] dw_hh,
-                           floating[::1] db) noexcept nogil:
-    """Transpose the accumulated ``[dW_ih | dW_hh]^T`` out and round ``db`` (zeros without
-    steps)."""
-    cdef Py_ssize_t G = dw_ih.shape[0]
     cdef Py_ssize_t I = dw_ih.shape[1]
-    cdef Py_ssize_t H = dw_hh.shape[1]
-    cdef Py_ssize_t k, j
-    cdef const floating *dw_t = &dw[0, 0] if G > 0 else NULL
+    cdef Py_ssize_t G = 4 * H
+    cdef Py_ssize_t K = I + H
+    cdef Py_ssize_t n_chunks = (T + chunk - 1) // chunk
+    cdef Py_ssize_t c, t, b, j, k, n, t_lo, t_hi, r0, r1, zr, xr, prev_t
+    cdef const floating *h_prev
+    cdef const floating *x_row
+    cdef floating *z_row
+    cdef const floating *dg
+    cdef floating one = 1
     if G == 0:
-        return
-    if n_chunks == 0:
-        for k in range(G):
-            db[k] = 0
-            for j in range(I):
-                dw_ih[k, j] = 0
-            for j in range(H):
-                dw_hh[k, j] = 0
         return
     for k in range(G):
+        db_acc[k] = 0
+        for j in range(K):
+            dw[k, j] = 0
+    for c in range(n_chunks):
+        _wait_for(progress, c + 1)
+        _chunk_bounds(c, chunk, T, not reverse, &t_lo, &t_hi)
+        r0 = packed_start[t_lo]
+        r1 = packed_start[t_hi - 1] + batch_sizes[t_hi - 1]
+        if r1 == r0:
+            continue
+        for t in range(t_lo, t_hi):
+            for b in range(batch_sizes[t]):
+                z_row = &z[packed_start[t] + b - r0, 0]
+                xr = x_step_row[t] + b * x_batch_stride
+                if I > 0:
+                    x_row = &x[xr, 0]
+                    for j in range(I):
+                        z_row[j] = x_row[j]
+                prev_t = _prev_step(t, b, T, batch_sizes, reverse)
+                h_prev = &cache_h[prev_t * B + b, 0] if prev_t >= 0 else &h0[b, 0]
+                for j in range(H):
+                    z_row[I + j] = h_prev[j]
+        gemm(Trans, NoTrans, <int>G, <int>K, <int>(r1 - r0), one, &dgates[r0, 0], <int>G,
+             &z[0, 0], <int>K, one, &dw[0, 0], <int>K)
+        for n in range(r0, r1):
+            dg = &dgates[n, 0]
+            for k in range(G):
+                db_acc[k] += dg[k]
+    for k in range(G):
         db[k] = <floating>db_acc[k]
-    for j in range(I):
-        for k in range(G):
-            dw_ih[k, j] = dw_t[j * G + k]
-    for j in range(H):
-        for k in range(G):
-            dw_hh[k, j] = dw_t[(I + j) * G + k]
+    for k in range(G):
+        for j in range(I):
+            dw_ih[k, j] = dw[k, j]
+        for j in range(H):
+            dw_hh[k, j] = dw[k, I + j]
+
+
+cdef void _backward_dx(const floating[:, ::1] dgates, const floating[:, ::1] w_ih,
+                       floating[:, ::1] dx) noexcept nogil:
+    """``dx = dgates @ w_ih`` over all rows in one GEMM (zeros when H == 0)."""
+    cdef Py_ssize_t N = dgates.shape[0]
+    cdef Py_ssize_t G = dgates.shape[1]
+    cdef Py_ssize_t I = w_ih.shape[1]
+    if N == 0 or I == 0:
+        return
+    gemm(NoTrans, NoTrans, <int>N, <int>I, <int>G, <floating>1,
+         &dgates[0, 0] if G > 0 else NULL, <int>G, &w_ih[0, 0] if G > 0 else NULL, <int>I,
+         <floating>0, &dx[0, 0], <int>I)
 
 
 cdef void _backward_direction(
-        int part, Py_ssize_t d, Py_ssize_t *state,
+        int part, Py_ssize_t d,
         const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
-        bint x_rows_packed,
         const floating[:, ::1] dy, const Py_ssize_t[::1] dy_step_row, Py_ssize_t dy_batch_stride,
         const floating[:, :, ::1] w_ih, const floating[:, :, ::1] w_hh,
         const floating[:, :, ::1] h0, const floating[:, :, ::1] c0,
@@ -900,19 +785,23 @@ cdef void _backward_direction(
         const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
         floating[:, :, ::1] dh_state, floating[:, :, ::1] dc_state,
         bint want_dx, floating[:, ::1] dx_target,
+        floating[:, :, ::1] dw_ih, floating[:, :, ::1] dw_hh, floating[:, ::1] db,
         bint want_dparams, floating[:, :, ::1] dgates, floating[:, :, ::1] z,
         floating[:, :, ::1] dw, double[:, ::1] db_acc, floating[:, ::1] w_packed,
         Py_ssize_t chunk, Py_ssize_t *progress) noexcept nogil:
-    """Direction ``d``: ``part`` 0 = recurrence then the work items, 1 = the work items."""
+    """Direction ``d``: ``part`` 0 = all of it, 1 = recurrence then dx, 2 = weight gradients."""
     cdef bint reverse = d == 1
-    if part == 0:
+    if part != 2:
         _backward_recurrence(dy, dy_step_row, dy_batch_stride, d * dh_state.shape[2],
                              w_hh[d], c0[d], cache_i[d], cache_f[d], cache_g[d], cache_o[d],
                              cache_c[d], cache_tanhc[d], batch_sizes, packed_start, reverse,
                              dh_state[d], dc_state[d], dgates[d], w_packed[d], chunk, progress)
-    _backward_items(state, progress, want_dparams, want_dx, x, x_step_row, x_batch_stride,
-                    x_rows_packed, w_ih[d], h0[d], cache_h[d], batch_sizes, packed_start,
-                    reverse, dgates[d], z[d], dw[d], db_acc[d], dx_target, chunk)
+    if part != 1 and want_dparams:
+        _backward_weights(x, x_step_row, x_batch_stride, h0[d], cache_h[d], batch_sizes,
+                          packed_start, reverse, dgates[d], dw_ih[d], dw_hh[d], db[d], z[d],
+                          dw[d], db_acc[d], chunk, progress)
+    if part != 2 and want_dx:
+        _backward_dx(dgates[d], w_ih[d], dx_target)
 
 
 def backward_layer(
@@ -954,8 +843,7 @@ def backward_layer(
     dw_ih, dw_hh, db : ndarray [D, 4H, I], [D, 4H, H], [D, 4H]
         Parameter gradients, written when ``want_dparams``.
     dgates, z, dw, db_acc : ndarray [D, N, 4H], [D, chunk rows, I + H], [D, 4H, I + H], [D, 4H]
-        Workspaces (``dw`` is used as ``[I + H, 4H]``; ``db_acc`` is float64 whatever the
-        dtype).
+        Workspaces (``db_acc`` is float64 whatever the dtype).
     dx_packed : ndarray [D, N, I]
         Each direction's dx in packed order, summed into ``dx`` at the end; with one
         direction and packed rows, the caller passes ``dx`` itself (as ``[1, N, I]``).
@@ -969,62 +857,52 @@ def backward_layer(
     cdef Py_ssize_t D = w_ih.shape[0]
     cdef Py_ssize_t T = batch_sizes.shape[0]
     cdef Py_ssize_t I = w_ih.shape[2]
-    cdef Py_ssize_t n_chunks = (T + chunk - 1) // chunk
     cdef Py_ssize_t progress[2]
-    cdef Py_ssize_t state[2][_ITEM_STATE]
-    cdef Py_ssize_t d, t, b, j, n, xr, k
+    cdef Py_ssize_t d, t, b, j, n, xr
     cdef int tid, nt
     # With one direction and packed rows, dx_packed is dx itself; otherwise each direction
     # writes its own part, summed into dx in a fixed order below.
     cdef bint direct_dx = D == 1 and x_rows_packed
-    for d in range(2):
-        progress[d] = 0
-        for k in range(_ITEM_STATE):
-            state[d][k] = 0
+    progress[0] = 0
+    progress[1] = 0
     with nogil:
         if n_threads < 2:
             for d in range(D):
-                _backward_direction(0, d, state[d], x, x_step_row, x_batch_stride, x_rows_packed,
-                                    dy, dy_step_row, dy_batch_stride, w_ih, w_hh, h0, c0,
-                                    cache_i, cache_f, cache_g, cache_o, cache_c, cache_tanhc,
-                                    cache_h, batch_sizes, packed_start, dh_state, dc_state,
-                                    want_dx, dx_packed[d], want_dparams, dgates, z, dw, db_acc,
-                                    w_packed, chunk, &progress[d])
+                _backward_direction(0, d, x, x_step_row, x_batch_stride, dy, dy_step_row,
+                                    dy_batch_stride, w_ih, w_hh, h0, c0, cache_i, cache_f, cache_g,
+                                    cache_o, cache_c, cache_tanhc, cache_h, batch_sizes,
+                                    packed_start, dh_state, dc_state, want_dx,
+                                    dx_packed[d], dw_ih, dw_hh, db,
+                                    want_dparams, dgates, z, dw, db_acc, w_packed, chunk, &progress[d])
         else:
             with parallel(num_threads=2):
                 tid = threadid()
                 nt = openmp.omp_get_num_threads()
                 if nt < 2:
                     for d in range(D):
-                        _backward_direction(0, d, state[d], x, x_step_row, x_batch_stride,
-                                            x_rows_packed, dy, dy_step_row, dy_batch_stride,
-                                            w_ih, w_hh, h0, c0, cache_i, cache_f, cache_g,
-                                            cache_o, cache_c, cache_tanhc, cache_h, batch_sizes,
-                                            packed_start, dh_state, dc_state, want_dx,
-                                            dx_packed[d], want_dparams, dgates, z, dw, db_acc,
-                                            w_packed, chunk, &progress[d])
+                        _backward_direction(0, d, x, x_step_row, x_batch_stride, dy, dy_step_row,
+                                            dy_batch_stride, w_ih, w_hh, h0, c0, cache_i,
+                                            cache_f, cache_g, cache_o, cache_c, cache_tanhc,
+                                            cache_h, batch_sizes, packed_start, dh_state,
+                                            dc_state, want_dx,
+                                            dx_packed[d], dw_ih, dw_hh,
+                                            db, want_dparams, dgates, z, dw, db_acc, w_packed, chunk, &progress[d])
                 elif D == 2:
-                    # One direction per thread.
-                    _backward_direction(0, tid, state[tid], x, x_step_row, x_batch_stride,
-                                        x_rows_packed, dy, dy_step_row, dy_batch_stride, w_ih,
-                                        w_hh, h0, c0, cache_i, cache_f, cache_g, cache_o,
-                                        cache_c, cache_tanhc, cache_h, batch_sizes, packed_start,
-                                        dh_state, dc_state, want_dx, dx_packed[tid],
-                                        want_dparams, dgates, z, dw, db_acc, w_packed, chunk,
-                                        &progress[tid])
+                    _backward_direction(0, tid, x, x_step_row, x_batch_stride, dy, dy_step_row,
+                                        dy_batch_stride, w_ih, w_hh, h0, c0, cache_i, cache_f,
+                                        cache_g, cache_o, cache_c, cache_tanhc, cache_h,
+                                        batch_sizes, packed_start, dh_state, dc_state, want_dx,
+                                        dx_packed[tid], dw_ih, dw_hh,
+                                        db, want_dparams, dgates, z, dw, db_acc, w_packed, chunk, &progress[tid])
                 else:
-                    # Thread 0: the recurrence, then work items. Thread 1: work items of
-                    # the chunks the recurrence has finished.
-                    _backward_direction(tid, 0, state[0], x, x_step_row, x_batch_stride,
-                                        x_rows_packed, dy, dy_step_row, dy_batch_stride, w_ih,
-                                        w_hh, h0, c0, cache_i, cache_f, cache_g, cache_o,
-                                        cache_c, cache_tanhc, cache_h, batch_sizes, packed_start,
-                                        dh_state, dc_state, want_dx, dx_packed[0],
-                                        want_dparams, dgates, z, dw, db_acc, w_packed, chunk,
-                                        &progress[0])
-        if want_dparams:
-            for d in range(D):
-                _backward_finish(dw[d], db_acc[d], n_chunks, dw_ih[d], dw_hh[d], db[d])
+                    # Thread 0: recurrence, then dx. Thread 1: weight gradients of the chunks
+                    # the recurrence has finished.
+                    _backward_direction(tid + 1, 0, x, x_step_row, x_batch_stride, dy,
+                                        dy_step_row, dy_batch_stride, w_ih, w_hh, h0, c0,
+                                        cache_i, cache_f, cache_g, cache_o, cache_c, cache_tanhc,
+                                        cache_h, batch_sizes, packed_start, dh_state, dc_state,
+                                        want_dx, dx_packed[0], dw_ih, dw_hh, db, want_dparams,
+                                        dgates, z, dw, db_acc, w_packed, chunk, &progress[0])
         if want_dx and not direct_dx and I > 0:
             for t in range(T):
                 for b in range(batch_sizes[t]):
