@@ -13,6 +13,7 @@ reference count says so exactly. The caller sees ordinary arrays (views of a poo
 """
 import math
 import sys
+import sysconfig
 import threading
 
 import numpy as np
@@ -23,6 +24,19 @@ _MIN_BYTES = 64 * 1024
 _MAX_BUFFERS = 64
 # A free buffer serves a request of at least this share of its size (no large waste).
 _MIN_FILL = 0.5
+# Without the GIL, reference counts read from another thread are not exact: no pooling.
+_ENABLED = not sysconfig.get_config_var("Py_GIL_DISABLED")
+
+
+def _free_refcount():
+    """``sys.getrefcount`` of a buffer held only by the pool's list, measured the way
+    ``_find_free`` reads it (interpreters differ in the references the call itself adds).
+    Any array made from a buffer holds one more reference (its ``base``)."""
+    probe = [np.empty(1, np.uint8)]
+    return sys.getrefcount(probe[0])
+
+
+_FREE_REFCOUNT = _free_refcount()
 
 
 class ResultPool:
@@ -41,7 +55,7 @@ class ResultPool:
         """An uninitialised C-contiguous array, like ``np.empty(shape, dtype)``."""
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes < _MIN_BYTES:
+        if nbytes < _MIN_BYTES or not _ENABLED:
             return np.empty(shape, dtype)
         with self._lock:
             buffer = self._find_free(nbytes)
@@ -62,17 +76,13 @@ class ResultPool:
         with self._lock:
             self._buffers = []
 
-    # A free buffer is referenced only by the list and getrefcount's argument (and, in
-    # _trim, the loop variable).
-    _FREE_REFCOUNT = 2
-
     def _find_free(self, nbytes):
         best, best_index = None, -1
         for index in range(len(self._buffers)):
             size = self._buffers[index].nbytes
             if (nbytes <= size and nbytes >= _MIN_FILL * size
                     and (best is None or size < best.nbytes)
-                    and sys.getrefcount(self._buffers[index]) == self._FREE_REFCOUNT):
+                    and sys.getrefcount(self._buffers[index]) == _FREE_REFCOUNT):
                 best, best_index = self._buffers[index], index
         if best is not None:
             # Move it to the end: the list stays in order of last use.
@@ -83,10 +93,9 @@ class ResultPool:
         excess = len(self._buffers) - _MAX_BUFFERS
         if excess <= 0:
             return
-        kept = []
-        for buffer in self._buffers:
-            if excess > 0 and sys.getrefcount(buffer) == self._FREE_REFCOUNT + 1:
-                excess -= 1
-                continue
-            kept.append(buffer)
-        self._buffers = kept
+        drop = []
+        for index in range(len(self._buffers)):
+            if len(drop) < excess and sys.getrefcount(self._buffers[index]) == _FREE_REFCOUNT:
+                drop.append(index)
+        for index in reversed(drop):
+            del self._buffers[index]

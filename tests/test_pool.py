@@ -1,0 +1,109 @@
+"""Result arrays come from a pool that reuses a buffer once every array made from it is gone:
+a result the caller still holds (or any view of it) must never be overwritten."""
+import gc
+import sys
+
+import numpy as np
+import pytest
+
+import lstmcy
+from lstmcy import _pool
+from lstmcy._pool import ResultPool
+
+
+def _big(pool, value=0.0, shape=(256, 128)):  # 128 KiB of float32: pooled
+    array = pool.empty(shape, np.float32)
+    array.fill(value)
+    return array
+
+
+def test_a_dropped_buffer_is_reused():
+    pool = ResultPool()
+    address = _big(pool).ctypes.data  # the array is dropped at once
+    again = _big(pool)
+    assert again.ctypes.data == address
+    assert len(pool._buffers) == 1
+
+
+@pytest.mark.parametrize("make_view", [
+    lambda a: a, lambda a: a[::2], lambda a: a.T, lambda a: a.reshape(-1)[5:],
+    lambda a: a.view(np.int32), lambda a: a[1:].T[::3], memoryview,
+    lambda a: np.asarray(a), lambda a: [a[0]],  # a row view inside a container
+])
+def test_a_buffer_with_any_live_view_is_not_reused(make_view):
+    pool = ResultPool()
+    first = _big(pool, 1.0)
+    kept = make_view(first)
+    del first
+    second = _big(pool, 2.0)  # must not land in the buffer `kept` still sees
+    seen = np.asarray(kept[0] if isinstance(kept, list) else kept)
+    values = seen.view(np.float32) if seen.dtype == np.int32 else seen
+    assert values.dtype == np.float32 and np.all(values == 1.0)
+    assert len(pool._buffers) == 2
+    del kept, seen, values
+    gc.collect()
+    third = _big(pool, 3.0)
+    assert len(pool._buffers) == 2  # the first buffer is free again and serves `third`
+    assert np.all(second == 2.0) and np.all(third == 3.0)
+
+
+def test_the_free_refcount_matches_this_interpreter():
+    pool = ResultPool()
+    array = _big(pool)
+    # Counted outside the asserts: pytest's assertion rewriting keeps operands alive.
+    in_use = sys.getrefcount(pool._buffers[0])
+    del array
+    free = sys.getrefcount(pool._buffers[0])
+    assert (in_use, free) == (_pool._FREE_REFCOUNT + 1, _pool._FREE_REFCOUNT)  # + array.base
+
+
+def test_small_requests_and_zeros():
+    pool = ResultPool()
+    small = pool.empty((3, 4), np.float64)
+    assert small.base is None and pool._buffers == []
+    zeros = pool.zeros((300, 300), np.float64)
+    assert zeros.shape == (300, 300) and zeros.flags.c_contiguous and not zeros.any()
+
+
+def test_free_buffers_beyond_the_cap_are_dropped():
+    pool = ResultPool()
+    held = [_big(pool) for _ in range(_pool._MAX_BUFFERS + 5)]
+    assert len(pool._buffers) == _pool._MAX_BUFFERS + 5  # all in use: none dropped
+    del held
+    _big(pool, shape=(512, 512))  # a new size: appended, then free ones trimmed
+    assert len(pool._buffers) <= _pool._MAX_BUFFERS
+
+
+def _problem(rng, T=30, B=40, I=24, H=48):
+    x = rng.standard_normal((T, B, I)).astype(np.float32)
+    params = [(rng.standard_normal(s) * 0.3).astype(np.float32)
+              for s in [(4 * H, I), (4 * H, H), (4 * H,), (4 * H,)]]
+    return x, params
+
+
+def test_results_held_by_the_caller_survive_later_calls():
+    rng = np.random.default_rng(0)
+    x, params = _problem(rng)
+    first = lstmcy.lstm_forward(x, None, params)
+    snapshot = [a.copy() for a in first[:3]] + [a.copy() for a in first[3].saved()]
+    dy = rng.standard_normal(first[0].shape).astype(np.float32)
+    grads = lstmcy.lstm_backward(x, None, params, dy, None, None, *first[3].saved())
+    grad_snapshot = [grads[0].copy()] + [g.copy() for g in grads[3]]
+    for k in range(3):  # later calls with other inputs, results dropped each time
+        x2, params2 = _problem(rng)
+        out = lstmcy.lstm_forward(x2, None, params2)
+        lstmcy.lstm_backward(x2, None, params2, dy, None, None, *out[3].saved())
+    for kept, saved in zip(list(first[:3]) + list(first[3].saved()), snapshot):
+        np.testing.assert_array_equal(np.asarray(kept), saved)
+    for kept, saved in zip([grads[0]] + list(grads[3]), grad_snapshot):
+        np.testing.assert_array_equal(kept, saved)
+
+
+def test_reused_buffers_give_the_same_results_as_fresh_ones():
+    rng = np.random.default_rng(1)
+    x, params = _problem(rng)
+    lstmcy.release_workspaces()
+    fresh = lstmcy.lstm_forward(x, None, params)[0].copy()
+    for _ in range(3):
+        again = lstmcy.lstm_forward(x, None, params)[0]
+        np.testing.assert_array_equal(again, fresh)
