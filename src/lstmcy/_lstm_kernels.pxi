@@ -39,9 +39,9 @@ cdef extern from "_packed_gemm.h" nogil:
     # The per-step recurrent products run against W_hh packed once per call (see the
     # header: OpenBLAS would re-pack W_hh on every step).
     void pg_s_pack(const float *w, Py_ssize_t ldw, int trans, Py_ssize_t K, Py_ssize_t n0,
-                   Py_ssize_t n, float *out)
+                   Py_ssize_t n, const Py_ssize_t *row_index, float *out)
     void pg_d_pack(const double *w, Py_ssize_t ldw, int trans, Py_ssize_t K, Py_ssize_t n0,
-                   Py_ssize_t n, double *out)
+                   Py_ssize_t n, const Py_ssize_t *row_index, double *out)
     void pg_s_gemm(Py_ssize_t M, Py_ssize_t n, Py_ssize_t K, const float *a, Py_ssize_t lda,
                    const float *packed, float *c, Py_ssize_t ldc, int accumulate)
     void pg_d_gemm(Py_ssize_t M, Py_ssize_t n, Py_ssize_t K, const double *a, Py_ssize_t lda,
@@ -139,12 +139,14 @@ cdef inline void _barrier(Py_ssize_t *state) noexcept nogil:
 
 
 cdef inline void _pack(const floating *w, Py_ssize_t ldw, bint trans, Py_ssize_t K,
-                       Py_ssize_t n0, Py_ssize_t n, floating *out) noexcept nogil:
-    """Pack columns ``[n0, n0 + n)`` of ``op(W)`` (``W^T`` when ``trans``) for ``_packed_gemm``."""
+                       Py_ssize_t n0, Py_ssize_t n, floating *out,
+                       const Py_ssize_t *row_index=NULL) noexcept nogil:
+    """Pack columns ``[n0, n0 + n)`` of ``op(W)`` (``W^T`` when ``trans``) for ``_packed_gemm``;
+    with ``trans``, column ``j`` may come from row ``row_index[j]`` of ``W``."""
     if floating is float:
-        pg_s_pack(w, ldw, trans, K, n0, n, out)
+        pg_s_pack(w, ldw, trans, K, n0, n, row_index, out)
     else:
-        pg_d_pack(w, ldw, trans, K, n0, n, out)
+        pg_d_pack(w, ldw, trans, K, n0, n, row_index, out)
 
 
 cdef inline void _packed_gemm(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k, const floating *a,
@@ -360,22 +362,27 @@ def forward_layer(
                                        store_cache, gates, x_packed, w_packed, chunk, &progress[tid])
 
 # Forward of one direction with the work of every step split between two threads: the
-# hidden units are cut in two halves, and the gate rows of the weights are permuted so that
-# each half's four gates are contiguous ([i f g o] of units [0, split), then of [split, H)).
-# Each thread runs the recurrent GEMM and the elementwise pass of its half; two barriers per
-# step keep the halves in step. One thread runs both halves in turn, with the same calls,
+# hidden units are cut in two halves, and the gate columns are ordered so that each half's
+# four gates are contiguous ([i f g o] of units [0, split), then of [split, H)): the input
+# projection writes them in that order and the packed copy of w_hh takes its rows in that
+# order (``perm``), so the caller's weights are used as they are. Each thread runs the
+# recurrent GEMM and the elementwise pass of its half; one barrier per step keeps the
+# halves in step. One thread runs both halves in turn, with the same calls,
 # so results are bitwise identical for 1 or 2 threads.
 
 cdef void _forward_split_half_rows(
         const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
-        bint x_rows_packed, const floating[:, ::1] w_ih,
+        bint x_rows_packed, const floating[:, ::1] w_ih, Py_ssize_t split,
         const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
         floating[:, ::1] gates, floating[:, ::1] x_packed, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
-    """``gates[r0:r1] = x[r0:r1] @ w_ih^T`` (packed rows)."""
+    """``gates[r0:r1] = x[r0:r1] @ w_ih^T`` (packed rows) with the gate columns in the split
+    order, from the caller's ``w_ih`` (no permuted copy): one GEMM per unit half and gate."""
     cdef Py_ssize_t T = batch_sizes.shape[0]
     cdef Py_ssize_t I = w_ih.shape[1]
     cdef Py_ssize_t G = w_ih.shape[0]
-    cdef Py_ssize_t t, b, j, n, xr
+    cdef Py_ssize_t H = G // 4
+    cdef Py_ssize_t t, b, j, n, xr, u0, w, q
+    cdef int half
     cdef const floating *a = NULL
     if r1 <= r0 or G == 0:
         return
@@ -392,8 +399,15 @@ cdef void _forward_split_half_rows(
                     for j in range(I):
                         x_packed[n, j] = x[xr, j]
             a = &x_packed[r0, 0]
-    gemm(NoTrans, Trans, <int>(r1 - r0), <int>G, <int>I, <floating>1, a, <int>I,
-         &w_ih[0, 0] if I > 0 else NULL, <int>I, <floating>0, &gates[r0, 0], <int>G)
+    for half in range(2):
+        u0 = 0 if half == 0 else split
+        w = split if half == 0 else H - split
+        if w == 0:
+            continue
+        for q in range(4):  # gate q of units [u0, u0 + w): rows q*H + u0 .. of w_ih
+            gemm(NoTrans, Trans, <int>(r1 - r0), <int>w, <int>I, <floating>1, a, <int>I,
+                 &w_ih[q * H + u0, 0] if I > 0 else NULL, <int>I, <floating>0,
+                 &gates[r0, 4 * u0 + q * w], <int>G)
 
 
 cdef inline void _forward_cell_row(
@@ -485,10 +499,11 @@ cdef void _forward_split(
         floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
         floating[:, ::1] cache_h, bint store_cache,
         floating[:, ::1] gates, floating[:, ::1] x_packed, floating[::1] w_packed,
-        floating[:, ::1] h_other, Py_ssize_t *barrier) noexcept nogil:
-    """Halves ``first_half .. last_half`` of the split forward (weights already permuted).
-    Each half packs its own gate rows of ``w_hh`` into ``w_packed`` (half 1 after half 0's
-    ``packed_len(4 * split, H)`` elements).
+        floating[:, ::1] h_other, const Py_ssize_t[::1] perm,
+        Py_ssize_t *barrier) noexcept nogil:
+    """Halves ``first_half .. last_half`` of the split forward (``bias`` in the split order,
+    the weights as given). Each half packs its own gate rows of ``w_hh``, ``perm[4*u0 ..]``,
+    into ``w_packed`` (half 1 after half 0's ``packed_len(4 * split, H)`` elements).
 
     ``h`` is double-buffered (``h_state`` and ``h_other``, ``[B, H]``): step ``s`` reads
     one and writes the other, so a step needs one barrier (h_t complete), not a second one
@@ -508,14 +523,14 @@ cdef void _forward_split(
         half1_offset = pg_d_packed_len(4 * split, H)
     for half in range(first_half, last_half + 1):
         # Half 0 projects rows [0, N/2) of the input, half 1 rows [N/2, N).
-        _forward_split_half_rows(x, x_step_row, x_batch_stride, x_rows_packed, w_ih,
+        _forward_split_half_rows(x, x_step_row, x_batch_stride, x_rows_packed, w_ih, split,
                                  batch_sizes, packed_start, gates, x_packed,
                                  0 if half == 0 else N // 2, N // 2 if half == 0 else N)
         u0 = 0 if half == 0 else split
         w = split if half == 0 else H - split
         if H > 0 and w > 0:
             _pack(&w_hh[0, 0], H, True, H, 4 * u0, 4 * w,
-                  &w_packed[0 if half == 0 else half1_offset])
+                  &w_packed[0 if half == 0 else half1_offset], &perm[0])
             # Both h buffers start as the initial state: a row joining later (reverse
             # direction) reads its initial state from whichever buffer is current.
             for b in range(B):
@@ -575,16 +590,16 @@ def forward_direction_split(
         floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
         floating[:, ::1] cache_h, bint store_cache,
         floating[:, ::1] gates, floating[:, ::1] x_packed, floating[::1] w_packed,
-        floating[:, ::1] h_other, int n_threads):
+        floating[:, ::1] h_other, const Py_ssize_t[::1] perm, int n_threads):
     """Forward of one direction (a one-direction layer) with each step split over threads.
 
-    Parameters are those of ``forward_layer`` for a single direction, except that
-    ``w_ih``, ``w_hh`` and ``bias`` have their gate rows permuted to
-    ``[i f g o of units [0, split) | i f g o of units [split, H)]`` (``gates`` uses the
-    same column order), ``y`` is written from column 0, and ``h_state``/``c_state`` hold
-    the initial state on entry and the final state on return. ``w_packed`` is a workspace
-    of ``packed_len(4 * split, H) + packed_len(4 * (H - split), H)`` elements, ``h_other``
-    one of ``[B, H]``.
+    Parameters are those of ``forward_layer`` for a single direction, except that ``bias``
+    has its gate rows in the split order ``[i f g o of units [0, split) | i f g o of units
+    [split, H)]``, i.e. ``bias[perm]`` (``gates`` uses the same column order; ``perm`` is
+    that order as row indices of ``w_ih``/``w_hh``, which are passed as they are), ``y`` is
+    written from column 0, and ``h_state``/``c_state`` hold the initial state on entry and
+    the final state on return. ``w_packed`` is a workspace of ``packed_len(4 * split, H) +
+    packed_len(4 * (H - split), H)`` elements, ``h_other`` one of ``[B, H]``.
     """
     cdef Py_ssize_t barrier_state[2]
     cdef int tid, nt
@@ -596,7 +611,7 @@ def forward_direction_split(
                            w_ih, w_hh, bias, batch_sizes, packed_start, y, y_step_row,
                            y_batch_stride, h_state, c_state, cache_i, cache_f, cache_g, cache_o,
                            cache_c, cache_tanhc, cache_h, store_cache, gates, x_packed, w_packed,
-                           h_other, NULL)
+                           h_other, perm, NULL)
         else:
             with parallel(num_threads=2):
                 tid = threadid()
@@ -606,14 +621,14 @@ def forward_direction_split(
                                    x_rows_packed, w_ih, w_hh, bias, batch_sizes, packed_start,
                                    y, y_step_row, y_batch_stride, h_state, c_state, cache_i,
                                    cache_f, cache_g, cache_o, cache_c, cache_tanhc, cache_h,
-                                   store_cache, gates, x_packed, w_packed, h_other, NULL)
+                                   store_cache, gates, x_packed, w_packed, h_other, perm, NULL)
                 else:
                     _forward_split(tid, tid, reverse, split, x, x_step_row, x_batch_stride,
                                    x_rows_packed, w_ih, w_hh, bias, batch_sizes, packed_start,
                                    y, y_step_row, y_batch_stride, h_state, c_state, cache_i,
                                    cache_f, cache_g, cache_o, cache_c, cache_tanhc, cache_h,
                                    store_cache, gates, x_packed, w_packed, h_other,
-                                   barrier_state)
+                                   perm, barrier_state)
 
 
 # ---------------------------------------------------------------------------- backward
