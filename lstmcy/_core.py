@@ -203,10 +203,10 @@ class LSTMPlan:
         if backward:
             packed_w_hh = max(packed_w_hh, D * _packed_len(H, 4 * H, compute))
         elements += packed_w_hh + B * H  # + the second h buffer of the split forward
-        extra_bytes = 0
+        extra_bytes = 8 * 8  # every named buffer holds at least one element
         if backward:
             elements += D * _chunk_steps(T, B) * B * (width + H) + D * 4 * H * (width + H)
-            extra_bytes = D * 4 * H * 8
+            extra_bytes += D * 4 * H * 8
         return int(elements * itemsize + extra_bytes)
 
     def _take(self, name, shape, dtype):
@@ -292,7 +292,7 @@ class LSTMPlan:
                         self._take("w_packed", (_packed_len(4 * split, H, cdt)
                                                 + _packed_len(4 * (H - split), H, cdt),), cdt),
                         self._take("h_other", (B, H), cdt), perm,
-                        # Two barriers a step: worth it only when a step's GEMM is not tiny
+                        # A barrier a step: worth it only when a step's GEMM is not tiny
                         # (measured with the packed recurrent GEMM: (B, H) = (8, 64) and
                         # (16, 64) gain ~10%, (32, 128) 35%; (1, 32) nothing).
                         threads_for(8.0 * N * H * (in_size + H) if 8.0 * B * H * H >= _SPLIT_FORWARD_MIN else 0.0,

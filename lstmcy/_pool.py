@@ -22,8 +22,12 @@ import numpy as np
 _MIN_BYTES = 64 * 1024
 # Buffers kept per pool; beyond this, free buffers are dropped oldest first.
 _MAX_BUFFERS = 64
-# A free buffer serves a request of at least this share of its size (no large waste).
-_MIN_FILL = 0.5
+# Free buffers kept beyond the bytes in use: a training loop finds last call's results
+# free again, but memory that once held many results the caller has since dropped goes back.
+_MAX_FREE_EXTRA_BYTES = 32 * 2**20
+# A free buffer serves a request of at least this share of its size (an array never keeps
+# much more memory alive than it covers).
+_MIN_FILL = 0.75
 # Without the GIL, reference counts read from another thread are not exact: no pooling.
 _ENABLED = not sysconfig.get_config_var("Py_GIL_DISABLED")
 
@@ -62,7 +66,7 @@ class ResultPool:
             if buffer is None:
                 buffer = np.empty(nbytes, np.uint8)
                 self._buffers.append(buffer)
-                self._trim()
+            self._trim()
         return buffer[:nbytes].view(dtype).reshape(shape)
 
     def zeros(self, shape, dtype):
@@ -90,12 +94,19 @@ class ResultPool:
         return best
 
     def _trim(self):
+        """Drop free buffers, oldest first, beyond ``_MAX_BUFFERS`` buffers or beyond
+        ``_MAX_FREE_EXTRA_BYTES`` more free bytes than bytes in use."""
+        free = [index for index in range(len(self._buffers))
+                if sys.getrefcount(self._buffers[index]) == _FREE_REFCOUNT]
+        free_bytes = sum(self._buffers[index].nbytes for index in free)
+        used_bytes = sum(b.nbytes for b in self._buffers) - free_bytes
         excess = len(self._buffers) - _MAX_BUFFERS
-        if excess <= 0:
-            return
         drop = []
-        for index in range(len(self._buffers)):
-            if len(drop) < excess and sys.getrefcount(self._buffers[index]) == _FREE_REFCOUNT:
-                drop.append(index)
+        for index in free:  # oldest first: the list is in order of last use
+            if excess <= 0 and free_bytes <= used_bytes + _MAX_FREE_EXTRA_BYTES:
+                break
+            drop.append(index)
+            excess -= 1
+            free_bytes -= self._buffers[index].nbytes
         for index in reversed(drop):
             del self._buffers[index]

@@ -74,6 +74,24 @@ def test_free_buffers_beyond_the_cap_are_dropped():
     assert len(pool._buffers) <= _pool._MAX_BUFFERS
 
 
+def test_memory_once_held_by_dropped_results_goes_back():
+    pool = ResultPool()
+    held = [_big(pool, shape=(1024, 256)) for _ in range(60)]  # 60 MiB in use
+    assert pool.nbytes == 60 * 2**20
+    del held
+    _big(pool, shape=(1024, 256))  # reuses one; the free rest is trimmed
+    assert pool.nbytes <= 2**20 + _pool._MAX_FREE_EXTRA_BYTES + 2**20
+
+
+def test_a_buffer_is_not_much_larger_than_the_array_it_serves():
+    pool = ResultPool()
+    big = _big(pool, shape=(1024, 256))
+    address = big.ctypes.data
+    del big
+    small = _big(pool, shape=(512, 256))  # half the size: a new buffer, not the 1 MiB one
+    assert small.ctypes.data != address and small.base.nbytes == small.nbytes
+
+
 def _problem(rng, T=30, B=40, I=24, H=48):
     x = rng.standard_normal((T, B, I)).astype(np.float32)
     params = [(rng.standard_normal(s) * 0.3).astype(np.float32)

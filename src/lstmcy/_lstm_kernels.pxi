@@ -91,39 +91,54 @@ cdef extern from "<time.h>" nogil:
         long tv_sec
         long tv_nsec
     int nanosleep(const timespec *req, timespec *rem)
+    ctypedef int clockid_t
+    clockid_t CLOCK_MONOTONIC
+    int clock_gettime(clockid_t clk_id, timespec *tp)
 
 
-# How long _wait_for spins (PAUSE instructions), then yields, before it sleeps.
-cdef int _spin_pauses = 20000
-cdef int _spin_yields = 2000
+# How long (ns) _wait_for spins on PAUSE, then yields, before it sleeps. A time, not a
+# count: PAUSE takes ~10 cycles on some CPUs and ~140 on others.
+cdef long long _spin_ns = 50000
+cdef long long _yield_ns = 1000000
 
 
-def _set_spin_limits(int pauses, int yields):
-    """Tuning hook: how many PAUSEs, then ``sched_yield`` calls, a wait makes before sleeping."""
-    global _spin_pauses, _spin_yields
-    _spin_pauses = pauses
-    _spin_yields = yields
+def _set_spin_limits(long long spin_us, long long yield_us):
+    """Tuning hook: how long (µs) a wait spins, then yields, before it sleeps."""
+    global _spin_ns, _yield_ns
+    _spin_ns = spin_us * 1000
+    _yield_ns = yield_us * 1000
+
+
+cdef inline long long _now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <long long>ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
 cdef inline void _wait_for(Py_ssize_t *progress, Py_ssize_t chunks) noexcept nogil:
     """Block until the producer has published ``chunks`` finished chunks.
 
-    Spin first: on an idle machine the producer is running on the other core and the
-    wait is short (the per-step barriers wait a few microseconds, less than a
-    ``sched_yield`` system call costs). If it goes on, yield, and then sleep briefly: the
-    producer has probably lost its core to another process, so give the core back
-    instead of burning it.
+    Spin first (50 µs): on an idle machine the producer is running on the other core and
+    the wait is short (the per-step barriers wait a few microseconds, less than a
+    ``sched_yield`` system call costs). If it goes on, yield (1 ms), and then sleep
+    briefly: the producer has probably lost its core to another process, so give the core
+    back instead of burning it.
     """
     cdef int spins = 0
+    cdef long long start = 0, waited = 0
     cdef timespec pause
     pause.tv_sec = 0
     pause.tv_nsec = 20000
     while load_acquire(progress) < chunks:
-        if spins < _spin_pauses:
-            spins += 1
+        spins += 1
+        if spins % 256 == 1:  # read the clock now and then: it costs more than a PAUSE
+            if spins == 1:
+                start = _now_ns()
+            else:
+                waited = _now_ns() - start
+        if waited < _spin_ns:
             cpu_relax()
-        elif spins < _spin_pauses + _spin_yields:
-            spins += 1
+        elif waited < _spin_ns + _yield_ns:
             sched_yield()
         else:
             nanosleep(&pause, NULL)

@@ -6,7 +6,8 @@
    packed into column panels once per call and each step runs only the register-blocked
    multiply. Every element is summed over k in increasing order with one (fused, where the
    build has FMA) multiply-add per term, so the AVX2 and AVX-512 builds give bitwise
-   identical results; the portable build (no FMA) rounds each product separately.
+   identical results; the portable build (no FMA) rounds each product separately (setup.py
+   compiles with -ffp-contract=off, which keeps the compiler from fusing acc + a * b).
 
    Two functions per type (pg_s_* float, pg_d_* double): pack and gemm, plus
    packed_len(n, K), the elements a packed n-column matrix takes. */
