@@ -438,7 +438,8 @@ def _thread_plan():
 
 
 def release_workspaces():
-    """Free the work buffers the plain functions keep for the calling thread."""
+    """Free the work buffers the plain functions keep for the calling thread, and the
+    memory their result pool keeps for reuse (results still held stay valid)."""
     _per_thread.plan = None
 
 
