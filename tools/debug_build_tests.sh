@@ -8,6 +8,7 @@
 # Environment:
 #   LSTMCY_DEBUG_KEEP=1   keep the temporary directory (printed at the end)
 #   PYTHON=python3.11     interpreter to use (default: python)
+#   LSTMCY_DEBUG_TEST_TIMEOUT=1200   seconds before a hung test run is aborted
 #
 # With bounds checking on, an out-of-range index inside a kernel raises IndexError
 # instead of reading or writing outside a buffer; a kernel that reads a memoryview that
@@ -67,7 +68,13 @@ print(f"== testing debug build {_lstm.__file__}")
 EOF
 
 status=0
-"$PYTHON" -m pytest -p no:cacheprovider "$@" || status=$?
+# A bounds error inside one thread of a two-thread kernel is "ignored" (noexcept nogil)
+# and leaves the other thread waiting at a barrier: turn such a hang into a failure.
+# SIGABRT makes pytest's faulthandler print every thread's stack first.
+timeout -s ABRT "${LSTMCY_DEBUG_TEST_TIMEOUT:-1200}" "$PYTHON" -m pytest -p no:cacheprovider "$@" || status=$?
+if [[ $status -eq 124 || $status -eq 134 ]]; then
+    echo "debug test run timed out (hung?) after ${LSTMCY_DEBUG_TEST_TIMEOUT:-1200} s" >&2
+fi
 end=$(date +%s)
 echo "== debug build: $((built - start)) s to build, $((end - built)) s to test (exit status $status)"
 exit $status
