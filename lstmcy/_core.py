@@ -122,6 +122,13 @@ def _packed_len(n, k, dtype):
     return _lstm.packed_len(n, k, dtype == np.float64)
 
 
+def _split_packed_len(H, dtype):
+    """Elements of the split forward's packed ``w_hh``: each half's gate rows packed apart
+    (the kernel puts half 1 after half 0's ``_packed_len(4 * split, H)``)."""
+    split = _split_point(H)
+    return _packed_len(4 * split, H, dtype) + _packed_len(4 * (H - split), H, dtype)
+
+
 @functools.lru_cache(maxsize=64)
 def _half_permutation(H, split):
     """Gate-row order ``[i f g o of units [0, split) | i f g o of units [split, H)]``.
@@ -197,9 +204,8 @@ class LSTMPlan:
         itemsize = max(np.dtype(dtype).itemsize, 4)  # float16/bfloat16 compute in float32
         elements = D * N * 4 * H + D * N * width  # gates, packed rows
         compute = np.dtype(np.float64 if itemsize == 8 else np.float32)
-        split = _split_point(H)
         packed_w_hh = max(D * _packed_len(4 * H, H, compute),  # forward, recurrent weights
-                          _packed_len(4 * split, H, compute) + _packed_len(4 * (H - split), H, compute))
+                          _split_packed_len(H, compute))
         if backward:
             packed_w_hh = max(packed_w_hh, D * _packed_len(H, 4 * H, compute))
         elements += packed_w_hh + B * H  # + the second h buffer of the split forward
@@ -289,8 +295,7 @@ class LSTMPlan:
                         p.batch_sizes, p.packed_start, False, split,
                         out, out_step_row, out_stride, h_n[k], c_n[k],
                         *[a[0] for a in cache], train, gates[0], x_packed[0],
-                        self._take("w_packed", (_packed_len(4 * split, H, cdt)
-                                                + _packed_len(4 * (H - split), H, cdt),), cdt),
+                        self._take("w_packed", (_split_packed_len(H, cdt),), cdt),
                         self._take("h_other", (B, H), cdt), perm,
                         # A barrier a step: worth it only when a step's GEMM is not tiny
                         # (measured with the packed recurrent GEMM: (B, H) = (8, 64) and

@@ -124,7 +124,7 @@ cdef inline void _wait_for(Py_ssize_t *progress, Py_ssize_t chunks) noexcept nog
     briefly: the producer has probably lost its core to another process, so give the core
     back instead of burning it.
     """
-    cdef int spins = 0
+    cdef long long spins = 0
     cdef long long start = 0, waited = 0
     cdef timespec pause
     pause.tv_sec = 0
@@ -268,9 +268,9 @@ cdef void _forward_recurrence(
         n0 = packed_start[t]
         # gates += h @ w_hh^T for the active rows.
         _packed_gemm(nb, G, H, &h_state[0, 0], H, &w_packed[0], &gates[n0, 0], G, True)
-        _forward_elementwise(0, H, t, bias, batch_sizes, packed_start, gates, h_state, c_state,
-                             y, y_step_row, y_batch_stride, y_col, cache_i, cache_f, cache_g,
-                             cache_o, cache_c, cache_tanhc, cache_h, store_cache)
+        _forward_elementwise(0, H, t, bias, batch_sizes, packed_start, gates, &h_state[0, 0],
+                             c_state, y, y_step_row, y_batch_stride, y_col, cache_i, cache_f,
+                             cache_g, cache_o, cache_c, cache_tanhc, cache_h, store_cache)
 
 
 cdef void _forward_direction(
@@ -473,15 +473,17 @@ cdef inline void _forward_cell_row(
 cdef void _forward_elementwise(
         Py_ssize_t u0, Py_ssize_t w, Py_ssize_t t, const floating[::1] bias,
         const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
-        floating[:, ::1] gates, floating[:, ::1] h_state, floating[:, ::1] c_state,
+        floating[:, ::1] gates, floating *h, floating[:, ::1] c_state,
         floating[:, ::1] y, const Py_ssize_t[::1] y_step_row, Py_ssize_t y_batch_stride,
         Py_ssize_t y_col,
         floating[:, ::1] cache_i, floating[:, ::1] cache_f, floating[:, ::1] cache_g,
         floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
         floating[:, ::1] cache_h, bint store_cache) noexcept nogil:
     """The activations and state update of units ``[u0, u0 + w)`` at step ``t``; their
-    gate columns are ``gates[:, 4*u0 : 4*(u0 + w)]`` in the order ``[i f g o]``."""
-    cdef Py_ssize_t B = h_state.shape[0]
+    gate columns are ``gates[:, 4*u0 : 4*(u0 + w)]`` in the order ``[i f g o]``. ``h`` is
+    the ``[B, H]`` buffer that receives h_t (shaped like ``c_state``)."""
+    cdef Py_ssize_t B = c_state.shape[0]
+    cdef Py_ssize_t H = c_state.shape[1]
     cdef Py_ssize_t nb = batch_sizes[t]
     cdef Py_ssize_t n0 = packed_start[t]
     cdef Py_ssize_t b, row
@@ -492,13 +494,13 @@ cdef void _forward_elementwise(
         row = t * B + b
         if store_cache:
             _forward_cell_row(w, &gates[n0 + b, 4 * u0], &bias[4 * u0], &c_state[b, u0],
-                              &h_state[b, u0], &y[y_step_row[t] + b * y_batch_stride, y_col + u0],
+                              h + b * H + u0, &y[y_step_row[t] + b * y_batch_stride, y_col + u0],
                               &cache_i[row, u0], &cache_f[row, u0], &cache_g[row, u0],
                               &cache_o[row, u0], &cache_c[row, u0], &cache_tanhc[row, u0],
                               &cache_h[row, u0], True)
         else:
             _forward_cell_row(w, &gates[n0 + b, 4 * u0], &bias[4 * u0], &c_state[b, u0],
-                              &h_state[b, u0], &y[y_step_row[t] + b * y_batch_stride, y_col + u0],
+                              h + b * H + u0, &y[y_step_row[t] + b * y_batch_stride, y_col + u0],
                               none, none, none, none, none, none, none, False)
 
 
@@ -573,16 +575,9 @@ cdef void _forward_split(
             for b in range(nb, nb_before):
                 for j in range(u0, u0 + w):
                     h_next[b * H + j] = h_prev[b * H + j]
-            if s % 2 == 0:
-                _forward_elementwise(u0, w, t, bias, batch_sizes, packed_start, gates,
-                                     h_other, c_state, y, y_step_row, y_batch_stride, 0,
-                                     cache_i, cache_f, cache_g, cache_o, cache_c,
-                                     cache_tanhc, cache_h, store_cache)
-            else:
-                _forward_elementwise(u0, w, t, bias, batch_sizes, packed_start, gates,
-                                     h_state, c_state, y, y_step_row, y_batch_stride, 0,
-                                     cache_i, cache_f, cache_g, cache_o, cache_c,
-                                     cache_tanhc, cache_h, store_cache)
+            _forward_elementwise(u0, w, t, bias, batch_sizes, packed_start, gates, h_next,
+                                 c_state, y, y_step_row, y_batch_stride, 0, cache_i, cache_f,
+                                 cache_g, cache_o, cache_c, cache_tanhc, cache_h, store_cache)
         _barrier(barrier)  # h_t is complete
     if T % 2 == 1:  # the final state is in h_other
         for half in range(first_half, last_half + 1):
