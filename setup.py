@@ -26,7 +26,8 @@ directives = {
 # from being fused, so results do not depend on the instruction set. OpenMP runs the two
 # halves of a layer's work on two threads.
 compile_args = (["-O0", "-g"] if DEBUG else ["-O3"]) + [
-    "-fno-trapping-math", "-ffp-contract=off", "-fopenmp"]
+    "-fno-trapping-math", "-ffp-contract=off", "-fopenmp",
+    "--param=vect-max-version-for-alias-checks=400"]
 
 def extension(name, source, flags=()):
     return Extension(

@@ -15,7 +15,7 @@ import numpy as np
 
 from lstmcy._dispatch import kernels as _lstm
 from lstmcy._cache import LSTMCache
-from lstmcy._pool import ResultPool
+from lstmcy._pool import ALIGN, ResultPool, aligned_empty
 from lstmcy._threads import blas_single_threaded, threads_for
 from lstmcy._validation import (SAVED_NAMES, check_backward, check_bool, check_dropout,
                                 check_output_mask, check_problem, check_seed, to_compute)
@@ -31,6 +31,8 @@ _CHUNK_ROWS = 128
 # (and the layer has enough work at all, see threads_for).
 _SPLIT_FORWARD_MIN = 2e5
 _MAX_CHUNKS = 8
+# Rows of one piece of the backward's dx (a GEMM that packs w_ih anew).
+_DX_PIECE_ROWS = 512
 
 
 @functools.lru_cache(maxsize=256)  # called twice per call; cheaper looked up than computed
@@ -39,6 +41,43 @@ def _chunk_steps(T, B):
     if T == 0:
         return 1
     return min(T, max(math.ceil(T / _MAX_CHUNKS), math.ceil(_CHUNK_ROWS / max(B, 1))))
+
+
+@functools.lru_cache(maxsize=256)
+def _backward_schedule(T, B, N, I, H, D):
+    """``(first, chunk, tail, dx_group)`` of the backward, a function of the shape only.
+
+    The backward's chunks are ``chunk`` steps long but the first, ``first`` steps, so that
+    the weight-gradient thread starts early. ``tail``: with one direction, how many of the
+    last chunks' weight gradients the recurrence thread takes on once it is done, chosen
+    from a time estimate (this machine's rates, per core: recurrence ~100 GF/s and ~1.5 ns
+    per unit-step, weight gradients ~90 GF/s, dx ~85 GF/s, ~10 GB/s to add a second
+    accumulator) so that the two threads finish together. ``dx`` is computed in pieces of
+    ``dx_group`` chunks, at least ~512 rows (each piece packs ``w_ih`` anew), which go to
+    whichever thread is free."""
+    chunk = _chunk_steps(T, B)
+    if D != 1:
+        # Each thread runs one direction on its own: plain chunks, dx in one piece.
+        return chunk, chunk, 0, max(T, 1)
+    first = max(1, -(-chunk // 4))
+    dx_group = max(1, -(-_DX_PIECE_ROWS // max(chunk * B, 1)))
+    if T == 0 or H == 0:
+        return first, chunk, 0, dx_group
+    n_chunks = 1 if T <= first else 1 + -(-(T - first) // chunk)
+    t_rec = 8.0 * N * H * H / 1.0e11 + N * H * 1.5e-9
+    t_w = 8.0 * N * H * (I + H) / 0.9e11
+    t_x = 8.0 * N * H * I / 0.85e11
+    wait = t_rec * first / T
+    best, tail = None, 0
+    for k in range(min(3, n_chunks)):
+        own = t_rec + k * t_w / n_chunks  # thread 0: recurrence, tail chunks
+        other = wait + (n_chunks - k) * t_w / n_chunks  # thread 1: the other chunks
+        finish = max(own, other, (own + other + t_x) / 2)  # dx fills in
+        if k:  # write, read and add the tail's accumulator
+            finish += 12.0 * 4 * H * (I + H) / 1e10
+        if best is None or finish < best * 0.99:
+            best, tail = finish, k
+    return first, chunk, tail, dx_group
 
 
 def _as_rows(array):
@@ -112,8 +151,9 @@ def _layer_weights(problem, layer):
 
 
 def _split_point(H):
-    """Where the hidden units are cut between the two threads (a multiple of 8: aligned)."""
-    return min(H, (H + 15) // 16 * 8)
+    """Where the hidden units are cut between the two threads: a multiple of 16, so that
+    with rows on cache lines (H a multiple of 16) no line holds both threads' units."""
+    return min(H, (H + 31) // 32 * 16)
 
 
 @functools.lru_cache(maxsize=256)
@@ -209,10 +249,11 @@ class LSTMPlan:
         if backward:
             packed_w_hh = max(packed_w_hh, D * _packed_len(H, 4 * H, compute))
         elements += packed_w_hh + B * H  # + the second h buffer of the split forward
-        extra_bytes = 8 * 8  # every named buffer holds at least one element
+        extra_bytes = 8 * (ALIGN - 1)  # room to align each of the (at most 8) named buffers
         if backward:
-            elements += D * _chunk_steps(T, B) * B * (width + H) + D * 4 * H * (width + H)
-            extra_bytes += D * 4 * H * 8
+            D2 = 2 if D == 1 else D  # one direction may add the tail chunks' own
+            elements += D2 * _chunk_steps(T, B) * B * (width + H) + D2 * 4 * H * (width + H)
+            extra_bytes += D2 * 4 * H * 8
         return int(elements * itemsize + extra_bytes)
 
     def _take(self, name, shape, dtype):
@@ -223,12 +264,13 @@ class LSTMPlan:
         if (view is not None and view.shape == shape and view.dtype == dtype
                 and view.base is self._buffers[name]):
             return view
-        size = math.prod(shape)
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize + ALIGN - 1
         buffer = self._buffers.get(name)
-        if buffer is None or buffer.dtype != dtype or buffer.size < size:
-            buffer = np.empty(max(size, 1), dtype=dtype)
+        if buffer is None or buffer.size < nbytes:
+            buffer = np.empty(nbytes, dtype=np.uint8)
             self._buffers[name] = buffer
-        view = self._last_views[name] = buffer[:size].reshape(shape)
+        # On a cache line, as the results are (see lstmcy._pool.ALIGN).
+        view = self._last_views[name] = aligned_empty(shape, dtype, buffer)
         return view
 
     def _threads(self, problem, flops):
@@ -260,8 +302,16 @@ class LSTMPlan:
 
         y = alloc(p.output_shape(D * H), dtype=cdt)
         y_rows = _as_rows(y)
-        h_n = p.h0.copy()  # the kernels update the states in place
-        c_n = p.c0.copy()
+        # The kernels update the states in place. For the split forward the copies start
+        # on a cache line: its two threads write the two halves of every row.
+        if D == 1 and 8.0 * B * H * H >= _SPLIT_FORWARD_MIN:
+            h_n = aligned_empty(p.h0.shape, p.h0.dtype)
+            h_n[...] = p.h0
+            c_n = aligned_empty(p.c0.shape, p.c0.dtype)
+            c_n[...] = p.c0
+        else:
+            h_n = p.h0.copy()
+            c_n = p.c0.copy()
         if train:
             saved = {name: alloc((L * D, T * B, H), dtype=cdt) for name in SAVED_NAMES}
         else:
@@ -284,7 +334,7 @@ class LSTMPlan:
                          if train else [no_cache] * 7)
                 gates = self._take("gates", (D, N, 4 * H), cdt)
                 x_packed = self._take("packed_rows", (D, 0 if in_packed else N, in_size), cdt)
-                if D == 1:
+                if D == 1 and 8.0 * B * H * H >= _SPLIT_FORWARD_MIN:
                     # One direction: every step's work is split over the two threads.
                     split = _split_point(H)
                     perm = _half_permutation(H, split)  # the gate order of the split (no copies)
@@ -338,7 +388,6 @@ class LSTMPlan:
         given = dict(zip(SAVED_NAMES, (i, g, f, o, h, c, tanhc)))
         T, B, H, L, D, N = p.T, p.B, p.H, p.L, p.D, p.N
         cdt = p.compute_dtype
-        chunk = _chunk_steps(T, B)
         masks = None
         if "dropout_masks" in arrays:
             masks = [to_compute(m, cdt).reshape(T * B, D * H) for m in arrays["dropout_masks"]]
@@ -374,6 +423,8 @@ class LSTMPlan:
                     in_step_row, in_stride, in_packed = internal_step_row, 1, internal_packed
                     layer_dx_needed = True
                 in_size = layer_in.shape[1]
+                first, chunk, tail, dx_group = _backward_schedule(T, B, N, in_size, H, D)
+                D2 = 2 * D if tail else D  # the tail chunks' own weight-gradient workspaces
                 if layer_dx_needed:
                     layer_dx = alloc(layer_in.shape, dtype=cdt)
                 else:
@@ -396,12 +447,13 @@ class LSTMPlan:
                     p.batch_sizes, p.packed_start, dh_state[ks], dc_state[ks],
                     layer_dx, layer_dx_needed, dw_ih, dw_hh, db, want_dparams,
                     self._take("gates", (D, N, 4 * H), cdt),
-                    self._take("z", (D, chunk * B if want_dparams else 0, in_size + H), cdt),
-                    self._take("dw", (D, 4 * H if want_dparams else 0, in_size + H), cdt),
-                    self._take("db_acc", (D, 4 * H if want_dparams else 0), np.dtype(np.float64)),
+                    self._take("z", (D2, chunk * B if want_dparams else 0, in_size + H), cdt),
+                    self._take("dw", (D2, 4 * H if want_dparams else 0, in_size + H), cdt),
+                    self._take("db_acc", (D2, 4 * H if want_dparams else 0), np.dtype(np.float64)),
                     (layer_dx[:N].reshape(1, N, in_size) if direct_dx and layer_dx_needed
                      else self._take("packed_rows", (D, N if layer_dx_needed else 0, in_size), cdt)),
-                    self._take("w_packed", (D, _packed_len(H, 4 * H, cdt)), cdt), chunk, self._threads(p, 16.0 * D * N * H * (in_size + H)))
+                    self._take("w_packed", (D, _packed_len(H, 4 * H, cdt)), cdt),
+                    first, chunk, tail, dx_group, self._threads(p, 16.0 * D * N * H * (in_size + H)))
                 if want_dparams:
                     for d in range(D):
                         base = (layer * D + d) * per_dir

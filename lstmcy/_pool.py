@@ -30,6 +30,29 @@ _MAX_FREE_EXTRA_BYTES = 32 * 2**20
 _MIN_FILL = 0.75
 # Without the GIL, reference counts read from another thread are not exact: no pooling.
 _ENABLED = not sysconfig.get_config_var("Py_GIL_DISABLED")
+# Every array handed out starts on a cache line. numpy's allocations are 16-byte aligned,
+# and when two threads write the two halves of a row (the split forward), a row start off
+# the line boundary puts both halves' ends in one line, which then moves between the cores
+# on every step.
+ALIGN = 64
+
+
+def aligned_offset(buffer):
+    """Bytes from the start of ``buffer`` to its first 64-byte boundary."""
+    return -buffer.ctypes.data % ALIGN
+
+
+def aligned_empty(shape, dtype, buffer=None, offset=None):
+    """An uninitialised C-contiguous array starting on a 64-byte boundary: a view of
+    ``buffer`` (a uint8 array of at least ``nbytes + ALIGN - 1`` bytes; ``offset`` is its
+    ``aligned_offset`` if known) or of a new one."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if buffer is None:
+        buffer = np.empty(nbytes + ALIGN - 1, np.uint8)
+    if offset is None:
+        offset = aligned_offset(buffer)
+    return buffer[offset:offset + nbytes].view(dtype).reshape(shape)
 
 
 def _free_refcount():
@@ -48,6 +71,7 @@ class ResultPool:
 
     def __init__(self):
         self._buffers = []
+        self._offsets = {}  # id(buffer) -> aligned_offset(buffer), for the buffers above
         self._lock = threading.Lock()
 
     @property
@@ -60,14 +84,19 @@ class ResultPool:
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < _MIN_BYTES or not _ENABLED:
+            # Not pooled, and not aligned either: aligning costs microseconds, and small
+            # results are the frequent ones. A kernel that needs a small array aligned
+            # asks aligned_empty for it.
             return np.empty(shape, dtype)
         with self._lock:
-            buffer = self._find_free(nbytes)
+            buffer = self._find_free(nbytes + ALIGN - 1)
             if buffer is None:
-                buffer = np.empty(nbytes, np.uint8)
+                buffer = np.empty(nbytes + ALIGN - 1, np.uint8)
                 self._buffers.append(buffer)
+                self._offsets[id(buffer)] = aligned_offset(buffer)
+            offset = self._offsets[id(buffer)]
             self._trim()
-        return buffer[:nbytes].view(dtype).reshape(shape)
+        return buffer[offset:offset + nbytes].view(dtype).reshape(shape)
 
     def zeros(self, shape, dtype):
         """Like ``np.zeros(shape, dtype)``."""
@@ -79,6 +108,7 @@ class ResultPool:
         """Forget every buffer (arrays in use stay valid: they hold their buffer)."""
         with self._lock:
             self._buffers = []
+            self._offsets = {}
 
     def _find_free(self, nbytes):
         best, best_index = None, -1
@@ -109,4 +139,5 @@ class ResultPool:
             excess -= 1
             free_bytes -= self._buffers[index].nbytes
         for index in reversed(drop):
+            del self._offsets[id(self._buffers[index])]
             del self._buffers[index]

@@ -60,9 +60,39 @@ def test_the_free_refcount_matches_this_interpreter():
 def test_small_requests_and_zeros():
     pool = ResultPool()
     small = pool.empty((3, 4), np.float64)
-    assert small.base is None and pool._buffers == []
+    assert small.shape == (3, 4) and small.flags.c_contiguous and pool._buffers == []  # not pooled
     zeros = pool.zeros((300, 300), np.float64)
     assert zeros.shape == (300, 300) and zeros.flags.c_contiguous and not zeros.any()
+
+
+@pytest.mark.parametrize("shape", [(300, 301), (2, 3, 5000), (128, 129)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_pooled_arrays_start_on_a_cache_line(shape, dtype):
+    # Also a pooled buffer served again, and a buffer serving a smaller request.
+    pool = ResultPool()
+    for request in (shape, shape, shape[:-1] + (shape[-1] - 1,)):
+        array = pool.empty(request, dtype)
+        assert array.shape == request and array.dtype == dtype and array.flags.c_contiguous
+        assert array.ctypes.data % _pool.ALIGN == 0
+        array[...] = 1  # the whole view is writable memory of the buffer
+        del array
+    assert len(pool._buffers) == 1
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (1,), (16, 64), (0, 7)])
+def test_aligned_empty(shape):
+    for _ in range(5):
+        array = _pool.aligned_empty(shape, np.float32)
+        assert array.shape == shape and array.flags.c_contiguous and array.flags.writeable
+        assert array.size == 0 or array.ctypes.data % _pool.ALIGN == 0
+
+
+def test_aligned_empty_uses_the_given_buffer():
+    buffer = np.empty(10 * 8 + _pool.ALIGN - 1, np.uint8)
+    array = _pool.aligned_empty((2, 5), np.float64, buffer)
+    assert array.base is buffer and array.ctypes.data % _pool.ALIGN == 0
+    with pytest.raises(ValueError):  # a buffer too small for the shape after aligning
+        _pool.aligned_empty((2, 5), np.float64, np.empty(8, np.uint8))
 
 
 def test_free_buffers_beyond_the_cap_are_dropped():
@@ -77,7 +107,7 @@ def test_free_buffers_beyond_the_cap_are_dropped():
 def test_memory_once_held_by_dropped_results_goes_back():
     pool = ResultPool()
     held = [_big(pool, shape=(1024, 256)) for _ in range(60)]  # 60 MiB in use
-    assert pool.nbytes == 60 * 2**20
+    assert pool.nbytes == 60 * (2**20 + _pool.ALIGN - 1)  # each with room to align
     del held
     _big(pool, shape=(1024, 256))  # reuses one; the free rest is trimmed
     assert pool.nbytes <= 2**20 + _pool._MAX_FREE_EXTRA_BYTES + 2**20
@@ -89,7 +119,7 @@ def test_a_buffer_is_not_much_larger_than_the_array_it_serves():
     address = big.ctypes.data
     del big
     small = _big(pool, shape=(512, 256))  # half the size: a new buffer, not the 1 MiB one
-    assert small.ctypes.data != address and small.base.nbytes == small.nbytes
+    assert small.ctypes.data != address and small.base.nbytes == small.nbytes + _pool.ALIGN - 1
 
 
 def _problem(rng, T=30, B=40, I=24, H=48):
@@ -125,3 +155,12 @@ def test_reused_buffers_give_the_same_results_as_fresh_ones():
     for _ in range(3):
         again = lstmcy.lstm_forward(x, None, params)[0]
         np.testing.assert_array_equal(again, fresh)
+
+
+def test_plan_workspaces_start_on_a_cache_line():
+    plan = lstmcy.LSTMPlan()
+    for name, shape, dtype in [("gates", (3, 5, 7), np.float32), ("h_other", (16, 64), np.float32),
+                               ("gates", (2, 9), np.float64), ("z", (1, 3), np.float64)]:
+        view = plan._take(name, shape, np.dtype(dtype))
+        assert view.shape == shape and view.dtype == dtype and view.flags.c_contiguous
+        assert view.ctypes.data % _pool.ALIGN == 0

@@ -60,7 +60,14 @@ cdef extern from *:
         __asm__ __volatile__("yield");
     #endif
     }
+    static inline void lstmcy_prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
+    static inline int lstmcy_compare_exchange(Py_ssize_t *p, Py_ssize_t expected, Py_ssize_t desired) {
+        return __atomic_compare_exchange_n(p, &expected, desired, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    }
     """
+    bint compare_exchange "lstmcy_compare_exchange"(Py_ssize_t *p, Py_ssize_t expected,
+                                                     Py_ssize_t desired) noexcept nogil
+    void prefetch "lstmcy_prefetch"(const void *p) noexcept nogil
     Py_ssize_t load_acquire "lstmcy_load_acquire"(Py_ssize_t *p) noexcept nogil
     void store_release "lstmcy_store_release"(Py_ssize_t *p, Py_ssize_t v) noexcept nogil
     void cpu_relax "lstmcy_cpu_relax"() noexcept nogil
@@ -188,6 +195,40 @@ cdef inline void _chunk_bounds(Py_ssize_t c, Py_ssize_t chunk, Py_ssize_t T, bin
     else:
         t_lo[0] = c * chunk
         t_hi[0] = (c + 1) * chunk if (c + 1) * chunk < T else T
+
+
+cdef inline Py_ssize_t _bwd_n_chunks(Py_ssize_t T, Py_ssize_t first, Py_ssize_t chunk) noexcept nogil:
+    """Chunks of the backward: the first of ``first`` steps, the others of ``chunk``."""
+    if T == 0:
+        return 0
+    if T <= first:
+        return 1
+    return 1 + (T - first + chunk - 1) // chunk
+
+
+cdef inline Py_ssize_t _bwd_chunk_end(Py_ssize_t c, Py_ssize_t T, Py_ssize_t first,
+                                      Py_ssize_t chunk) noexcept nogil:
+    """Steps (in processing order) done once the backward's chunk ``c`` is finished."""
+    cdef Py_ssize_t end = first + c * chunk
+    return end if end < T else T
+
+
+cdef inline void _bwd_chunk_rows(
+        Py_ssize_t c, Py_ssize_t T, Py_ssize_t first, Py_ssize_t chunk, bint reverse,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
+        Py_ssize_t *t_lo, Py_ssize_t *t_hi, Py_ssize_t *r0, Py_ssize_t *r1) noexcept nogil:
+    """Time range ``[t_lo, t_hi)`` and packed rows ``[r0, r1)`` of the backward's chunk ``c``
+    (the backward of direction 0 runs from the last step down, direction 1 from step 0 up)."""
+    cdef Py_ssize_t s_lo = 0 if c == 0 else _bwd_chunk_end(c - 1, T, first, chunk)
+    cdef Py_ssize_t s_hi = _bwd_chunk_end(c, T, first, chunk)
+    if reverse:
+        t_lo[0] = s_lo
+        t_hi[0] = s_hi
+    else:
+        t_lo[0] = T - s_hi
+        t_hi[0] = T - s_lo
+    r0[0] = packed_start[t_lo[0]]
+    r1[0] = packed_start[t_hi[0] - 1] + batch_sizes[t_hi[0] - 1]
 
 
 cdef inline Py_ssize_t _prev_step(Py_ssize_t t, Py_ssize_t b, Py_ssize_t T,
@@ -347,7 +388,23 @@ def forward_layer(
     progress[0] = 0
     progress[1] = 0
     with nogil:
-        if n_threads < 2 or D < 2:
+        if n_threads >= 2 and D == 1:
+            # One direction: thread 1 projects the input chunk by chunk ahead of the
+            # recurrence on thread 0 (the same calls as one thread makes in turn).
+            with parallel(num_threads=2):
+                tid = threadid()
+                nt = openmp.omp_get_num_threads()
+                if nt < 2 or tid == 1:
+                    _forward_projection(x, x_step_row, x_batch_stride, x_rows_packed, w_ih[0],
+                                        batch_sizes, packed_start, False, gates[0], x_packed[0],
+                                        chunk, &progress[0])
+                if nt < 2 or tid == 0:
+                    _forward_recurrence(w_hh[0], bias[0], batch_sizes, packed_start, False,
+                                        gates[0], h_n[0], c_n[0], y, y_step_row, y_batch_stride,
+                                        0, cache_i[0], cache_f[0], cache_g[0], cache_o[0],
+                                        cache_c[0], cache_tanhc[0], cache_h[0], store_cache,
+                                        w_packed[0], chunk, &progress[0])
+        elif n_threads < 2 or D < 2:
             for d in range(D):
                 _forward_direction(d, x, x_step_row, x_batch_stride, x_rows_packed, w_ih, w_hh,
                                    bias, batch_sizes, packed_start, y, y_step_row, y_batch_stride,
@@ -430,44 +487,51 @@ cdef inline void _forward_cell_row(
         floating *y_row, floating *ci, floating *cf, floating *cg, floating *co, floating *cc,
         floating *ctc, floating *ch, bint store_cache) noexcept nogil:
     """One row of ``w`` units: ``act`` holds their pre-activations ``[i f g o]`` (width ``w``
-    each) and receives the activations; ``c_row``/``h_row`` go from step t-1 to t. Raw
-    pointers and one short loop per quantity, so that every loop vectorises (indexing the
-    memoryviews inside the loops kept GCC from it: extensions build without strict
-    aliasing, so each store might move the views' data pointers)."""
-    cdef Py_ssize_t j, k
-    for k in range(2 * w):
-        act[k] = fast_sigmoid(act[k] + bias[k])
-    for k in range(2 * w, 3 * w):
-        act[k] = fast_tanh(act[k] + bias[k])
-    for k in range(3 * w, 4 * w):
-        act[k] = fast_sigmoid(act[k] + bias[k])
-    # c = f * c_prev + i * g, as PyTorch: (f * c_prev) + (i * g).
+    each); ``c_row``/``h_row`` go from step t-1 to t. One loop over the units with every
+    quantity in registers: short loops of their own cost more in set-up than in work at
+    the widths of a split step (32 units: two AVX-512 vectors). Raw pointers, since
+    indexing the memoryviews inside the loop keeps GCC from vectorising it (extensions
+    build without strict aliasing); the many pointers need runtime alias checks, allowed
+    for by ``--param vect-max-version-for-alias-checks`` in setup.py."""
+    cdef Py_ssize_t j
+    cdef floating c, tc, h
+    cdef const floating *b_i = bias
+    cdef const floating *b_f = bias + w
+    cdef const floating *b_g = bias + 2 * w
+    cdef const floating *b_o = bias + 3 * w
+    # Without a cache the activations go back into ``act``.
+    cdef floating *g_i = ci if store_cache else act
+    cdef floating *g_f = cf if store_cache else act + w
+    cdef floating *g_g = cg if store_cache else act + 2 * w
+    cdef floating *g_o = co if store_cache else act + 3 * w
+    # Two loops: the four gate activations, then the state update. One loop with all of
+    # it runs out of vector registers.
     for j in range(w):
-        c_row[j] = act[w + j] * c_row[j] + act[j] * act[2 * w + j]
+        g_i[j] = fast_sigmoid(act[j] + b_i[j])
+        g_f[j] = fast_sigmoid(act[w + j] + b_f[j])
+        g_g[j] = fast_tanh(act[2 * w + j] + b_g[j])
+        g_o[j] = fast_sigmoid(act[3 * w + j] + b_o[j])
     if store_cache:
         for j in range(w):
-            ci[j] = act[j]
-        for j in range(w):
-            cf[j] = act[w + j]
-        for j in range(w):
-            cg[j] = act[2 * w + j]
-        for j in range(w):
-            co[j] = act[3 * w + j]
-        for j in range(w):
-            cc[j] = c_row[j]
-        # h = o * tanh(c). At most three pointers per loop: with more, GCC's runtime alias
-        # checks exceed its limit and the loop stays scalar.
-        for j in range(w):
-            ctc[j] = fast_tanh(c_row[j])
-        for j in range(w):
-            h_row[j] = act[3 * w + j] * ctc[j]
-        for j in range(w):
-            ch[j] = h_row[j]
+            # c = f * c_prev + i * g, as PyTorch: (f * c_prev) + (i * g).
+            c = g_f[j] * c_row[j] + g_i[j] * g_g[j]
+            tc = fast_tanh(c)
+            h = g_o[j] * tc
+            cc[j] = c
+            ctc[j] = tc
+            ch[j] = h
+            c_row[j] = c
+            y_row[j] = h
+        if h_row != ch:  # h_t goes to a separate state buffer (not read from the cache)
+            for j in range(w):
+                h_row[j] = ch[j]
     else:
         for j in range(w):
-            h_row[j] = act[3 * w + j] * fast_tanh(c_row[j])
-    for j in range(w):
-        y_row[j] = h_row[j]
+            c = g_f[j] * c_row[j] + g_i[j] * g_g[j]
+            h = g_o[j] * fast_tanh(c)
+            c_row[j] = c
+            h_row[j] = h
+            y_row[j] = h
 
 
 cdef void _forward_elementwise(
@@ -556,15 +620,37 @@ cdef void _forward_split(
     _barrier(barrier)
     if H == 0 or B == 0:
         return
+    # In time order with the cache stored, step t reads h_{t-1} from the saved h of step
+    # t-1 and writes h_t into its own saved rows: lines no thread has read before. In a
+    # double buffer each step's writes land on lines the other thread read the step
+    # before, and every one of them waits for the other core to drop its copy (~0.3 µs
+    # a cache-line round trip between the two cores here).
+    cdef bint h_in_cache = store_cache and not reverse
     for s in range(T):
         t = T - 1 - s if reverse else s
         nb = batch_sizes[t]
         n0 = packed_start[t]
-        h_prev = &h_state[0, 0] if s % 2 == 0 else &h_other[0, 0]
-        h_next = &h_other[0, 0] if s % 2 == 0 else &h_state[0, 0]
+        if h_in_cache:
+            h_prev = &h_state[0, 0] if s == 0 else &cache_h[(t - 1) * B, 0]
+            h_next = &cache_h[t * B, 0]
+        else:
+            h_prev = &h_state[0, 0] if s % 2 == 0 else &h_other[0, 0]
+            h_next = &h_other[0, 0] if s % 2 == 0 else &h_state[0, 0]
         # Rows active at the previous step but not at this one keep their h: carry it
-        # into the buffer this step writes.
-        nb_before = batch_sizes[t + 1 if reverse else t - 1] if s > 0 else nb
+        # into the buffer this step writes (with h in the cache, rows only ever leave,
+        # and their last h is gathered at the end).
+        nb_before = batch_sizes[t + 1 if reverse else t - 1] if s > 0 and not h_in_cache else nb
+        if first_half == last_half and s > 0:
+            # The other thread's half of h_{t-1} is in the other core's cache: ask for all
+            # of its lines at once, rather than one by one as the GEMM reaches them
+            # (each a ~0.2-0.3 µs round trip).
+            u0 = split if first_half == 0 else 0
+            w = H - split if first_half == 0 else split
+            for b in range(nb):
+                j = u0
+                while j < u0 + w:
+                    prefetch(h_prev + b * H + j)
+                    j += 64 // sizeof(floating)
         for half in range(first_half, last_half + 1):
             u0 = 0 if half == 0 else split
             w = split if half == 0 else H - split
@@ -579,10 +665,19 @@ cdef void _forward_split(
                                  c_state, y, y_step_row, y_batch_stride, 0, cache_i, cache_f,
                                  cache_g, cache_o, cache_c, cache_tanhc, cache_h, store_cache)
         _barrier(barrier)  # h_t is complete
-    if T % 2 == 1:  # the final state is in h_other
-        for half in range(first_half, last_half + 1):
-            u0 = 0 if half == 0 else split
-            w = split if half == 0 else H - split
+    for half in range(first_half, last_half + 1):
+        u0 = 0 if half == 0 else split
+        w = split if half == 0 else H - split
+        if h_in_cache:
+            # Row b's final h is the saved h of its last step (rows leave longest last).
+            t = T - 1
+            for b in range(B - 1, -1, -1):
+                while t >= 0 and batch_sizes[t] <= b:
+                    t -= 1
+                if t >= 0:
+                    for j in range(u0, u0 + w):
+                        h_state[b, j] = cache_h[t * B + b, j]
+        elif T % 2 == 1:  # the final state is in h_other
             for b in range(B):
                 for j in range(u0, u0 + w):
                     h_state[b, j] = h_other[b, j]
@@ -652,10 +747,11 @@ cdef void _backward_recurrence(
         const floating[:, ::1] cache_c, const floating[:, ::1] cache_tanhc,
         const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start, bint reverse,
         floating[:, ::1] dh_state, floating[:, ::1] dc_state, floating[:, ::1] dgates,
-        floating[::1] w_packed, Py_ssize_t chunk, Py_ssize_t *progress) noexcept nogil:
+        floating[::1] w_packed, Py_ssize_t first, Py_ssize_t chunk,
+        Py_ssize_t *progress) noexcept nogil:
     """The sequential part of the backward: per step one fused elementwise pass writing the
     four gate gradients and updating dc, then one GEMM for dh (against ``w_hh`` packed into
-    ``w_packed`` first)."""
+    ``w_packed`` first). Publishes in ``progress`` how many chunks are finished."""
     cdef Py_ssize_t T = batch_sizes.shape[0]
     cdef Py_ssize_t B = dh_state.shape[0]
     cdef Py_ssize_t H = dh_state.shape[1]
@@ -672,8 +768,10 @@ cdef void _backward_recurrence(
     cdef floating *dh_row
     cdef floating *dc_row
     cdef floating *dg
+    cdef Py_ssize_t done = 0
+    cdef Py_ssize_t done_end = _bwd_chunk_end(0, T, first, chunk)
     if H == 0 or B == 0:
-        store_release(progress, (T + chunk - 1) // chunk)
+        store_release(progress, _bwd_n_chunks(T, first, chunk))
         return
     _pack(&w_hh[0, 0], H, False, G, 0, H, &w_packed[0])
     for s in range(T):
@@ -715,46 +813,52 @@ cdef void _backward_recurrence(
                 dc_row[j] = dc_row[j] * f_row[j]
         # dh for the previous step: dgates_t @ w_hh.
         _packed_gemm(nb, H, G, &dgates[n0, 0], G, &w_packed[0], &dh_state[0, 0], H, False)
-        if (s + 1) % chunk == 0 or s + 1 == T:
-            store_release(progress, (s + chunk) // chunk)
+        if s + 1 == done_end:
+            done += 1
+            store_release(progress, done)
+            done_end = _bwd_chunk_end(done, T, first, chunk)
 
 
 cdef void _backward_weights(
         const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
         const floating[:, ::1] h0, const floating[:, ::1] cache_h,
         const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start, bint reverse,
-        const floating[:, ::1] dgates,
-        floating[:, ::1] dw_ih, floating[:, ::1] dw_hh, floating[::1] db,
-        floating[:, ::1] z, floating[:, ::1] dw, double[::1] db_acc, Py_ssize_t chunk,
-        Py_ssize_t *progress) noexcept nogil:
-    """``[dW_ih | dW_hh] = sum over chunks of dgates^T [x | h_prev]`` (one GEMM per chunk,
-    accumulated in ``dw``) and ``db = sum(dgates)``, taking the chunks in order as the
+        const floating[:, ::1] dgates, Py_ssize_t c_begin, Py_ssize_t c_end,
+        floating[:, ::1] z, floating[:, ::1] dw, double[::1] db_acc,
+        Py_ssize_t first, Py_ssize_t chunk, Py_ssize_t dx_group, Py_ssize_t *progress,
+        bint help_dx, const floating[:, ::1] w_ih, floating[:, ::1] dx,
+        Py_ssize_t *dx_claimed) noexcept nogil:
+    """``dw = sum over chunks [c_begin, c_end) of dgates^T [x | h_prev]`` (one GEMM per
+    chunk) and ``db_acc = sum(dgates)`` over their rows, taking the chunks in order as the
     recurrence finishes them (fixed order: bitwise reproducible). ``db`` is summed over up
-    to T*B rows, in double (``db_acc``): float32 would drift by ~1e-5 at a million rows."""
+    to T*B rows, in double: float32 would drift by ~1e-5 at a million rows. With
+    ``help_dx``, waits for the next chunk are spent on ``dx`` chunks (``_backward_dx``)."""
     cdef Py_ssize_t T = batch_sizes.shape[0]
     cdef Py_ssize_t B = h0.shape[0]
     cdef Py_ssize_t H = h0.shape[1]
-    cdef Py_ssize_t I = dw_ih.shape[1]
-    cdef Py_ssize_t G = 4 * H
-    cdef Py_ssize_t K = I + H
-    cdef Py_ssize_t n_chunks = (T + chunk - 1) // chunk
-    cdef Py_ssize_t c, t, b, j, k, n, t_lo, t_hi, r0, r1, zr, xr, prev_t
+    cdef Py_ssize_t G = dw.shape[0]
+    cdef Py_ssize_t K = dw.shape[1]
+    cdef Py_ssize_t I = K - H
+    cdef Py_ssize_t c, t, b, j, k, n, t_lo, t_hi, r0, r1, xr, prev_t
     cdef const floating *h_prev
     cdef const floating *x_row
     cdef floating *z_row
     cdef const floating *dg
     cdef floating one = 1
+    cdef floating beta = 0  # the first GEMM overwrites dw: no pass to zero it first
     if G == 0:
         return
     for k in range(G):
         db_acc[k] = 0
-        for j in range(K):
-            dw[k, j] = 0
-    for c in range(n_chunks):
+    for c in range(c_begin, c_end):
+        if help_dx:
+            while (load_acquire(progress) < c + 1
+                   and _backward_dx(dgates, w_ih, dx, T, first, chunk, dx_group, reverse, batch_sizes,
+                                    packed_start, progress, dx_claimed, False)):
+                pass
         _wait_for(progress, c + 1)
-        _chunk_bounds(c, chunk, T, not reverse, &t_lo, &t_hi)
-        r0 = packed_start[t_lo]
-        r1 = packed_start[t_hi - 1] + batch_sizes[t_hi - 1]
+        _bwd_chunk_rows(c, T, first, chunk, reverse, batch_sizes, packed_start,
+                        &t_lo, &t_hi, &r0, &r1)
         if r1 == r0:
             continue
         for t in range(t_lo, t_hi):
@@ -770,31 +874,57 @@ cdef void _backward_weights(
                 for j in range(H):
                     z_row[I + j] = h_prev[j]
         gemm(Trans, NoTrans, <int>G, <int>K, <int>(r1 - r0), one, &dgates[r0, 0], <int>G,
-             &z[0, 0], <int>K, one, &dw[0, 0], <int>K)
+             &z[0, 0], <int>K, beta, &dw[0, 0], <int>K)
+        beta = 1
         for n in range(r0, r1):
             dg = &dgates[n, 0]
             for k in range(G):
                 db_acc[k] += dg[k]
-    for k in range(G):
-        db[k] = <floating>db_acc[k]
-    for k in range(G):
-        for j in range(I):
-            dw_ih[k, j] = dw[k, j]
-        for j in range(H):
-            dw_hh[k, j] = dw[k, I + j]
+    if beta == 0:  # no rows at all
+        for k in range(G):
+            for j in range(K):
+                dw[k, j] = 0
 
 
-cdef void _backward_dx(const floating[:, ::1] dgates, const floating[:, ::1] w_ih,
-                       floating[:, ::1] dx) noexcept nogil:
-    """``dx = dgates @ w_ih`` over all rows in one GEMM (zeros when H == 0)."""
-    cdef Py_ssize_t N = dgates.shape[0]
+cdef bint _backward_dx(
+        const floating[:, ::1] dgates, const floating[:, ::1] w_ih, floating[:, ::1] dx,
+        Py_ssize_t T, Py_ssize_t first, Py_ssize_t chunk, Py_ssize_t dx_group, bint reverse,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
+        Py_ssize_t *progress, Py_ssize_t *claimed, bint run_all) noexcept nogil:
+    """``dx = dgates @ w_ih`` in pieces of ``dx_group`` chunks (rows in packed order;
+    each call packs ``w_ih`` anew, so a piece should have some hundreds of rows): claims
+    the next piece in ``claimed`` and runs it. With ``run_all``, claims pieces until none
+    is left (waiting for the recurrence where needed); otherwise runs at most one piece
+    the recurrence has finished, and returns whether it did. A piece is the same GEMM
+    call whichever thread runs it, so results do not depend on threads."""
+    cdef Py_ssize_t n_chunks = _bwd_n_chunks(T, first, chunk)
+    cdef Py_ssize_t n_pieces = (n_chunks + dx_group - 1) // dx_group
     cdef Py_ssize_t G = dgates.shape[1]
     cdef Py_ssize_t I = w_ih.shape[1]
-    if N == 0 or I == 0:
-        return
-    gemm(NoTrans, NoTrans, <int>N, <int>I, <int>G, <floating>1,
-         &dgates[0, 0] if G > 0 else NULL, <int>G, &w_ih[0, 0] if G > 0 else NULL, <int>I,
-         <floating>0, &dx[0, 0], <int>I)
+    cdef Py_ssize_t c, c_last, t_lo, t_hi, r0, r1, r0_last, r1_last
+    while True:
+        c = load_acquire(claimed)
+        if c >= n_pieces:
+            return False
+        c_last = (c + 1) * dx_group if (c + 1) * dx_group < n_chunks else n_chunks
+        if not run_all and load_acquire(progress) < c_last:
+            return False
+        if not compare_exchange(claimed, c, c + 1):
+            continue  # the other thread took it
+        _wait_for(progress, c_last)
+        # The piece's chunks are consecutive in time, so their rows are one range.
+        _bwd_chunk_rows(c * dx_group, T, first, chunk, reverse, batch_sizes, packed_start,
+                        &t_lo, &t_hi, &r0, &r1)
+        _bwd_chunk_rows(c_last - 1, T, first, chunk, reverse, batch_sizes, packed_start,
+                        &t_lo, &t_hi, &r0_last, &r1_last)
+        r0 = r0 if r0 < r0_last else r0_last
+        r1 = r1 if r1 > r1_last else r1_last
+        if r1 > r0 and I > 0:
+            gemm(NoTrans, NoTrans, <int>(r1 - r0), <int>I, <int>G, <floating>1,
+                 &dgates[r0, 0] if G > 0 else NULL, <int>G, &w_ih[0, 0] if G > 0 else NULL,
+                 <int>I, <floating>0, &dx[r0, 0], <int>I)
+        if not run_all:
+            return True
 
 
 cdef void _backward_direction(
@@ -810,23 +940,40 @@ cdef void _backward_direction(
         const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
         floating[:, :, ::1] dh_state, floating[:, :, ::1] dc_state,
         bint want_dx, floating[:, ::1] dx_target,
-        floating[:, :, ::1] dw_ih, floating[:, :, ::1] dw_hh, floating[:, ::1] db,
         bint want_dparams, floating[:, :, ::1] dgates, floating[:, :, ::1] z,
         floating[:, :, ::1] dw, double[:, ::1] db_acc, floating[:, ::1] w_packed,
-        Py_ssize_t chunk, Py_ssize_t *progress) noexcept nogil:
-    """Direction ``d``: ``part`` 0 = all of it, 1 = recurrence then dx, 2 = weight gradients."""
+        Py_ssize_t first, Py_ssize_t chunk, Py_ssize_t tail, Py_ssize_t dx_group,
+        Py_ssize_t *progress, Py_ssize_t *dx_claimed) noexcept nogil:
+    """Direction ``d``. ``part`` 0: all of it. With two threads on one direction, ``part``
+    1 (thread 0) is the recurrence, then the weight gradients of the last ``tail`` chunks,
+    then ``dx`` chunks; ``part`` 2 (thread 1) the weight gradients of the other chunks as
+    the recurrence finishes them, then ``dx`` chunks, and ``dx`` chunks while it would
+    otherwise wait. The weight gradients of the tail chunks go to their own accumulators
+    (``dw[D + d]``, ``db_acc[D + d]``), added to the others' in ``backward_layer``."""
     cdef bint reverse = d == 1
+    cdef Py_ssize_t D = w_ih.shape[0]
+    cdef Py_ssize_t T = batch_sizes.shape[0]
+    cdef Py_ssize_t n_chunks = _bwd_n_chunks(T, first, chunk)
+    cdef Py_ssize_t t_tail = (tail if tail < n_chunks else n_chunks) if want_dparams else 0
     if part != 2:
         _backward_recurrence(dy, dy_step_row, dy_batch_stride, d * dh_state.shape[2],
                              w_hh[d], c0[d], cache_i[d], cache_f[d], cache_g[d], cache_o[d],
                              cache_c[d], cache_tanhc[d], batch_sizes, packed_start, reverse,
-                             dh_state[d], dc_state[d], dgates[d], w_packed[d], chunk, progress)
+                             dh_state[d], dc_state[d], dgates[d], w_packed[d], first, chunk,
+                             progress)
     if part != 1 and want_dparams:
         _backward_weights(x, x_step_row, x_batch_stride, h0[d], cache_h[d], batch_sizes,
-                          packed_start, reverse, dgates[d], dw_ih[d], dw_hh[d], db[d], z[d],
-                          dw[d], db_acc[d], chunk, progress)
-    if part != 2 and want_dx:
-        _backward_dx(dgates[d], w_ih[d], dx_target)
+                          packed_start, reverse, dgates[d], 0, n_chunks - t_tail, z[d], dw[d],
+                          db_acc[d], first, chunk, dx_group, progress, part == 2 and want_dx, w_ih[d],
+                          dx_target, dx_claimed)
+    if part != 2 and t_tail > 0:
+        _backward_weights(x, x_step_row, x_batch_stride, h0[d], cache_h[d], batch_sizes,
+                          packed_start, reverse, dgates[d], n_chunks - t_tail, n_chunks,
+                          z[D + d], dw[D + d], db_acc[D + d], first, chunk, dx_group, progress, False,
+                          w_ih[d], dx_target, dx_claimed)
+    if want_dx:
+        _backward_dx(dgates[d], w_ih[d], dx_target, T, first, chunk, dx_group, reverse, batch_sizes,
+                     packed_start, progress, dx_claimed, True)
 
 
 def backward_layer(
@@ -846,7 +993,8 @@ def backward_layer(
         bint want_dparams,
         floating[:, :, ::1] dgates, floating[:, :, ::1] z, floating[:, :, ::1] dw,
         double[:, ::1] db_acc, floating[:, :, ::1] dx_packed, floating[:, ::1] w_packed,
-        Py_ssize_t chunk, int n_threads):
+        Py_ssize_t first, Py_ssize_t chunk, Py_ssize_t tail, Py_ssize_t dx_group,
+        int n_threads):
     """Backpropagate through both directions of one layer.
 
     Parameters
@@ -867,38 +1015,55 @@ def backward_layer(
         Input gradient, written at active rows when ``want_dx`` (padded rows untouched).
     dw_ih, dw_hh, db : ndarray [D, 4H, I], [D, 4H, H], [D, 4H]
         Parameter gradients, written when ``want_dparams``.
-    dgates, z, dw, db_acc : ndarray [D, N, 4H], [D, chunk rows, I + H], [D, 4H, I + H], [D, 4H]
-        Workspaces (``db_acc`` is float64 whatever the dtype).
+    dgates : ndarray [D, N, 4H]
+        Workspace: the gate gradients.
+    z, dw, db_acc : ndarray [D2, chunk rows, I + H], [D2, 4H, I + H], [D2, 4H]
+        Workspaces of the weight gradients (``db_acc`` is float64 whatever the dtype);
+        ``D2 = 2 * D`` when ``tail`` > 0 (the tail chunks' own), else ``D``.
     dx_packed : ndarray [D, N, I]
         Each direction's dx in packed order, summed into ``dx`` at the end; with one
         direction and packed rows, the caller passes ``dx`` itself (as ``[1, N, I]``).
     w_packed : ndarray [D, packed_len(H, 4H)]
         Workspace for each direction's packed ``w_hh``.
-    chunk : int
-        Steps per chunk (fixed by the shape).
+    first, chunk : int
+        Steps of the first chunk and of the others (fixed by the shape: a short first
+        chunk lets the weight gradients start early).
+    tail : int
+        How many of the last chunks' weight gradients the recurrence thread takes on once
+        it is done (fixed by the shape, so that both threads finish together).
+    dx_group : int
+        Chunks per piece of ``dx`` (fixed by the shape).
     n_threads : int
         1 or 2.
     """
     cdef Py_ssize_t D = w_ih.shape[0]
     cdef Py_ssize_t T = batch_sizes.shape[0]
     cdef Py_ssize_t I = w_ih.shape[2]
+    cdef Py_ssize_t H = w_hh.shape[2]
+    cdef Py_ssize_t G = 4 * H
     cdef Py_ssize_t progress[2]
-    cdef Py_ssize_t d, t, b, j, n, xr
+    cdef Py_ssize_t dx_claimed[2]
+    cdef Py_ssize_t d, t, b, j, k, n, xr
     cdef int tid, nt
+    cdef bint has_tail = tail > 0 and want_dparams
     # With one direction and packed rows, dx_packed is dx itself; otherwise each direction
     # writes its own part, summed into dx in a fixed order below.
     cdef bint direct_dx = D == 1 and x_rows_packed
+    if has_tail and (z.shape[0] < 2 * D or dw.shape[0] < 2 * D or db_acc.shape[0] < 2 * D):
+        raise ValueError("tail > 0 needs 2*D weight-gradient workspaces")
     progress[0] = 0
     progress[1] = 0
+    dx_claimed[0] = 0
+    dx_claimed[1] = 0
     with nogil:
         if n_threads < 2:
             for d in range(D):
                 _backward_direction(0, d, x, x_step_row, x_batch_stride, dy, dy_step_row,
                                     dy_batch_stride, w_ih, w_hh, h0, c0, cache_i, cache_f, cache_g,
                                     cache_o, cache_c, cache_tanhc, cache_h, batch_sizes,
-                                    packed_start, dh_state, dc_state, want_dx,
-                                    dx_packed[d], dw_ih, dw_hh, db,
-                                    want_dparams, dgates, z, dw, db_acc, w_packed, chunk, &progress[d])
+                                    packed_start, dh_state, dc_state, want_dx, dx_packed[d],
+                                    want_dparams, dgates, z, dw, db_acc, w_packed,
+                                    first, chunk, tail, dx_group, &progress[d], &dx_claimed[d])
         else:
             with parallel(num_threads=2):
                 tid = threadid()
@@ -909,25 +1074,43 @@ def backward_layer(
                                             dy_batch_stride, w_ih, w_hh, h0, c0, cache_i,
                                             cache_f, cache_g, cache_o, cache_c, cache_tanhc,
                                             cache_h, batch_sizes, packed_start, dh_state,
-                                            dc_state, want_dx,
-                                            dx_packed[d], dw_ih, dw_hh,
-                                            db, want_dparams, dgates, z, dw, db_acc, w_packed, chunk, &progress[d])
+                                            dc_state, want_dx, dx_packed[d], want_dparams,
+                                            dgates, z, dw, db_acc, w_packed, first, chunk, tail,
+                                            dx_group, &progress[d], &dx_claimed[d])
                 elif D == 2:
                     _backward_direction(0, tid, x, x_step_row, x_batch_stride, dy, dy_step_row,
                                         dy_batch_stride, w_ih, w_hh, h0, c0, cache_i, cache_f,
                                         cache_g, cache_o, cache_c, cache_tanhc, cache_h,
                                         batch_sizes, packed_start, dh_state, dc_state, want_dx,
-                                        dx_packed[tid], dw_ih, dw_hh,
-                                        db, want_dparams, dgates, z, dw, db_acc, w_packed, chunk, &progress[tid])
+                                        dx_packed[tid], want_dparams, dgates, z, dw, db_acc,
+                                        w_packed, first, chunk, tail, dx_group, &progress[tid],
+                                        &dx_claimed[tid])
                 else:
-                    # Thread 0: recurrence, then dx. Thread 1: weight gradients of the chunks
-                    # the recurrence has finished.
                     _backward_direction(tid + 1, 0, x, x_step_row, x_batch_stride, dy,
                                         dy_step_row, dy_batch_stride, w_ih, w_hh, h0, c0,
                                         cache_i, cache_f, cache_g, cache_o, cache_c, cache_tanhc,
                                         cache_h, batch_sizes, packed_start, dh_state, dc_state,
-                                        want_dx, dx_packed[0], dw_ih, dw_hh, db, want_dparams,
-                                        dgates, z, dw, db_acc, w_packed, chunk, &progress[0])
+                                        want_dx, dx_packed[0], want_dparams, dgates, z, dw,
+                                        db_acc, w_packed, first, chunk, tail, dx_group, &progress[0],
+                                        &dx_claimed[0])
+        if want_dparams and G > 0:
+            # The weight gradients: the chunks' sum, plus the tail chunks' own sum (fixed
+            # order), split into dW_ih and dW_hh.
+            for d in range(D):
+                if has_tail:
+                    for k in range(G):
+                        db[d, k] = <floating>(db_acc[d, k] + db_acc[D + d, k])
+                        for j in range(I):
+                            dw_ih[d, k, j] = dw[d, k, j] + dw[D + d, k, j]
+                        for j in range(H):
+                            dw_hh[d, k, j] = dw[d, k, I + j] + dw[D + d, k, I + j]
+                else:
+                    for k in range(G):
+                        db[d, k] = <floating>db_acc[d, k]
+                        for j in range(I):
+                            dw_ih[d, k, j] = dw[d, k, j]
+                        for j in range(H):
+                            dw_hh[d, k, j] = dw[d, k, I + j]
         if want_dx and not direct_dx and I > 0:
             for t in range(T):
                 for b in range(batch_sizes[t]):
