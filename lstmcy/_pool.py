@@ -52,7 +52,9 @@ def aligned_empty(shape, dtype, buffer=None, offset=None):
         buffer = np.empty(nbytes + ALIGN - 1, np.uint8)
     if offset is None:
         offset = aligned_offset(buffer)
-    return buffer[offset:offset + nbytes].view(dtype).reshape(shape)
+    if buffer.nbytes < offset + nbytes:
+        raise ValueError(f"buffer of {buffer.nbytes} bytes too small for {nbytes} bytes aligned")
+    return np.ndarray(shape, dtype, buffer, offset)  # a view: its base is the buffer
 
 
 def _free_refcount():
@@ -70,14 +72,13 @@ class ResultPool:
     """Hands out result arrays backed by reusable buffers (see the module docstring)."""
 
     def __init__(self):
-        self._buffers = []
-        self._offsets = {}  # id(buffer) -> aligned_offset(buffer), for the buffers above
         self._lock = threading.Lock()
+        self.clear()
 
     @property
     def nbytes(self):
         """Bytes held by the pool, in use or free."""
-        return sum(b.nbytes for b in self._buffers)
+        return self._total
 
     def empty(self, shape, dtype):
         """An uninitialised C-contiguous array, like ``np.empty(shape, dtype)``."""
@@ -88,15 +89,34 @@ class ResultPool:
             # results are the frequent ones. A kernel that needs a small array aligned
             # asks aligned_empty for it.
             return np.empty(shape, dtype)
+        need = nbytes + ALIGN - 1
+        getrefcount = sys.getrefcount
         with self._lock:
-            buffer = self._find_free(nbytes + ALIGN - 1)
-            if buffer is None:
-                buffer = np.empty(nbytes + ALIGN - 1, np.uint8)
-                self._buffers.append(buffer)
-                self._offsets[id(buffer)] = aligned_offset(buffer)
-            offset = self._offsets[id(buffer)]
-            self._trim()
-        return buffer[offset:offset + nbytes].view(dtype).reshape(shape)
+            # One pass (a request costs ~1 µs, a call makes several): the smallest free
+            # buffer that fits, and how many bytes are free.
+            buffers, sizes = self._buffers, self._sizes
+            best, free_bytes = -1, 0
+            for index in range(len(buffers)):
+                if getrefcount(buffers[index]) == _FREE_REFCOUNT:
+                    size = sizes[index]
+                    free_bytes += size
+                    if need <= size and need >= _MIN_FILL * size and (best < 0 or size < sizes[best]):
+                        best = index
+            if best >= 0:
+                # Move it to the end: the lists stay in order of last use.
+                buffer, size, offset = buffers.pop(best), sizes.pop(best), self._offsets.pop(best)
+                free_bytes -= size
+            else:
+                buffer = np.empty(need, np.uint8)
+                size, offset = need, aligned_offset(buffer)
+                self._total += size
+            buffers.append(buffer)
+            sizes.append(size)
+            self._offsets.append(offset)
+            if (len(buffers) > _MAX_BUFFERS
+                    or free_bytes > self._total - free_bytes + _MAX_FREE_EXTRA_BYTES):
+                self._trim()
+        return np.ndarray(shape, dtype, buffer, offset)  # a view: its base is the buffer
 
     def zeros(self, shape, dtype):
         """Like ``np.zeros(shape, dtype)``."""
@@ -107,29 +127,18 @@ class ResultPool:
     def clear(self):
         """Forget every buffer (arrays in use stay valid: they hold their buffer)."""
         with self._lock:
-            self._buffers = []
-            self._offsets = {}
-
-    def _find_free(self, nbytes):
-        best, best_index = None, -1
-        for index in range(len(self._buffers)):
-            size = self._buffers[index].nbytes
-            if (nbytes <= size and nbytes >= _MIN_FILL * size
-                    and (best is None or size < best.nbytes)
-                    and sys.getrefcount(self._buffers[index]) == _FREE_REFCOUNT):
-                best, best_index = self._buffers[index], index
-        if best is not None:
-            # Move it to the end: the list stays in order of last use.
-            self._buffers.append(self._buffers.pop(best_index))
-        return best
+            # Parallel lists, in order of last use: the buffers, their sizes in bytes and
+            # the offset of their first 64-byte boundary.
+            self._buffers, self._sizes, self._offsets = [], [], []
+            self._total = 0
 
     def _trim(self):
         """Drop free buffers, oldest first, beyond ``_MAX_BUFFERS`` buffers or beyond
         ``_MAX_FREE_EXTRA_BYTES`` more free bytes than bytes in use."""
         free = [index for index in range(len(self._buffers))
                 if sys.getrefcount(self._buffers[index]) == _FREE_REFCOUNT]
-        free_bytes = sum(self._buffers[index].nbytes for index in free)
-        used_bytes = sum(b.nbytes for b in self._buffers) - free_bytes
+        free_bytes = sum(self._sizes[index] for index in free)
+        used_bytes = self._total - free_bytes
         excess = len(self._buffers) - _MAX_BUFFERS
         drop = []
         for index in free:  # oldest first: the list is in order of last use
@@ -137,7 +146,7 @@ class ResultPool:
                 break
             drop.append(index)
             excess -= 1
-            free_bytes -= self._buffers[index].nbytes
+            free_bytes -= self._sizes[index]
         for index in reversed(drop):
-            del self._offsets[id(self._buffers[index])]
-            del self._buffers[index]
+            self._total -= self._sizes[index]
+            del self._buffers[index], self._sizes[index], self._offsets[index]
