@@ -163,22 +163,10 @@ def _packed_len(n, k, dtype):
 
 
 def _split_packed_len(H, dtype):
-    """Elements of the split forward's packed ``w_hh``: each half's gate rows packed apart
-    (the kernel puts half 1 after half 0's ``_packed_len(4 * split, H)``)."""
+    """Elements of the split forward's packed ``w_hh``: each half's rows of each gate
+    packed apart (the kernel puts half 1 after half 0's four gates)."""
     split = _split_point(H)
-    return _packed_len(4 * split, H, dtype) + _packed_len(4 * (H - split), H, dtype)
-
-
-@functools.lru_cache(maxsize=64)
-def _half_permutation(H, split):
-    """Gate-row order ``[i f g o of units [0, split) | i f g o of units [split, H)]``.
-
-    Cached (read-only): building it costs more than a small forward's arithmetic.
-    """
-    perm = np.concatenate([q * H + np.arange(u0, u1, dtype=np.intp)
-                           for u0, u1 in ((0, split), (split, H)) for q in range(4)])
-    perm.flags.writeable = False
-    return perm
+    return 4 * (_packed_len(split, H, dtype) + _packed_len(H - split, H, dtype))
 
 
 def _draw_masks(problem, dropout, rng):
@@ -336,17 +324,15 @@ class LSTMPlan:
                 x_packed = self._take("packed_rows", (D, 0 if in_packed else N, in_size), cdt)
                 if D == 1 and 8.0 * B * H * H >= _SPLIT_FORWARD_MIN:
                     # One direction: every step's work is split over the two threads.
-                    split = _split_point(H)
-                    perm = _half_permutation(H, split)  # the gate order of the split (no copies)
                     k = layer
                     _lstm.forward_direction_split(
                         layer_in, in_step_row, in_stride, in_packed,
-                        w_ih[0], w_hh[0], bias[0][perm],
-                        p.batch_sizes, p.packed_start, False, split,
+                        w_ih[0], w_hh[0], bias[0],
+                        p.batch_sizes, p.packed_start, False, _split_point(H),
                         out, out_step_row, out_stride, h_n[k], c_n[k],
                         *[a[0] for a in cache], train, gates[0], x_packed[0],
                         self._take("w_packed", (_split_packed_len(H, cdt),), cdt),
-                        self._take("h_other", (B, H), cdt), perm,
+                        self._take("h_other", (B, H), cdt),
                         # A barrier a step: worth it only when a step's GEMM is not tiny
                         # (measured with the packed recurrent GEMM: (B, H) = (8, 64) and
                         # (16, 64) gain ~10%, (32, 128) 35%; (1, 32) nothing).

@@ -434,27 +434,25 @@ def forward_layer(
                                        store_cache, gates, x_packed, w_packed, chunk, &progress[tid])
 
 # Forward of one direction with the work of every step split between two threads: the
-# hidden units are cut in two halves, and the gate columns are ordered so that each half's
-# four gates are contiguous ([i f g o] of units [0, split), then of [split, H)): the input
-# projection writes them in that order and the packed copy of w_hh takes its rows in that
-# order (``perm``), so the caller's weights are used as they are. Each thread runs the
-# recurrent GEMM and the elementwise pass of its half; one barrier per step keeps the
-# halves in step. One thread runs both halves in turn, with the same calls,
-# so results are bitwise identical for 1 or 2 threads.
+# hidden units are cut in two halves [0, split) and [split, H). The gates stay in the
+# caller's order [i f g o]: each thread projects half of the rows with one GEMM over all
+# 4H columns, then per step adds h_{t-1} @ w_hh^T to the four column blocks of its units
+# (four packed GEMMs against its rows of w_hh, packed once) and runs the elementwise pass
+# of its units; one barrier per step keeps the halves in step. One thread runs both
+# halves in turn, with the same calls, so results are bitwise identical for 1 or 2
+# threads.
 
 cdef void _forward_split_half_rows(
         const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
         bint x_rows_packed, const floating[:, ::1] w_ih, Py_ssize_t split,
         const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
         floating[:, ::1] gates, floating[:, ::1] x_packed, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
-    """``gates[r0:r1] = x[r0:r1] @ w_ih^T`` (packed rows) with the gate columns in the split
-    order, from the caller's ``w_ih`` (no permuted copy): one GEMM per unit half and gate."""
+    """``gates[r0:r1] = x[r0:r1] @ w_ih^T`` (packed rows), one GEMM."""
     cdef Py_ssize_t T = batch_sizes.shape[0]
     cdef Py_ssize_t I = w_ih.shape[1]
     cdef Py_ssize_t G = w_ih.shape[0]
     cdef Py_ssize_t H = G // 4
-    cdef Py_ssize_t t, b, j, n, xr, u0, w, q
-    cdef int half
+    cdef Py_ssize_t t, b, j, n, xr
     cdef const floating *a = NULL
     if r1 <= r0 or G == 0:
         return
@@ -471,23 +469,17 @@ cdef void _forward_split_half_rows(
                     for j in range(I):
                         x_packed[n, j] = x[xr, j]
             a = &x_packed[r0, 0]
-    for half in range(2):
-        u0 = 0 if half == 0 else split
-        w = split if half == 0 else H - split
-        if w == 0:
-            continue
-        for q in range(4):  # gate q of units [u0, u0 + w): rows q*H + u0 .. of w_ih
-            gemm(NoTrans, Trans, <int>(r1 - r0), <int>w, <int>I, <floating>1, a, <int>I,
-                 &w_ih[q * H + u0, 0] if I > 0 else NULL, <int>I, <floating>0,
-                 &gates[r0, 4 * u0 + q * w], <int>G)
+    gemm(NoTrans, Trans, <int>(r1 - r0), <int>G, <int>I, <floating>1, a, <int>I,
+         &w_ih[0, 0] if I > 0 else NULL, <int>I, <floating>0, &gates[r0, 0], <int>G)
 
 
 cdef inline void _forward_cell_row(
-        Py_ssize_t w, floating *act, const floating *bias, floating *c_row, floating *h_row,
-        floating *y_row, floating *ci, floating *cf, floating *cg, floating *co, floating *cc,
-        floating *ctc, floating *ch, bint store_cache) noexcept nogil:
-    """One row of ``w`` units: ``act`` holds their pre-activations ``[i f g o]`` (width ``w``
-    each); ``c_row``/``h_row`` go from step t-1 to t. One loop over the units with every
+        Py_ssize_t w, Py_ssize_t gs, floating *act, const floating *bias, floating *c_row,
+        floating *h_row, floating *y_row, floating *ci, floating *cf, floating *cg,
+        floating *co, floating *cc, floating *ctc, floating *ch,
+        bint store_cache) noexcept nogil:
+    """One row of ``w`` units: ``act`` holds their pre-activations ``[i f g o]`` (gate q at
+    ``act + q*gs``, likewise ``bias``); ``c_row``/``h_row`` go from step t-1 to t. One loop over the units with every
     quantity in registers: short loops of their own cost more in set-up than in work at
     the widths of a split step (32 units: two AVX-512 vectors). Raw pointers, since
     indexing the memoryviews inside the loop keeps GCC from vectorising it (extensions
@@ -495,22 +487,26 @@ cdef inline void _forward_cell_row(
     for by ``--param vect-max-version-for-alias-checks`` in setup.py."""
     cdef Py_ssize_t j
     cdef floating c, tc, h
+    cdef const floating *a_i = act
+    cdef const floating *a_f = act + gs
+    cdef const floating *a_g = act + 2 * gs
+    cdef const floating *a_o = act + 3 * gs
     cdef const floating *b_i = bias
-    cdef const floating *b_f = bias + w
-    cdef const floating *b_g = bias + 2 * w
-    cdef const floating *b_o = bias + 3 * w
+    cdef const floating *b_f = bias + gs
+    cdef const floating *b_g = bias + 2 * gs
+    cdef const floating *b_o = bias + 3 * gs
     # Without a cache the activations go back into ``act``.
     cdef floating *g_i = ci if store_cache else act
-    cdef floating *g_f = cf if store_cache else act + w
-    cdef floating *g_g = cg if store_cache else act + 2 * w
-    cdef floating *g_o = co if store_cache else act + 3 * w
+    cdef floating *g_f = cf if store_cache else act + gs
+    cdef floating *g_g = cg if store_cache else act + 2 * gs
+    cdef floating *g_o = co if store_cache else act + 3 * gs
     # Two loops: the four gate activations, then the state update. One loop with all of
     # it runs out of vector registers.
     for j in range(w):
-        g_i[j] = fast_sigmoid(act[j] + b_i[j])
-        g_f[j] = fast_sigmoid(act[w + j] + b_f[j])
-        g_g[j] = fast_tanh(act[2 * w + j] + b_g[j])
-        g_o[j] = fast_sigmoid(act[3 * w + j] + b_o[j])
+        g_i[j] = fast_sigmoid(a_i[j] + b_i[j])
+        g_f[j] = fast_sigmoid(a_f[j] + b_f[j])
+        g_g[j] = fast_tanh(a_g[j] + b_g[j])
+        g_o[j] = fast_sigmoid(a_o[j] + b_o[j])
     if store_cache:
         for j in range(w):
             # c = f * c_prev + i * g, as PyTorch: (f * c_prev) + (i * g).
@@ -544,8 +540,8 @@ cdef void _forward_elementwise(
         floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
         floating[:, ::1] cache_h, bint store_cache) noexcept nogil:
     """The activations and state update of units ``[u0, u0 + w)`` at step ``t``; their
-    gate columns are ``gates[:, 4*u0 : 4*(u0 + w)]`` in the order ``[i f g o]``. ``h`` is
-    the ``[B, H]`` buffer that receives h_t (shaped like ``c_state``)."""
+    gate columns are ``q*H + u0 .. q*H + u0 + w`` of ``gates`` (gate order ``[i f g o]``).
+    ``h`` is the ``[B, H]`` buffer that receives h_t (shaped like ``c_state``)."""
     cdef Py_ssize_t B = c_state.shape[0]
     cdef Py_ssize_t H = c_state.shape[1]
     cdef Py_ssize_t nb = batch_sizes[t]
@@ -557,13 +553,13 @@ cdef void _forward_elementwise(
     for b in range(nb):
         row = t * B + b
         if store_cache:
-            _forward_cell_row(w, &gates[n0 + b, 4 * u0], &bias[4 * u0], &c_state[b, u0],
+            _forward_cell_row(w, H, &gates[n0 + b, u0], &bias[u0], &c_state[b, u0],
                               h + b * H + u0, &y[y_step_row[t] + b * y_batch_stride, y_col + u0],
                               &cache_i[row, u0], &cache_f[row, u0], &cache_g[row, u0],
                               &cache_o[row, u0], &cache_c[row, u0], &cache_tanhc[row, u0],
                               &cache_h[row, u0], True)
         else:
-            _forward_cell_row(w, &gates[n0 + b, 4 * u0], &bias[4 * u0], &c_state[b, u0],
+            _forward_cell_row(w, H, &gates[n0 + b, u0], &bias[u0], &c_state[b, u0],
                               h + b * H + u0, &y[y_step_row[t] + b * y_batch_stride, y_col + u0],
                               none, none, none, none, none, none, none, False)
 
@@ -580,11 +576,10 @@ cdef void _forward_split(
         floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
         floating[:, ::1] cache_h, bint store_cache,
         floating[:, ::1] gates, floating[:, ::1] x_packed, floating[::1] w_packed,
-        floating[:, ::1] h_other, const Py_ssize_t[::1] perm,
-        Py_ssize_t *barrier) noexcept nogil:
-    """Halves ``first_half .. last_half`` of the split forward (``bias`` in the split order,
-    the weights as given). Each half packs its own gate rows of ``w_hh``, ``perm[4*u0 ..]``,
-    into ``w_packed`` (half 1 after half 0's ``packed_len(4 * split, H)`` elements).
+        floating[:, ::1] h_other, Py_ssize_t *barrier) noexcept nogil:
+    """Halves ``first_half .. last_half`` of the split forward. Each half packs its rows of
+    ``w_hh`` (``q*H + u0 ..`` for each gate q) into ``w_packed``, gate by gate:
+    ``packed_len(split, H)`` elements a gate for half 0, then half 1's.
 
     ``h`` is double-buffered (``h_state`` and ``h_other``, ``[B, H]``): step ``s`` reads
     one and writes the other, so a step needs one barrier (h_t complete), not a second one
@@ -594,14 +589,16 @@ cdef void _forward_split(
     cdef Py_ssize_t H = h_state.shape[1]
     cdef Py_ssize_t N = gates.shape[0]
     cdef Py_ssize_t s, t, nb, n0, u0, w, b, j, nb_before
-    cdef Py_ssize_t half1_offset
+    cdef Py_ssize_t q, plen0, plen1, plen
     cdef floating *h_prev
     cdef floating *h_next
     cdef int half
     if floating is float:
-        half1_offset = pg_s_packed_len(4 * split, H)
+        plen0 = pg_s_packed_len(split, H)
+        plen1 = pg_s_packed_len(H - split, H)
     else:
-        half1_offset = pg_d_packed_len(4 * split, H)
+        plen0 = pg_d_packed_len(split, H)
+        plen1 = pg_d_packed_len(H - split, H)
     for half in range(first_half, last_half + 1):
         # Half 0 projects rows [0, N/2) of the input, half 1 rows [N/2, N).
         _forward_split_half_rows(x, x_step_row, x_batch_stride, x_rows_packed, w_ih, split,
@@ -610,8 +607,10 @@ cdef void _forward_split(
         u0 = 0 if half == 0 else split
         w = split if half == 0 else H - split
         if H > 0 and w > 0:
-            _pack(&w_hh[0, 0], H, True, H, 4 * u0, 4 * w,
-                  &w_packed[0 if half == 0 else half1_offset], &perm[0])
+            plen = plen0 if half == 0 else plen1
+            for q in range(4):
+                _pack(&w_hh[0, 0], H, True, H, q * H + u0, w,
+                      &w_packed[(0 if half == 0 else 4 * plen0) + q * plen])
             # Both h buffers start as the initial state: a row joining later (reverse
             # direction) reads its initial state from whichever buffer is current.
             for b in range(B):
@@ -655,9 +654,11 @@ cdef void _forward_split(
             u0 = 0 if half == 0 else split
             w = split if half == 0 else H - split
             if w > 0:
-                _packed_gemm(nb, 4 * w, H, h_prev, H,
-                             &w_packed[0 if half == 0 else half1_offset], &gates[n0, 4 * u0],
-                             4 * H, True)
+                plen = plen0 if half == 0 else plen1
+                for q in range(4):  # gate q of the half's units
+                    _packed_gemm(nb, w, H, h_prev, H,
+                                 &w_packed[(0 if half == 0 else 4 * plen0) + q * plen],
+                                 &gates[n0, q * H + u0], 4 * H, True)
             for b in range(nb, nb_before):
                 for j in range(u0, u0 + w):
                     h_next[b * H + j] = h_prev[b * H + j]
@@ -695,16 +696,14 @@ def forward_direction_split(
         floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
         floating[:, ::1] cache_h, bint store_cache,
         floating[:, ::1] gates, floating[:, ::1] x_packed, floating[::1] w_packed,
-        floating[:, ::1] h_other, const Py_ssize_t[::1] perm, int n_threads):
+        floating[:, ::1] h_other, int n_threads):
     """Forward of one direction (a one-direction layer) with each step split over threads.
 
-    Parameters are those of ``forward_layer`` for a single direction, except that ``bias``
-    has its gate rows in the split order ``[i f g o of units [0, split) | i f g o of units
-    [split, H)]``, i.e. ``bias[perm]`` (``gates`` uses the same column order; ``perm`` is
-    that order as row indices of ``w_ih``/``w_hh``, which are passed as they are), ``y`` is
-    written from column 0, and ``h_state``/``c_state`` hold the initial state on entry and
-    the final state on return. ``w_packed`` is a workspace of ``packed_len(4 * split, H) +
-    packed_len(4 * (H - split), H)`` elements, ``h_other`` one of ``[B, H]``.
+    Parameters are those of ``forward_layer`` for a single direction, except that ``y`` is
+    written from column 0, ``h_state``/``c_state`` hold the initial state on entry and the
+    final state on return, and ``split`` is where the hidden units are cut between the two
+    halves. ``w_packed`` is a workspace of ``4 * (packed_len(split, H) +
+    packed_len(H - split, H))`` elements, ``h_other`` one of ``[B, H]``.
     """
     cdef Py_ssize_t barrier_state[2]
     cdef int tid, nt
@@ -716,7 +715,7 @@ def forward_direction_split(
                            w_ih, w_hh, bias, batch_sizes, packed_start, y, y_step_row,
                            y_batch_stride, h_state, c_state, cache_i, cache_f, cache_g, cache_o,
                            cache_c, cache_tanhc, cache_h, store_cache, gates, x_packed, w_packed,
-                           h_other, perm, NULL)
+                           h_other, NULL)
         else:
             with parallel(num_threads=2):
                 tid = threadid()
@@ -726,14 +725,14 @@ def forward_direction_split(
                                    x_rows_packed, w_ih, w_hh, bias, batch_sizes, packed_start,
                                    y, y_step_row, y_batch_stride, h_state, c_state, cache_i,
                                    cache_f, cache_g, cache_o, cache_c, cache_tanhc, cache_h,
-                                   store_cache, gates, x_packed, w_packed, h_other, perm, NULL)
+                                   store_cache, gates, x_packed, w_packed, h_other, NULL)
                 else:
                     _forward_split(tid, tid, reverse, split, x, x_step_row, x_batch_stride,
                                    x_rows_packed, w_ih, w_hh, bias, batch_sizes, packed_start,
                                    y, y_step_row, y_batch_stride, h_state, c_state, cache_i,
                                    cache_f, cache_g, cache_o, cache_c, cache_tanhc, cache_h,
                                    store_cache, gates, x_packed, w_packed, h_other,
-                                   perm, barrier_state)
+                                   barrier_state)
 
 
 # ---------------------------------------------------------------------------- backward
