@@ -15,7 +15,7 @@ import numpy as np
 
 from lstmcy._dispatch import kernels as _lstm
 from lstmcy._cache import LSTMCache
-from lstmcy._pool import ALIGN, ResultPool, aligned_empty
+from lstmcy._pool import ALIGN, ResultPool, aligned_empty, aligned_offset
 from lstmcy._threads import blas_single_threaded, threads_for
 from lstmcy._validation import (SAVED_NAMES, check_backward, check_bool, check_dropout,
                                 check_output_mask, check_problem, check_seed, to_compute)
@@ -204,6 +204,7 @@ class LSTMPlan:
             raise ValueError(f"n_threads must be a positive int or None, got {n_threads!r}")
         self.n_threads = n_threads
         self._buffers = {}
+        self._offsets = {}  # name -> aligned_offset of that buffer
         # Result arrays come from here: their memory is reused once the caller drops them.
         self._results = ResultPool()
         self._last_views = {}  # name -> the view _take last returned of that buffer
@@ -257,8 +258,10 @@ class LSTMPlan:
         if buffer is None or buffer.size < nbytes:
             buffer = np.empty(nbytes, dtype=np.uint8)
             self._buffers[name] = buffer
-        # On a cache line, as the results are (see lstmcy._pool.ALIGN).
-        view = self._last_views[name] = aligned_empty(shape, dtype, buffer)
+            self._offsets[name] = aligned_offset(buffer)
+        # On a cache line, as the results are (see lstmcy._pool.ALIGN). The forward and the
+        # backward take some buffers in different shapes, so this runs on most calls.
+        view = self._last_views[name] = aligned_empty(shape, dtype, buffer, self._offsets[name])
         return view
 
     def _threads(self, problem, flops):
@@ -293,10 +296,10 @@ class LSTMPlan:
         # The kernels update the states in place. For the split forward the copies start
         # on a cache line: its two threads write the two halves of every row.
         if D == 1 and 8.0 * B * H * H >= _SPLIT_FORWARD_MIN:
-            h_n = aligned_empty(p.h0.shape, p.h0.dtype)
-            h_n[...] = p.h0
-            c_n = aligned_empty(p.c0.shape, p.c0.dtype)
-            c_n[...] = p.c0
+            states = aligned_empty((2,) + p.h0.shape, p.h0.dtype)  # one allocation for both
+            states[0] = p.h0
+            states[1] = p.c0
+            h_n, c_n = states  # each starts on a line too when B*H*itemsize is a multiple of 64
         else:
             h_n = p.h0.copy()
             c_n = p.c0.copy()

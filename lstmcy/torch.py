@@ -16,6 +16,7 @@ For numpy users, :func:`params_from_state_dict`, :func:`config_from_state_dict` 
 ``params`` list.
 """
 # Absolute imports throughout: this module is itself called ``torch`` inside the package.
+import functools
 from collections import OrderedDict
 
 import numpy as np
@@ -145,6 +146,16 @@ def _backward(x, hx, params, cfg, masks, saved, dy, dh, dc, output_mask):
 # autograd
 # ---------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=2)  # the last shapes only: a large model's y is megabytes
+def _zeros(shape, dtype):
+    """A read-only zero gradient (the loss did not use ``y``): shared between calls, since
+    a fresh one of this size costs page faults on every step, and lstm_backward only
+    reads it."""
+    zeros = np.zeros(shape, dtype=dtype)
+    zeros.flags.writeable = False
+    return zeros
+
+
 def _np(tensor):
     """Zero-copy numpy view of a CPU tensor (None stays None)."""
     return None if tensor is None else tensor.detach().numpy()
@@ -186,7 +197,7 @@ class _LSTMFunction(torch.autograd.Function):
         params = [_np(w) for w in weights]
         hx = None if h0 is None else (_np(h0), _np(c0))
         if dy is None:
-            dy_np = np.zeros(ctx.y_shape, dtype=x_np.dtype)
+            dy_np = _zeros(ctx.y_shape, x_np.dtype)
         else:
             dy_np = _np(dy)
         dx, dh0, dc0, dparams = _backward(
