@@ -134,3 +134,41 @@ def test_openblas_gemm_depends_on_thread_count():
     info = [(lib.internal_api, lib.version, getattr(lib, "architecture", "")) for lib in
             scipy_blas().lib_controllers]
     print(f"BLAS {info}: " + "; ".join(report))
+
+
+# One direction, big enough that every forward step is split between two threads
+# (8*B*H^2 >= lstmcy._core._SPLIT_FORWARD_MIN), H not a multiple of 16, variable lengths.
+SPLIT_CONFIGS = [
+    Config(T=19, B=16, I=24, H=56, layout="packed", dtype=np.dtype(np.float32), lengths_seed=4),
+    Config(T=9, B=24, I=40, H=64, L=2, layout="batch_first", dtype=np.dtype(np.float64)),
+    Config(T=7, B=48, I=8, H=24, layout="time_major", dtype=np.dtype(np.float32)),
+]
+
+
+@pytest.mark.parametrize("cfg", SPLIT_CONFIGS, ids=["f32-packed-H56", "f64-2-layers", "f32-H24"])
+def test_split_forward_same_bits_for_threads_and_with_or_without_cache(cfg):
+    from lstmcy import _core
+
+    assert 8.0 * cfg.B * cfg.H ** 2 >= _core._SPLIT_FORWARD_MIN  # the split path runs
+    call = get_call(cfg)
+    saved = lstmcy.get_num_threads()
+    results = {}
+    try:
+        for threads in (1, 2):
+            lstmcy.set_num_threads(threads)
+            for train in (True, False):
+                y, h_n, c_n, _ = lstmcy.lstm_forward(*call.fwd_args, **dict(call.fwd_kwargs, train=train))
+                results[threads, train] = [np.array(a) for a in (y, h_n, c_n)]
+    finally:
+        lstmcy.set_num_threads(saved)
+    first = results[1, True]
+    for key, arrays in results.items():
+        for name, a, b in zip(("y", "h_n", "c_n"), arrays, first):
+            assert a.tobytes() == b.tobytes(), f"{name}: threads={key[0]} train={key[1]} differs"
+    # And right: h_n of sequences that end early comes from their own last step.
+    from lstmcy import reference
+
+    expected = reference.lstm_forward(*call.fwd_args, **call.fwd_kwargs)[:3]
+    rtol = 1e-12 if cfg.dtype == np.float64 else 1e-5
+    for name, a, e in zip(("y", "h_n", "c_n"), first, expected):
+        np.testing.assert_allclose(a, e, rtol=rtol, atol=rtol * float(np.max(np.abs(e))), err_msg=name)

@@ -670,9 +670,10 @@ cdef void _forward_split(
         u0 = 0 if half == 0 else split
         w = split if half == 0 else H - split
         if h_in_cache:
-            # Row b's final h is the saved h of its last step (rows leave longest last).
+            # Row b's final h is the saved h of its last step: rows are sorted longest
+            # first, so that step only moves back as b grows.
             t = T - 1
-            for b in range(B - 1, -1, -1):
+            for b in range(B):
                 while t >= 0 and batch_sizes[t] <= b:
                     t -= 1
                 if t >= 0:
