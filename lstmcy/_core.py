@@ -436,7 +436,7 @@ class LSTMPlan:
                     p.batch_sizes, p.packed_start, dh_state[ks], dc_state[ks],
                     layer_dx, layer_dx_needed, dw_ih, dw_hh, db, want_dparams,
                     self._take("gates", (D, N, 4 * H), cdt),
-                    self._take("z", (D2, chunk * B if want_dparams else 0, in_size + H), cdt),
+                    self._take("z", (D2, max(first, chunk) * B if want_dparams else 0, in_size + H), cdt),
                     self._take("dw", (D2, 4 * H if want_dparams else 0, in_size + H), cdt),
                     self._take("db_acc", (D2, 4 * H if want_dparams else 0), np.dtype(np.float64)),
                     (layer_dx[:N].reshape(1, N, in_size) if direct_dx and layer_dx_needed

@@ -28,8 +28,10 @@ CONFIGS = {
                                        layout="padded_3d", dtype=np.dtype(np.float64),
                                        lengths_seed=2),
 }
+# (first, chunk, tail, dx_group); the schedule itself never has first > chunk, but the
+# kernels take any positive values (the chunk buffer is sized for the longest chunk).
 SCHEDULES = [(1, 1, 0, 1), (1, 3, 1, 2), (2, 5, 2, 1), (3, 3, 100, 3), (1000, 1000, 1, 1),
-             (4, 4, 0, 100), (2, 7, 1, 2)]
+             (4, 4, 0, 100), (2, 7, 1, 2), (6, 1, 0, 1), (5, 2, 1, 1)]
 
 
 def run_backward(call, schedule, threads, monkeypatch):
@@ -88,3 +90,22 @@ def test_schedule_is_a_function_of_the_shape():
     first, chunk, tail, dx_group = one
     assert 1 <= first <= chunk and tail >= 0 and dx_group >= 1
     assert _core._backward_schedule(100, 64, 6400, 125, 320, 2)[2] == 0  # two directions: no tail
+
+
+@pytest.mark.parametrize("schedule", [(1, 1, 1, 1), (2, 2, 3, 4)])
+def test_no_steps_with_a_tail_gives_zero_weight_gradients(schedule, monkeypatch):
+    # T == 0 has no chunks, so no tail chunk either: the weight gradients are zeros, not
+    # whatever an earlier call left in the plan's accumulators.
+    warm = make_call(Config(T=3, B=22, I=5, H=33), np.random.default_rng(0), seed=0)
+    run_backward(warm, schedule, 1, monkeypatch)
+    empty = make_call(Config(T=0, B=22, I=5, H=33), np.random.default_rng(1), seed=0)
+    for threads in (1, 2):
+        grads, _ = run_backward(empty, schedule, threads, monkeypatch)
+        for g in grads[3:]:  # dw_ih, dw_hh, db_ih, db_hh
+            assert not np.any(g), "weight gradients of an empty sequence must be zero"
+
+
+def test_backward_layer_refuses_a_bad_schedule(calls, monkeypatch):
+    for schedule in [(0, 1, 0, 1), (1, 0, 0, 1), (1, 1, -1, 1), (1, 1, 0, 0)]:
+        with pytest.raises(ValueError, match="bad schedule"):
+            run_backward(calls["f32-time-major"], schedule, 1, monkeypatch)

@@ -1045,10 +1045,16 @@ def backward_layer(
     cdef Py_ssize_t dx_claimed[2]
     cdef Py_ssize_t d, t, b, j, k, n, xr
     cdef int tid, nt
-    cdef bint has_tail = tail > 0 and want_dparams
+    # The tail is capped by the chunks there are (none when T == 0), as in _backward_direction.
+    cdef bint has_tail = want_dparams and tail > 0 and _bwd_n_chunks(T, first, chunk) > 0
     # With one direction and packed rows, dx_packed is dx itself; otherwise each direction
     # writes its own part, summed into dx in a fixed order below.
     cdef bint direct_dx = D == 1 and x_rows_packed
+    if first < 1 or chunk < 1 or dx_group < 1 or tail < 0:
+        raise ValueError(f"bad schedule: first={first}, chunk={chunk}, tail={tail}, "
+                         f"dx_group={dx_group}")
+    if want_dparams and z.shape[1] < (first if first > chunk else chunk) * h0.shape[1]:
+        raise ValueError("z must have room for the rows of the longest chunk")
     if has_tail and (z.shape[0] < 2 * D or dw.shape[0] < 2 * D or db_acc.shape[0] < 2 * D):
         raise ValueError("tail > 0 needs 2*D weight-gradient workspaces")
     progress[0] = 0
