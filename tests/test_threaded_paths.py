@@ -1,0 +1,71 @@
+"""The two-thread kernel paths on shapes big enough to take them, against the reference.
+
+Most tests use small shapes, which the kernels run on one thread and without the split
+forward (each forward step split between two threads once 8*B*H^2 reaches
+``_core._SPLIT_FORWARD_MIN``) or the overlapped backward (two threads once a layer has
+~2 MFLOP). A bug that only those paths have (one in the split forward's final h of
+variable-length batches did) passes everything else, so here a seeded sweep of
+configurations above both thresholds, in every layout, compares forward and backward
+with the numpy reference and one thread with two, bit for bit.
+"""
+import numpy as np
+import pytest
+
+import lstmcy
+from lstmcy import _core, reference
+from hostile import Config, make_call
+
+LAYOUTS = ["time_major", "batch_first", "packed", "padded_2d", "padded_3d"]
+
+
+def sweep(n_cases, seed=2024):
+    rng = np.random.default_rng(seed)
+    configs = []
+    while len(configs) < n_cases:
+        H = int(rng.choice([17, 24, 40, 56, 72]))
+        # Smallest batch that takes the split forward, plus a little.
+        B = int(np.ceil(_core._SPLIT_FORWARD_MIN / (8.0 * H * H))) + int(rng.integers(0, 4))
+        T = int(rng.integers(1, 12))
+        cfg = Config(T=T, B=B, I=int(rng.choice([0, 3, 20, 33])), H=H,
+                     L=int(rng.choice([1, 1, 2])), bidirectional=bool(rng.random() < 0.2),
+                     has_bias=bool(rng.random() < 0.8), layout=LAYOUTS[len(configs) % len(LAYOUTS)],
+                     dtype=np.dtype(np.float64), dropout=float(rng.choice([0.0, 0.0, 0.3])),
+                     with_hx=bool(rng.random() < 0.8), with_dhdc=bool(rng.random() < 0.8),
+                     lengths_seed=int(rng.integers(0, 100)))
+        configs.append(cfg)
+    return configs
+
+
+CONFIGS = sweep(20)
+
+
+def run(call, threads):
+    saved = lstmcy.get_num_threads()
+    lstmcy.set_num_threads(threads)
+    try:
+        y, h_n, c_n, cache = lstmcy.lstm_forward(*call.fwd_args, **call.fwd_kwargs)
+        args = list(call.bwd_args)
+        args[6:13] = cache.saved()
+        kwargs = dict(call.bwd_kwargs, dropout_masks=cache.dropout_masks)
+        dx, dh, dc, dparams = lstmcy.lstm_backward(*args, **kwargs)
+    finally:
+        lstmcy.set_num_threads(saved)
+    return [np.array(a) for a in (y, h_n, c_n, dx, dh, dc, *dparams)], (args, kwargs)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=[f"{c.layout}-T{c.T}-B{c.B}-I{c.I}-H{c.H}-L{c.L}"
+                                              f"{'-bi' if c.bidirectional else ''}" for c in CONFIGS])
+def test_two_thread_paths_match_reference_and_one_thread(cfg):
+    call = make_call(cfg, np.random.default_rng(cfg.lengths_seed), seed=7)
+    one, (args, kwargs) = run(call, 1)
+    two, _ = run(call, 2)
+    for k, (a, b) in enumerate(zip(one, two)):
+        assert a.tobytes() == b.tobytes(), f"output {k}: 1 and 2 threads differ"
+    fwd = reference.lstm_forward(*call.fwd_args, **call.fwd_kwargs)[:3]
+    bwd = reference.lstm_backward(*args, **kwargs)
+    expected = [*fwd, bwd[0], bwd[1], bwd[2], *bwd[3]]
+    assert len(expected) == len(one)
+    for k, (a, e) in enumerate(zip(one, expected)):
+        e = np.asarray(e, dtype=np.float64)
+        scale = float(np.max(np.abs(e))) if e.size else 0.0
+        np.testing.assert_allclose(a, e, rtol=1e-10, atol=1e-10 * scale, err_msg=f"output {k}")
