@@ -133,6 +133,26 @@ def make_call(cfg, rng, seed=0):
                 [x, hx, params, dy, dh, dc, *cache.saved()], bwd_kwargs)
 
 
+def run_with_threads(call, threads):
+    """lstmcy's forward, then backward on its cache, with ``threads`` kernel threads.
+
+    Returns ``([y, h_n, c_n, dx, dh_prev, dc_prev, *dparams], (bwd_args, bwd_kwargs))``.
+    """
+    import lstmcy
+
+    saved = lstmcy.get_num_threads()
+    lstmcy.set_num_threads(threads)
+    try:
+        y, h_n, c_n, cache = lstmcy.lstm_forward(*call.fwd_args, **call.fwd_kwargs)
+        args = list(call.bwd_args)
+        args[6:13] = cache.saved()
+        kwargs = dict(call.bwd_kwargs, dropout_masks=cache.dropout_masks)
+        dx, dh, dc, dparams = lstmcy.lstm_backward(*args, **kwargs)
+    finally:
+        lstmcy.set_num_threads(saved)
+    return [np.array(a) for a in (y, h_n, c_n, dx, dh, dc, *dparams)], (args, kwargs)
+
+
 def random_config(rng, max_size=4, allow_zero=True, dtypes=FLOAT_DTYPES):
     """A random valid :class:`Config` (small sizes, every option)."""
     low = 0 if allow_zero else 1

@@ -15,7 +15,7 @@ import pytest
 import lstmcy
 from lstmcy import _core
 from lstmcy import reference
-from hostile import Config, make_call
+from hostile import Config, make_call, run_with_threads
 
 CONFIGS = {
     # Big enough for two kernel threads (the flops threshold) in both dtypes.
@@ -35,20 +35,14 @@ SCHEDULES = [(1, 1, 0, 1), (1, 3, 1, 2), (2, 5, 2, 1), (3, 3, 100, 3), (1000, 10
 
 
 def run_backward(call, schedule, threads, monkeypatch):
+    """``[dx, dh_prev, dc_prev, *dparams]`` and the backward's arguments, under ``schedule``."""
     if schedule is not None:
         monkeypatch.setattr(_core, "_backward_schedule", lambda *shape: schedule)
-    saved_threads = lstmcy.get_num_threads()
-    lstmcy.set_num_threads(threads)
     try:
-        y, h_n, c_n, cache = lstmcy.lstm_forward(*call.fwd_args, **call.fwd_kwargs)
-        args = list(call.bwd_args)
-        args[6:13] = cache.saved()
-        kwargs = dict(call.bwd_kwargs, dropout_masks=cache.dropout_masks)
-        dx, dh, dc, dparams = lstmcy.lstm_backward(*args, **kwargs)
+        outputs, arguments = run_with_threads(call, threads)
     finally:
-        lstmcy.set_num_threads(saved_threads)
         monkeypatch.undo()
-    return [np.array(a) for a in (dx, dh, dc, *dparams)], (args, kwargs)
+    return outputs[3:], arguments
 
 
 @pytest.fixture(scope="module")

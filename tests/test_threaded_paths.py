@@ -11,9 +11,8 @@ with the numpy reference and one thread with two, bit for bit.
 import numpy as np
 import pytest
 
-import lstmcy
 from lstmcy import _core, reference
-from hostile import Config, make_call
+from hostile import Config, make_call, run_with_threads
 
 LAYOUTS = ["time_major", "batch_first", "packed", "padded_2d", "padded_3d"]
 
@@ -39,26 +38,12 @@ def sweep(n_cases, seed=2024):
 CONFIGS = sweep(20)
 
 
-def run(call, threads):
-    saved = lstmcy.get_num_threads()
-    lstmcy.set_num_threads(threads)
-    try:
-        y, h_n, c_n, cache = lstmcy.lstm_forward(*call.fwd_args, **call.fwd_kwargs)
-        args = list(call.bwd_args)
-        args[6:13] = cache.saved()
-        kwargs = dict(call.bwd_kwargs, dropout_masks=cache.dropout_masks)
-        dx, dh, dc, dparams = lstmcy.lstm_backward(*args, **kwargs)
-    finally:
-        lstmcy.set_num_threads(saved)
-    return [np.array(a) for a in (y, h_n, c_n, dx, dh, dc, *dparams)], (args, kwargs)
-
-
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[f"{c.layout}-T{c.T}-B{c.B}-I{c.I}-H{c.H}-L{c.L}"
                                               f"{'-bi' if c.bidirectional else ''}" for c in CONFIGS])
 def test_two_thread_paths_match_reference_and_one_thread(cfg):
     call = make_call(cfg, np.random.default_rng(cfg.lengths_seed), seed=7)
-    one, (args, kwargs) = run(call, 1)
-    two, _ = run(call, 2)
+    one, (args, kwargs) = run_with_threads(call, 1)
+    two, _ = run_with_threads(call, 2)
     for k, (a, b) in enumerate(zip(one, two)):
         assert a.tobytes() == b.tobytes(), f"output {k}: 1 and 2 threads differ"
     fwd = reference.lstm_forward(*call.fwd_args, **call.fwd_kwargs)[:3]
