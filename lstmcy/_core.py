@@ -63,7 +63,7 @@ def _backward_schedule(T, B, N, I, H, D):
     dx_group = max(1, -(-_DX_PIECE_ROWS // max(chunk * B, 1)))
     if T == 0 or H == 0:
         return first, chunk, 0, dx_group
-    n_chunks = 1 if T <= first else 1 + -(-(T - first) // chunk)
+    n_chunks = _lstm.backward_chunk_count(T, first, chunk)
     t_rec = 8.0 * N * H * H / 1.0e11 + N * H * 1.5e-9
     t_w = 8.0 * N * H * (I + H) / 0.9e11
     t_x = 8.0 * N * H * I / 0.85e11

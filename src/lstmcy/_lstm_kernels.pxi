@@ -39,9 +39,9 @@ cdef extern from "_packed_gemm.h" nogil:
     # The per-step recurrent products run against W_hh packed once per call (see the
     # header: OpenBLAS would re-pack W_hh on every step).
     void pg_s_pack(const float *w, Py_ssize_t ldw, int trans, Py_ssize_t K, Py_ssize_t n0,
-                   Py_ssize_t n, const Py_ssize_t *row_index, float *out)
+                   Py_ssize_t n, float *out)
     void pg_d_pack(const double *w, Py_ssize_t ldw, int trans, Py_ssize_t K, Py_ssize_t n0,
-                   Py_ssize_t n, const Py_ssize_t *row_index, double *out)
+                   Py_ssize_t n, double *out)
     void pg_s_gemm(Py_ssize_t M, Py_ssize_t n, Py_ssize_t K, const float *a, Py_ssize_t lda,
                    const float *packed, float *c, Py_ssize_t ldc, int accumulate)
     void pg_d_gemm(Py_ssize_t M, Py_ssize_t n, Py_ssize_t K, const double *a, Py_ssize_t lda,
@@ -161,14 +161,12 @@ cdef inline void _barrier(Py_ssize_t *state) noexcept nogil:
 
 
 cdef inline void _pack(const floating *w, Py_ssize_t ldw, bint trans, Py_ssize_t K,
-                       Py_ssize_t n0, Py_ssize_t n, floating *out,
-                       const Py_ssize_t *row_index=NULL) noexcept nogil:
-    """Pack columns ``[n0, n0 + n)`` of ``op(W)`` (``W^T`` when ``trans``) for ``_packed_gemm``;
-    with ``trans``, column ``j`` may come from row ``row_index[j]`` of ``W``."""
+                       Py_ssize_t n0, Py_ssize_t n, floating *out) noexcept nogil:
+    """Pack columns ``[n0, n0 + n)`` of ``op(W)`` (``W^T`` when ``trans``) for ``_packed_gemm``."""
     if floating is float:
-        pg_s_pack(w, ldw, trans, K, n0, n, row_index, out)
+        pg_s_pack(w, ldw, trans, K, n0, n, out)
     else:
-        pg_d_pack(w, ldw, trans, K, n0, n, row_index, out)
+        pg_d_pack(w, ldw, trans, K, n0, n, out)
 
 
 cdef inline void _packed_gemm(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k, const floating *a,
@@ -204,6 +202,11 @@ cdef inline Py_ssize_t _bwd_n_chunks(Py_ssize_t T, Py_ssize_t first, Py_ssize_t 
     if T <= first:
         return 1
     return 1 + (T - first + chunk - 1) // chunk
+
+
+def backward_chunk_count(Py_ssize_t T, Py_ssize_t first, Py_ssize_t chunk):
+    """``_bwd_n_chunks`` for the Python side (``_core._backward_schedule``)."""
+    return _bwd_n_chunks(T, first, chunk)
 
 
 cdef inline Py_ssize_t _bwd_chunk_end(Py_ssize_t c, Py_ssize_t T, Py_ssize_t first,
@@ -444,14 +447,13 @@ def forward_layer(
 
 cdef void _forward_split_half_rows(
         const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
-        bint x_rows_packed, const floating[:, ::1] w_ih, Py_ssize_t split,
+        bint x_rows_packed, const floating[:, ::1] w_ih,
         const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
         floating[:, ::1] gates, floating[:, ::1] x_packed, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
     """``gates[r0:r1] = x[r0:r1] @ w_ih^T`` (packed rows), one GEMM."""
     cdef Py_ssize_t T = batch_sizes.shape[0]
     cdef Py_ssize_t I = w_ih.shape[1]
     cdef Py_ssize_t G = w_ih.shape[0]
-    cdef Py_ssize_t H = G // 4
     cdef Py_ssize_t t, b, j, n, xr
     cdef const floating *a = NULL
     if r1 <= r0 or G == 0:
@@ -479,12 +481,13 @@ cdef inline void _forward_cell_row(
         floating *co, floating *cc, floating *ctc, floating *ch,
         bint store_cache) noexcept nogil:
     """One row of ``w`` units: ``act`` holds their pre-activations ``[i f g o]`` (gate q at
-    ``act + q*gs``, likewise ``bias``); ``c_row``/``h_row`` go from step t-1 to t. One loop over the units with every
-    quantity in registers: short loops of their own cost more in set-up than in work at
-    the widths of a split step (32 units: two AVX-512 vectors). Raw pointers, since
-    indexing the memoryviews inside the loop keeps GCC from vectorising it (extensions
-    build without strict aliasing); the many pointers need runtime alias checks, allowed
-    for by ``--param vect-max-version-for-alias-checks`` in setup.py."""
+    ``act + q*gs``, likewise ``bias``); ``c_row``/``h_row`` go from step t-1 to t. Two
+    loops over the units rather than one short loop per quantity, which cost more in
+    set-up than in work at the widths of a split step (32 units: two AVX-512 vectors).
+    Raw pointers, since indexing the memoryviews inside the loops keeps GCC from
+    vectorising them (extensions build without strict aliasing); the many pointers need
+    runtime alias checks, allowed for by ``--param vect-max-version-for-alias-checks`` in
+    setup.py."""
     cdef Py_ssize_t j
     cdef floating c, tc, h
     cdef const floating *a_i = act
@@ -581,9 +584,10 @@ cdef void _forward_split(
     ``w_hh`` (``q*H + u0 ..`` for each gate q) into ``w_packed``, gate by gate:
     ``packed_len(split, H)`` elements a gate for half 0, then half 1's.
 
-    ``h`` is double-buffered (``h_state`` and ``h_other``, ``[B, H]``): step ``s`` reads
-    one and writes the other, so a step needs one barrier (h_t complete), not a second one
-    to protect ``h_{t-1}`` from being overwritten while the other thread still reads it."""
+    Without the cache (inference), ``h`` is double-buffered (``h_state`` and ``h_other``,
+    ``[B, H]``): step ``s`` reads one and writes the other, so a step needs one barrier
+    (h_t complete), not a second one to protect ``h_{t-1}`` from being overwritten while
+    the other thread still reads it. With the cache, h lives in the saved rows (below)."""
     cdef Py_ssize_t T = batch_sizes.shape[0]
     cdef Py_ssize_t B = h_state.shape[0]
     cdef Py_ssize_t H = h_state.shape[1]
@@ -601,7 +605,7 @@ cdef void _forward_split(
         plen1 = pg_d_packed_len(H - split, H)
     for half in range(first_half, last_half + 1):
         # Half 0 projects rows [0, N/2) of the input, half 1 rows [N/2, N).
-        _forward_split_half_rows(x, x_step_row, x_batch_stride, x_rows_packed, w_ih, split,
+        _forward_split_half_rows(x, x_step_row, x_batch_stride, x_rows_packed, w_ih,
                                  batch_sizes, packed_start, gates, x_packed,
                                  0 if half == 0 else N // 2, N // 2 if half == 0 else N)
         u0 = 0 if half == 0 else split

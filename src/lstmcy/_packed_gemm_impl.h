@@ -60,11 +60,10 @@ PG_NAME(rows)(int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const PG_T *pan
 
 /* Pack columns [n0, n0 + n) of op(W) (W row-major with leading dimension ldw; op(W)[k, j]
    is W[j, k] when trans, else W[k, j]) into panels of PG_NR columns, k-major inside a
-   panel, the last panel zero-padded. out holds PG_NAME(packed_len)(n, K) elements. With
-   trans, row_index (or NULL) renames W's rows: column j is row row_index[j] of W. */
+   panel, the last panel zero-padded. out holds PG_NAME(packed_len)(n, K) elements. */
 static void
 PG_NAME(pack)(const PG_T *w, ptrdiff_t ldw, int trans, ptrdiff_t K, ptrdiff_t n0,
-              ptrdiff_t n, const ptrdiff_t *row_index, PG_T *out)
+              ptrdiff_t n, PG_T *out)
 {
     ptrdiff_t npanel = (n + PG_NR - 1) / PG_NR;
     for (ptrdiff_t p = 0; p < npanel; p++) {
@@ -73,7 +72,7 @@ PG_NAME(pack)(const PG_T *w, ptrdiff_t ldw, int trans, ptrdiff_t K, ptrdiff_t n0
         if (trans) {  /* column j of the panel is row n0 + col of W: read it contiguously */
             for (int j = 0; j < width; j++) {
                 ptrdiff_t col = n0 + p * PG_NR + j;
-                const PG_T *src = w + (row_index ? row_index[col] : col) * ldw;
+                const PG_T *src = w + col * ldw;
                 for (ptrdiff_t k = 0; k < K; k++)
                     dst[k * PG_NR + j] = src[k];
             }
