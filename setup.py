@@ -53,7 +53,6 @@ class BuildExt(build_ext):
         super().build_extensions()
 
 
-
 def extension(name, source, flags=()):
     return Extension(
         f"lstmcy.{name}",

@@ -293,9 +293,13 @@ class LSTMPlan:
 
         y = alloc(p.output_shape(D * H), dtype=cdt)
         y_rows = _as_rows(y)
+        # One direction: every step's work split over the two threads, when a step's GEMM
+        # is not tiny (measured with the packed recurrent GEMM: (B, H) = (8, 64) and
+        # (16, 64) gain ~10%, (32, 128) 35%; (1, 32) nothing).
+        split_forward = D == 1 and 8.0 * B * H * H >= _SPLIT_FORWARD_MIN
         # The kernels update the states in place. For the split forward the copies start
         # on a cache line: its two threads write the two halves of every row.
-        if D == 1 and 8.0 * B * H * H >= _SPLIT_FORWARD_MIN:
+        if split_forward:
             states = aligned_empty((2,) + p.h0.shape, p.h0.dtype)  # one allocation for both
             states[0] = p.h0
             states[1] = p.c0
@@ -325,8 +329,7 @@ class LSTMPlan:
                          if train else [no_cache] * 7)
                 gates = self._take("gates", (D, N, 4 * H), cdt)
                 x_packed = self._take("packed_rows", (D, 0 if in_packed else N, in_size), cdt)
-                if D == 1 and 8.0 * B * H * H >= _SPLIT_FORWARD_MIN:
-                    # One direction: every step's work is split over the two threads.
+                if split_forward:
                     k = layer
                     _lstm.forward_direction_split(
                         layer_in, in_step_row, in_stride, in_packed,
@@ -336,11 +339,7 @@ class LSTMPlan:
                         *[a[0] for a in cache], train, gates[0], x_packed[0],
                         self._take("w_packed", (_split_packed_len(H, cdt),), cdt),
                         self._take("h_other", (B, H), cdt),
-                        # A barrier a step: worth it only when a step's GEMM is not tiny
-                        # (measured with the packed recurrent GEMM: (B, H) = (8, 64) and
-                        # (16, 64) gain ~10%, (32, 128) 35%; (1, 32) nothing).
-                        threads_for(8.0 * N * H * (in_size + H) if 8.0 * B * H * H >= _SPLIT_FORWARD_MIN else 0.0,
-                                    2, self.n_threads))
+                        threads_for(8.0 * N * H * (in_size + H), 2, self.n_threads))
                 else:
                     _lstm.forward_layer(
                         layer_in, in_step_row, in_stride, in_packed, w_ih, w_hh, bias,

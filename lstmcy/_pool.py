@@ -59,7 +59,8 @@ def aligned_empty(shape, dtype, buffer=None, offset=None):
 
 def _free_refcount():
     """``sys.getrefcount`` of a buffer held only by the pool's list, measured the way
-    ``_find_free`` reads it (interpreters differ in the references the call itself adds).
+    ``ResultPool`` reads it, ``getrefcount(buffers[index])`` (interpreters differ in the
+    references the call itself adds).
     Any array made from a buffer holds one more reference (its ``base``)."""
     probe = [np.empty(1, np.uint8)]
     return sys.getrefcount(probe[0])
