@@ -10,13 +10,14 @@ import functools
 import math
 import operator
 import threading
+from time import perf_counter
 
 import numpy as np
 
 from lstmcy._dispatch import kernels as _lstm
 from lstmcy._cache import LSTMCache
 from lstmcy._pool import ALIGN, ResultPool, aligned_empty, aligned_offset
-from lstmcy._threads import blas_single_threaded, threads_for
+from lstmcy._threads import ThreadTuner, blas_single_threaded, is_automatic, threads_for
 from lstmcy._validation import (SAVED_NAMES, check_backward, check_bool, check_dropout,
                                 check_output_mask, check_problem, check_seed, to_compute)
 
@@ -208,6 +209,7 @@ class LSTMPlan:
         # Result arrays come from here: their memory is reused once the caller drops them.
         self._results = ResultPool()
         self._last_views = {}  # name -> the view _take last returned of that buffer
+        self._tuners = {}  # kind of kernel call -> its ThreadTuner (automatic threads only)
 
     @property
     def workspace_size(self):
@@ -268,6 +270,24 @@ class LSTMPlan:
         return threads_for(flops, max(problem.D, math.ceil(problem.T / _chunk_steps(problem.T, problem.B))),
                            self.n_threads)
 
+    def _call(self, key, rows, n_threads, kernel, *args):
+        """``kernel(*args, n_threads)``. When ``n_threads`` is two and the count is
+        automatic, this kind of call's :class:`ThreadTuner` (``key``: everything but the
+        sequence length) may run it on one thread instead; it compares times per row
+        (``rows`` rows), so that calls of other lengths inform one another."""
+        if n_threads == 1 or rows == 0 or not is_automatic(self.n_threads):
+            return kernel(*args, n_threads)
+        tuner = self._tuners.get(key)
+        if tuner is None:
+            if len(self._tuners) >= 64:  # many shapes: forget the old ones
+                self._tuners.clear()
+            tuner = self._tuners[key] = ThreadTuner()
+        start = perf_counter()
+        n_threads = tuner.choose(start)
+        result = kernel(*args, n_threads)
+        tuner.record(n_threads, start, (perf_counter() - start) / rows)
+        return result
+
     def _blas_cap(self, problem):
         """Cap BLAS to one thread (results must not depend on the BLAS thread count, and
         OpenBLAS rounds differently with more threads), unless every GEMM of the call is so
@@ -308,7 +328,8 @@ class LSTMPlan:
             h_n = p.h0.copy()
             c_n = p.c0.copy()
         if train:
-            saved = {name: alloc((L * D, T * B, H), dtype=cdt) for name in SAVED_NAMES}
+            # One request for all seven (they live and die together, in the cache).
+            saved = dict(zip(SAVED_NAMES, alloc((len(SAVED_NAMES), L * D, T * B, H), dtype=cdt)))
         else:
             no_cache = np.empty((1, 0, H), dtype=cdt)
         internal_step_row, _, internal_packed = p.time_major_map
@@ -331,22 +352,25 @@ class LSTMPlan:
                 x_packed = self._take("packed_rows", (D, 0 if in_packed else N, in_size), cdt)
                 if split_forward:
                     k = layer
-                    _lstm.forward_direction_split(
+                    self._call(
+                        ("split", B, in_size, H, train, cdt), N,
+                        threads_for(8.0 * N * H * (in_size + H), 2, self.n_threads),
+                        _lstm.forward_direction_split,
                         layer_in, in_step_row, in_stride, in_packed,
                         w_ih[0], w_hh[0], bias[0],
                         p.batch_sizes, p.packed_start, False, _split_point(H),
                         out, out_step_row, out_stride, h_n[k], c_n[k],
                         *[a[0] for a in cache], train, gates[0], x_packed[0],
                         self._take("w_packed", (_split_packed_len(H, cdt),), cdt),
-                        self._take("h_other", (B, H), cdt),
-                        threads_for(8.0 * N * H * (in_size + H), 2, self.n_threads))
+                        self._take("h_other", (B, H), cdt))
                 else:
-                    _lstm.forward_layer(
+                    self._call(
+                        ("forward", B, in_size, H, D, train, cdt), N,
+                        self._threads(p, 8.0 * D * N * H * (in_size + H)), _lstm.forward_layer,
                         layer_in, in_step_row, in_stride, in_packed, w_ih, w_hh, bias,
                         p.batch_sizes, p.packed_start, out, out_step_row, out_stride,
                         h_n[ks], c_n[ks], *cache, train, gates, x_packed,
-                        self._take("w_packed", (D, _packed_len(4 * H, H, cdt)), cdt), chunk,
-                        self._threads(p, 8.0 * D * N * H * (in_size + H)))
+                        self._take("w_packed", (D, _packed_len(4 * H, H, cdt)), cdt), chunk)
                 if not last:
                     if masks is not None:
                         with np.errstate(invalid="ignore"):  # inf * 0 -> NaN, as in torch; no warning
@@ -418,16 +442,21 @@ class LSTMPlan:
                 else:
                     layer_dx = np.empty((0, in_size), dtype=cdt)
                 if want_dparams:
-                    dw_ih = self._results.empty((D, 4 * H, in_size), dtype=cdt)
-                    dw_hh = self._results.empty((D, 4 * H, H), dtype=cdt)
-                    db = self._results.empty((D, 4 * H), dtype=cdt)
+                    # One request for the layer's weight and bias gradients.
+                    grads = self._results.empty((D * 4 * H * (in_size + H + 1),), dtype=cdt)
+                    ih_end, hh_end = D * 4 * H * in_size, D * 4 * H * (in_size + H)
+                    dw_ih = grads[:ih_end].reshape(D, 4 * H, in_size)
+                    dw_hh = grads[ih_end:hh_end].reshape(D, 4 * H, H)
+                    db = grads[hh_end:].reshape(D, 4 * H)
                 else:
                     dw_ih = np.empty((D, 0, in_size), dtype=cdt)
                     dw_hh = np.empty((D, 0, H), dtype=cdt)
                     db = np.empty((D, 0), dtype=cdt)
                 w_ih, w_hh, _ = _layer_weights(p, layer)
                 direct_dx = D == 1 and in_packed
-                _lstm.backward_layer(
+                self._call(
+                    ("backward", B, in_size, H, D, layer_dx_needed, want_dparams, cdt), N,
+                    self._threads(p, 16.0 * D * N * H * (in_size + H)), _lstm.backward_layer,
                     layer_in, in_step_row, in_stride, in_packed,
                     upper_dy, dy_step_row, dy_stride,
                     w_ih, w_hh, p.h0[ks], p.c0[ks],
@@ -441,7 +470,7 @@ class LSTMPlan:
                     (layer_dx[:N].reshape(1, N, in_size) if direct_dx and layer_dx_needed
                      else self._take("packed_rows", (D, N if layer_dx_needed else 0, in_size), cdt)),
                     self._take("w_packed", (D, _packed_len(H, 4 * H, cdt)), cdt),
-                    first, chunk, tail, dx_group, self._threads(p, 16.0 * D * N * H * (in_size + H)))
+                    first, chunk, tail, dx_group)
                 if want_dparams:
                     for d in range(D):
                         base = (layer * D + d) * per_dir

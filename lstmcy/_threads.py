@@ -54,6 +54,18 @@ def get_num_threads():
     return _num_threads
 
 
+_omp_max_threads_function = []
+
+
+def _omp_max_threads():
+    """OpenMP's current thread limit (imported on first use: the kernels load OpenMP)."""
+    if not _omp_max_threads_function:
+        from lstmcy._lstm import omp_max_threads
+
+        _omp_max_threads_function.append(omp_max_threads)
+    return _omp_max_threads_function[0]()
+
+
 def threads_for(flops, n_units, n_threads=None):
     """Threads to use for a layer with ``flops`` work split in ``n_units`` parallel units."""
     setting = _num_threads if n_threads is None else n_threads
@@ -61,11 +73,70 @@ def threads_for(flops, n_units, n_threads=None):
         # Below ~2 MFLOP the start-up of a parallel region costs more than it saves. The
         # OpenMP limit (OMP_NUM_THREADS, threadpoolctl, joblib's workers) is respected.
         if n_units < 2 or flops < 2e6 or _cores() < 2:
-            return 1  # decided without the import below (small calls are the frequent ones)
-        from lstmcy._lstm import omp_max_threads
-
-        return 2 if omp_max_threads() >= 2 else 1
+            return 1
+        return 2 if _omp_max_threads() >= 2 else 1
     return 2 if setting >= 2 else 1
+
+
+class ThreadTuner:
+    """Chooses one or two threads for one kind of kernel call from the times of recent calls.
+
+    On a dedicated two-core machine two threads win whenever :func:`threads_for` asks for
+    them. On a shared virtual machine the host may, for a second or so at a time, run the
+    two virtual CPUs on one physical core or take one away; a kernel that synchronises
+    every time step then runs *slower* on two threads than on one (measured here: a
+    32x16x64 forward took 880 µs on two threads against 480 µs on one in such periods,
+    320 µs otherwise). The tuner keeps a moving average of the time per call for each
+    count, runs the faster one (two unless they are 15 % slower), and tries the other now and then, so that it follows the
+    machine: two threads 50 ms after one was last tried when one thread is ahead (to see
+    the machine recover soon), one thread every 250 ms otherwise (each try costs the
+    difference once). Results are bitwise the same for one or two threads, so the choice
+    only changes the speed.
+    """
+
+    __slots__ = ("mean", "tried")
+
+    # Weight of a new time in the moving average, and how much larger than the average a
+    # time may count (one preempted call must not decide the next hundred).
+    SMOOTHING = 0.25
+    OUTLIER = 2.0
+    # Two threads stay in use until they are this much slower than one (noise must not
+    # make the tuner flip to the slower count).
+    MARGIN = 1.15
+    # Seconds between tries of the count that is behind: two threads, one thread.
+    RETRY_TWO = 0.05
+    RETRY_ONE = 0.25
+
+    def __init__(self):
+        self.mean = [0.0, 0.0]  # time per call (or per row) on 1 and 2 threads; 0.0: unknown
+        self.tried = [0.0, 0.0]  # perf_counter() of the last call on 1 and 2 threads
+
+    def choose(self, now):
+        """The thread count (1 or 2) for a call starting at ``now`` (``perf_counter()``)."""
+        one, two = self.mean
+        if two == 0.0:
+            return 2
+        if one == 0.0:
+            return 1
+        if two <= self.MARGIN * one:
+            return 1 if now - self.tried[0] > self.RETRY_ONE else 2
+        return 2 if now - self.tried[1] > self.RETRY_TWO else 1
+
+    def record(self, n_threads, now, elapsed):
+        """Account for a call started at ``now`` that took ``elapsed`` on ``n_threads``."""
+        index = 0 if n_threads == 1 else 1
+        self.tried[index] = now
+        mean = self.mean[index]
+        if mean == 0.0:
+            self.mean[index] = elapsed
+        else:
+            elapsed = min(elapsed, self.OUTLIER * mean)
+            self.mean[index] = mean + self.SMOOTHING * (elapsed - mean)
+
+
+def is_automatic(n_threads=None):
+    """Whether the thread count is left to lstmcy (no setting, global or per plan)."""
+    return n_threads is None and _num_threads is None
 
 
 class _ThreadSetting:

@@ -280,33 +280,42 @@ class LSTM(nn.LSTM):
                          batch_first=batch_first, dropout=dropout, bidirectional=bidirectional,
                          proj_size=0, device=device, dtype=dtype)
 
-    def _check_runnable(self, input, hx):
-        if input.device.type != "cpu":
+    def _weights(self):
+        """The flat weights, in ``_flat_weights_names`` order, read as ``nn.LSTM`` reads
+        them: tensors swapped in by ``torch.func.functional_call`` and attributes that
+        replace a parameter (weight norm) included. (Cheaper than ``nn.LSTM``'s
+        ``_update_flat_weights``, which goes through ``Module.__getattr__`` twice per
+        weight on every call.)"""
+        params = self._parameters
+        return [params[name] if name in params else getattr(self, name)
+                for name in self._flat_weights_names]
+
+    def _check_runnable(self, input, hx, weights):
+        if not input.is_cpu:
             raise ValueError(f"input is on {input.device}: lstmcy.torch.LSTM runs on the CPU only "
                              f"(use torch.nn.LSTM, with the same state_dict, on other devices)")
-        if input.dtype not in _SUPPORTED_DTYPES:
+        dtype = input.dtype
+        if dtype not in _SUPPORTED_DTYPES:
             raise TypeError(f"input has dtype {input.dtype}: lstmcy.torch.LSTM supports "
                             f"torch.float32 and torch.float64")
-        for name, weight in zip(self._flat_weights_names, self._flat_weights):
-            if weight.device.type != "cpu":
+        for name, weight in zip(self._flat_weights_names, weights):
+            if not weight.is_cpu:
                 raise ValueError(f"parameter {name} is on {weight.device}: lstmcy.torch.LSTM "
                                  f"runs on the CPU only")
-            if weight.dtype != input.dtype:
+            if weight.dtype != dtype:
                 raise TypeError(f"parameter {name} has dtype {weight.dtype} but input has "
                                 f"{input.dtype}: convert one of them")
         if hx is not None:
             for name, state in zip(("hx[0] (h0)", "hx[1] (c0)"), hx):
-                if state.device.type != "cpu":
+                if not state.is_cpu:
                     raise ValueError(f"{name} is on {state.device}: lstmcy.torch.LSTM runs on "
                                      f"the CPU only")
-                if state.dtype != input.dtype:
+                if state.dtype != dtype:
                     raise TypeError(f"{name} has dtype {state.dtype} but input has {input.dtype}")
 
     def forward(self, input, hx=None):
         """Run the LSTM; same arguments and results as :meth:`torch.nn.LSTM.forward`."""
-        update = getattr(self, "_update_flat_weights", None)  # torch >= 2.1
-        if update is not None:
-            update()
+        weights = self._weights()
         packed = isinstance(input, PackedSequence)
         sorted_indices = unsorted_indices = None
         is_batched = True
@@ -338,9 +347,9 @@ class LSTM(nn.LSTM):
                 if not is_batched:
                     hx = (hx[0].unsqueeze(1), hx[1].unsqueeze(1))
                 self.check_forward_args(data, hx, None)
-        self._check_runnable(data, hx)
+        self._check_runnable(data, hx, weights)
 
-        output, h_n, c_n = self._run(data, batch_sizes, hx)
+        output, h_n, c_n = self._run(data, batch_sizes, hx, weights)
 
         if packed:
             output = PackedSequence(output, batch_sizes, sorted_indices, unsorted_indices)
@@ -350,7 +359,7 @@ class LSTM(nn.LSTM):
             h_n, c_n = h_n.squeeze(1), c_n.squeeze(1)
         return output, (h_n, c_n)
 
-    def _run(self, data, batch_sizes, hx):
+    def _run(self, data, batch_sizes, hx, weights):
         cfg = _Config(self.num_layers, self.bidirectional, self.bias,
                       self.batch_first and batch_sizes is None,
                       None if batch_sizes is None else batch_sizes.numpy())
@@ -358,7 +367,6 @@ class LSTM(nn.LSTM):
         if self.training and self.dropout > 0 and self.num_layers > 1:
             masks = _draw_masks(_internal_output_shape(data, cfg, self.hidden_size), data.dtype,
                                 cfg, float(self.dropout))
-        weights = self._flat_weights
         h0, c0 = (None, None) if hx is None else hx
         needs_grad = torch.is_grad_enabled() and (
             data.requires_grad or any(w.requires_grad for w in weights)

@@ -492,3 +492,49 @@ def test_import_lstmcy_does_not_import_torch():
                             timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+# ---------------------------------------------------------------------------
+# weights that are not the module's own parameters
+# ---------------------------------------------------------------------------
+
+def test_functional_call_uses_the_given_weights():
+    """``torch.func.functional_call`` swaps tensors in for the parameters: the forward
+    must use those, not the module's own (as nn.LSTM does), and differentiate them."""
+    ours, ref = make_pair(3, 4, num_layers=2)
+    torch.manual_seed(1)
+    swapped = {name: (p.detach() * 1.5 + 0.01).requires_grad_()
+               for name, p in ours.named_parameters()}
+    x = torch.randn(5, 2, 3, dtype=F64)
+    y, (h_n, c_n) = torch.func.functional_call(ours, swapped, (x,))
+    y_ref, (h_ref, c_ref) = torch.func.functional_call(ref, swapped, (x,))
+    assert_close(y, y_ref, what="y")
+    assert_close(c_n, c_ref, what="c_n")
+    grads = torch.autograd.grad(y.sum() + h_n.sum(), list(swapped.values()))
+    grads_ref = torch.autograd.grad(y_ref.sum() + h_ref.sum(), list(swapped.values()))
+    for name, g, g_ref in zip(swapped, grads, grads_ref):
+        assert_close(g, g_ref, what=name)
+    # The module's own weights are still its own afterwards.
+    y_own, _ = ours(x)
+    assert_close(y_own, ref(x)[0], what="y after functional_call")
+
+
+def test_parametrized_weight_is_used_and_differentiated():
+    """A parametrization (weight norm) replaces a parameter by a computed attribute."""
+    from torch.nn.utils import parametrizations
+
+    ours, ref = make_pair(3, 4)
+    parametrizations.weight_norm(ours, "weight_hh_l0")
+    parametrizations.weight_norm(ref, "weight_hh_l0")
+    ref.load_state_dict(ours.state_dict())
+    with torch.no_grad():  # move away from the initial g = |v|, so the norm matters
+        ours.parametrizations.weight_hh_l0.original0.mul_(1.7)
+        ref.parametrizations.weight_hh_l0.original0.mul_(1.7)
+    x = torch.randn(6, 2, 3, dtype=F64)
+    y, _ = ours(x)
+    y_ref, _ = ref(x)
+    assert_close(y, y_ref, what="y")
+    (y * y).sum().backward()
+    (y_ref * y_ref).sum().backward()
+    for (name, p), (_, p_ref) in zip(ours.named_parameters(), ref.named_parameters()):
+        assert_close(p.grad, p_ref.grad, what=name)

@@ -1,0 +1,147 @@
+"""The automatic choice between one and two threads (``lstmcy._threads.ThreadTuner``).
+
+The tuner only changes speed: results are bitwise the same for one or two threads (that
+is checked in test_determinism.py, test_schedule.py and test_threaded_paths.py, and here
+once more through the plan with the tuner forced each way). These tests drive it with
+made-up times on a made-up clock and check what it picks.
+"""
+import numpy as np
+import pytest
+
+import lstmcy
+from lstmcy import _core, _threads
+from lstmcy._threads import ThreadTuner
+
+
+def feed(tuner, now, seconds_for, calls, step=0.001):
+    """Run ``calls`` calls through ``tuner``; ``seconds_for(n)`` is a call's time on n
+    threads. Returns the counts chosen and the clock after the last call."""
+    chosen = []
+    for _ in range(calls):
+        n = tuner.choose(now)
+        chosen.append(n)
+        tuner.record(n, now, seconds_for(n))
+        now += step
+    return chosen, now
+
+
+def test_measures_both_counts_first_then_runs_the_faster():
+    tuner = ThreadTuner()
+    chosen, _ = feed(tuner, 0.0, lambda n: 1.0 if n == 1 else 0.6, 50)
+    assert chosen[:2] == [2, 1]
+    assert set(chosen[2:]) == {2}
+
+
+def test_one_thread_is_tried_again_only_every_retry_one_seconds():
+    tuner = ThreadTuner()
+    # 1 ms per call for 2 s: after the first measurement, one thread comes back about
+    # every RETRY_ONE seconds and never more often.
+    chosen, _ = feed(tuner, 0.0, lambda n: 1.0 if n == 1 else 0.6, 2000)
+    tries = [k for k, n in enumerate(chosen) if n == 1]
+    assert len(tries) == 1 + int(2.0 / ThreadTuner.RETRY_ONE) or \
+        len(tries) == int(2.0 / ThreadTuner.RETRY_ONE)
+    gaps = np.diff(tries) * 0.001
+    assert gaps.min() >= ThreadTuner.RETRY_ONE
+
+
+def test_falls_back_to_one_thread_when_two_get_slow_and_returns_when_they_recover():
+    tuner = ThreadTuner()
+    fast = lambda n: 1.0 if n == 1 else 0.6  # noqa: E731
+    slow = lambda n: 1.0 if n == 1 else 1.8  # noqa: E731  (two threads sharing a core)
+    _, now = feed(tuner, 0.0, fast, 20)
+    chosen, now = feed(tuner, now, slow, 200)
+    # A few calls to notice, then mostly one thread, with two tried every RETRY_TWO.
+    assert chosen[:3] == [2, 2, 2]
+    late = chosen[20:]
+    assert late.count(1) > 0.9 * len(late)
+    assert late.count(2) >= int(len(late) * 0.001 / ThreadTuner.RETRY_TWO) - 1
+    chosen, now = feed(tuner, now, fast, 300)
+    # Back to two threads within a few tries of them.
+    first_two = chosen.index(2)
+    assert first_two * 0.001 <= ThreadTuner.RETRY_TWO + 0.002
+    assert set(chosen[first_two + 100:]) == {2}
+
+
+def test_one_slow_call_does_not_switch_and_small_differences_keep_two_threads():
+    tuner = ThreadTuner()
+    _, now = feed(tuner, 0.0, lambda n: 1.0 if n == 1 else 0.6, 10)
+    # A preempted call, 50x slower: counted as at most OUTLIER times the average.
+    tuner.record(2, now, 30.0)
+    assert tuner.mean[1] <= 0.6 + ThreadTuner.SMOOTHING * (ThreadTuner.OUTLIER - 1) * 0.6 + 1e-12
+    assert tuner.choose(now + 0.001) == 2
+    # Two threads 10 % slower than one: within the margin, they stay.
+    tuner = ThreadTuner()
+    chosen, _ = feed(tuner, 0.0, lambda n: 1.0 if n == 1 else 1.1, 100)
+    assert set(chosen[2:]) == {2}
+    # 30 % slower: one thread.
+    tuner = ThreadTuner()
+    chosen, _ = feed(tuner, 0.0, lambda n: 1.0 if n == 1 else 1.3, 100)
+    assert chosen[2:].count(1) > 90
+
+
+def fake_kernel(calls):
+    def kernel(*args):
+        calls.append(args[-1])
+    return kernel
+
+
+def test_plan_call_uses_the_tuner_only_when_automatic(monkeypatch):
+    monkeypatch.setattr(_threads, "_num_threads", None)
+    calls = []
+    plan = lstmcy.LSTMPlan()
+    monkeypatch.setattr(ThreadTuner, "choose", lambda self, now: 1)
+    plan._call(("k",), 10, 2, fake_kernel(calls), "a", "b")
+    assert calls == [1] and ("k",) in plan._tuners
+    # A kernel the caller runs on one thread is never moved to two.
+    plan._call(("k1",), 10, 1, fake_kernel(calls), "a")
+    assert calls[-1] == 1 and ("k1",) not in plan._tuners
+    # An explicit count, per plan or global, is obeyed.
+    plan2 = lstmcy.LSTMPlan(n_threads=2)
+    plan2._call(("k",), 10, 2, fake_kernel(calls), "a")
+    assert calls[-1] == 2 and not plan2._tuners
+    monkeypatch.setattr(_threads, "_num_threads", 2)
+    plan3 = lstmcy.LSTMPlan()
+    plan3._call(("k",), 10, 2, fake_kernel(calls), "a")
+    assert calls[-1] == 2 and not plan3._tuners
+
+
+def test_plan_keeps_a_bounded_number_of_tuners(monkeypatch):
+    monkeypatch.setattr(_threads, "_num_threads", None)
+    plan = lstmcy.LSTMPlan()
+    for k in range(200):
+        plan._call(("shape", k), 10, 2, lambda *args: None)
+    assert 0 < len(plan._tuners) <= 64
+
+
+@pytest.mark.parametrize("choice", [1, 2])
+def test_results_do_not_depend_on_the_tuners_choice(monkeypatch, choice):
+    """The same bits whichever count the tuner picks, for a shape that uses the split
+    forward and the two-thread backward."""
+    monkeypatch.setattr(_threads, "_num_threads", None)
+    monkeypatch.setattr(_threads, "_cores", lambda: 2)
+    rng = np.random.default_rng(5)
+    T, B, I, H = 12, 16, 24, 48
+    x = rng.standard_normal((T, B, I)).astype(np.float32)
+    params = [rng.uniform(-0.2, 0.2, s).astype(np.float32)
+              for s in [(4 * H, I), (4 * H, H), (4 * H,), (4 * H,)]]
+    dy = rng.standard_normal((T, B, H)).astype(np.float32)
+
+    def run(n_threads_fixed=None, tuner_choice=None):
+        if tuner_choice is not None:
+            monkeypatch.setattr(ThreadTuner, "choose", lambda self, now: tuner_choice)
+        plan = lstmcy.LSTMPlan(n_threads=n_threads_fixed)
+        y, h_n, c_n, cache = plan.forward(x, None, params)
+        grads = plan.backward(x, None, params, dy, None, None, *cache.saved())
+        if n_threads_fixed is None and _lstm_has_openmp():
+            assert plan._tuners, "the tuner was not consulted"
+        return [y, h_n, c_n, *[a for arrays in cache.saved() for a in arrays], grads[0],
+                *grads[3]]
+
+    expected = run(n_threads_fixed=1)
+    got = run(tuner_choice=choice)
+    for a, b in zip(expected, got):
+        np.testing.assert_array_equal(a, b)
+
+
+def _lstm_has_openmp():
+    return _threads._omp_max_threads() >= 2
