@@ -34,6 +34,12 @@ _SPLIT_FORWARD_MIN = 2e5
 _MAX_CHUNKS = 8
 # Rows of one piece of the backward's dx (a GEMM that packs w_ih anew).
 _DX_PIECE_ROWS = 512
+# Kernel calls whose time step is at most this much work (FLOPs) may be moved to one
+# thread by the ThreadTuner (the small shapes: (B, I, H) = (32, 64, 128) has 6 MFLOP a step
+# forward, 13 backward). Beyond it the threads' synchronisation is a small part of a step
+# (the large shapes have 70-140 MFLOP a step), and each try of one thread would cost a
+# long call.
+_TUNED_STEP_FLOPS = 1.6e7
 
 
 @functools.lru_cache(maxsize=256)  # called twice per call; cheaper looked up than computed
@@ -270,12 +276,14 @@ class LSTMPlan:
         return threads_for(flops, max(problem.D, math.ceil(problem.T / _chunk_steps(problem.T, problem.B))),
                            self.n_threads)
 
-    def _call(self, key, rows, n_threads, kernel, *args):
-        """``kernel(*args, n_threads)``. When ``n_threads`` is two and the count is
-        automatic, this kind of call's :class:`ThreadTuner` (``key``: everything but the
-        sequence length) may run it on one thread instead; it compares times per row
-        (``rows`` rows), so that calls of other lengths inform one another."""
-        if n_threads == 1 or rows == 0 or not is_automatic(self.n_threads):
+    def _call(self, key, rows, step_flops, n_threads, kernel, *args):
+        """``kernel(*args, n_threads)``. When ``n_threads`` is two, the count is automatic
+        and a time step's work (``step_flops``) is small enough for the threads' per-step
+        synchronisation to matter, this kind of call's :class:`ThreadTuner` (``key``:
+        everything but the sequence length) may run it on one thread instead; it compares
+        times per row (``rows`` rows), so that calls of other lengths inform one another."""
+        if (n_threads == 1 or rows == 0 or step_flops > _TUNED_STEP_FLOPS
+                or not is_automatic(self.n_threads)):
             return kernel(*args, n_threads)
         tuner = self._tuners.get(key)
         if tuner is None:
@@ -353,7 +361,7 @@ class LSTMPlan:
                 if split_forward:
                     k = layer
                     self._call(
-                        ("split", B, in_size, H, train, cdt), N,
+                        ("split", B, in_size, H, train, cdt), N, 8.0 * B * H * (in_size + H),
                         threads_for(8.0 * N * H * (in_size + H), 2, self.n_threads),
                         _lstm.forward_direction_split,
                         layer_in, in_step_row, in_stride, in_packed,
@@ -366,6 +374,7 @@ class LSTMPlan:
                 else:
                     self._call(
                         ("forward", B, in_size, H, D, train, cdt), N,
+                        8.0 * D * B * H * (in_size + H),
                         self._threads(p, 8.0 * D * N * H * (in_size + H)), _lstm.forward_layer,
                         layer_in, in_step_row, in_stride, in_packed, w_ih, w_hh, bias,
                         p.batch_sizes, p.packed_start, out, out_step_row, out_stride,
@@ -456,6 +465,7 @@ class LSTMPlan:
                 direct_dx = D == 1 and in_packed
                 self._call(
                     ("backward", B, in_size, H, D, layer_dx_needed, want_dparams, cdt), N,
+                    16.0 * D * B * H * (in_size + H),
                     self._threads(p, 16.0 * D * N * H * (in_size + H)), _lstm.backward_layer,
                     layer_in, in_step_row, in_stride, in_packed,
                     upper_dy, dy_step_row, dy_stride,

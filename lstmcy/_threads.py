@@ -94,7 +94,7 @@ class ThreadTuner:
     only changes the speed.
     """
 
-    __slots__ = ("mean", "tried")
+    __slots__ = ("mean", "tried", "seen")
 
     # Weight of a new time in the moving average, and how much larger than the average a
     # time may count (one preempted call must not decide the next hundred).
@@ -110,6 +110,7 @@ class ThreadTuner:
     def __init__(self):
         self.mean = [0.0, 0.0]  # time per call (or per row) on 1 and 2 threads; 0.0: unknown
         self.tried = [0.0, 0.0]  # perf_counter() of the last call on 1 and 2 threads
+        self.seen = [False, False]  # whether a first call (not counted) has run
 
     def choose(self, now):
         """The thread count (1 or 2) for a call starting at ``now`` (``perf_counter()``)."""
@@ -126,6 +127,11 @@ class ThreadTuner:
         """Account for a call started at ``now`` that took ``elapsed`` on ``n_threads``."""
         index = 0 if n_threads == 1 else 1
         self.tried[index] = now
+        if not self.seen[index]:
+            # The first call on a count pays for warming up (its OpenMP threads, memory
+            # the kernels touch first): not a measure of the count.
+            self.seen[index] = True
+            return
         mean = self.mean[index]
         if mean == 0.0:
             self.mean[index] = elapsed

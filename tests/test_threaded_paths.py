@@ -54,3 +54,53 @@ def test_two_thread_paths_match_reference_and_one_thread(cfg):
         e = np.asarray(e, dtype=np.float64)
         scale = float(np.max(np.abs(e))) if e.size else 0.0
         np.testing.assert_allclose(a, e, rtol=1e-10, atol=1e-10 * scale, err_msg=f"output {k}")
+
+
+# The split forward's tasks: a thread that starts late finds some (or all) of its half's
+# tasks done by the other thread, which runs the same calls. Made to happen with the
+# kernels' start-delay hook, on either thread, for inference and training, uniform and
+# variable-length batches.
+SPLIT_CONFIGS = [
+    Config(T=9, B=16, I=20, H=40, L=1, layout="time_major", dtype=np.dtype(np.float64),
+           with_hx=True, with_dhdc=True),
+    Config(T=11, B=14, I=3, H=56, L=2, layout="packed", dtype=np.dtype(np.float64),
+           with_hx=True, with_dhdc=False, lengths_seed=3),
+    Config(T=7, B=16, I=33, H=48, L=1, layout="batch_first", dtype=np.dtype(np.float32),
+           with_hx=False, with_dhdc=True),
+]
+
+
+@pytest.fixture
+def split_start_delay():
+    from lstmcy._dispatch import kernels
+
+    def set_delay(thread, microseconds):
+        kernels._set_split_start_delay(thread, microseconds)
+
+    yield set_delay
+    kernels._set_split_start_delay(0, 0)
+    kernels._set_split_start_delay(1, 0)
+
+
+@pytest.mark.parametrize("late_thread", [0, 1])
+@pytest.mark.parametrize("delay_us", [300, 3000])
+@pytest.mark.parametrize("cfg", SPLIT_CONFIGS, ids=[c.layout for c in SPLIT_CONFIGS])
+def test_split_forward_same_bits_when_one_thread_starts_late(cfg, delay_us, late_thread,
+                                                              split_start_delay):
+    assert 8.0 * cfg.B * cfg.H * cfg.H >= _core._SPLIT_FORWARD_MIN  # the split path runs
+    call = make_call(cfg, np.random.default_rng(cfg.lengths_seed), seed=11)
+    one, _ = run_with_threads(call, 1)
+    split_start_delay(late_thread, delay_us)
+    for train in (True, False):
+        kwargs = dict(call.fwd_kwargs, train=train)
+        import lstmcy
+        lstmcy.set_num_threads(2)
+        try:
+            y, h_n, c_n, _ = lstmcy.lstm_forward(*call.fwd_args, **kwargs)
+        finally:
+            lstmcy.set_num_threads(None)
+        for k, (a, b) in enumerate(zip(one[:3], (y, h_n, c_n))):
+            assert a.tobytes() == np.asarray(b).tobytes(), f"output {k}, train={train}"
+    two, _ = run_with_threads(call, 2)  # and the backward on the late-start forward's cache
+    for k, (a, b) in enumerate(zip(one, two)):
+        assert a.tobytes() == b.tobytes(), f"output {k}: 1 and 2 threads differ"

@@ -30,6 +30,7 @@
 from cython cimport floating
 from cython.parallel cimport parallel, threadid
 cimport openmp
+from libc.stdlib cimport calloc, free
 import numpy as np
 
 from lstmcy._blas cimport gemm, NoTrans, Trans
@@ -64,31 +65,15 @@ cdef extern from *:
     static inline int lstmcy_compare_exchange(Py_ssize_t *p, Py_ssize_t expected, Py_ssize_t desired) {
         return __atomic_compare_exchange_n(p, &expected, desired, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
     }
+    static inline void lstmcy_add_release(Py_ssize_t *p, Py_ssize_t v) { __atomic_add_fetch(p, v, __ATOMIC_RELEASE); }
     """
     bint compare_exchange "lstmcy_compare_exchange"(Py_ssize_t *p, Py_ssize_t expected,
                                                      Py_ssize_t desired) noexcept nogil
+    void add_release "lstmcy_add_release"(Py_ssize_t *p, Py_ssize_t v) noexcept nogil
     void prefetch "lstmcy_prefetch"(const void *p) noexcept nogil
     Py_ssize_t load_acquire "lstmcy_load_acquire"(Py_ssize_t *p) noexcept nogil
     void store_release "lstmcy_store_release"(Py_ssize_t *p, Py_ssize_t v) noexcept nogil
     void cpu_relax "lstmcy_cpu_relax"() noexcept nogil
-
-cdef extern from *:
-    """
-    /* A reusable barrier for the two threads of a parallel region: state[0] counts
-       arrivals, state[1] is the generation. */
-    static inline int lstmcy_barrier_arrive(Py_ssize_t *state, Py_ssize_t n, Py_ssize_t *gen) {
-        *gen = __atomic_load_n(&state[1], __ATOMIC_ACQUIRE);
-        if (__atomic_add_fetch(&state[0], 1, __ATOMIC_ACQ_REL) == n) {
-            __atomic_store_n(&state[0], 0, __ATOMIC_RELAXED);
-            __atomic_add_fetch(&state[1], 1, __ATOMIC_ACQ_REL);
-            return 1;
-        }
-        return 0;
-    }
-    """
-    bint barrier_arrive "lstmcy_barrier_arrive"(Py_ssize_t *state, Py_ssize_t n,
-                                                 Py_ssize_t *gen) noexcept nogil
-
 
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
@@ -126,7 +111,7 @@ cdef inline void _wait_for(Py_ssize_t *progress, Py_ssize_t chunks) noexcept nog
     """Block until the producer has published ``chunks`` finished chunks.
 
     Spin first (50 µs): on an idle machine the producer is running on the other core and
-    the wait is short (the per-step barriers wait a few microseconds, less than a
+    the wait is short (the per-step waits last a few microseconds, less than a
     ``sched_yield`` system call costs). If it goes on, yield (1 ms), and then sleep
     briefly: the producer has probably lost its core to another process, so give the core
     back instead of burning it.
@@ -149,15 +134,6 @@ cdef inline void _wait_for(Py_ssize_t *progress, Py_ssize_t chunks) noexcept nog
             sched_yield()
         else:
             nanosleep(&pause, NULL)
-
-
-cdef inline void _barrier(Py_ssize_t *state) noexcept nogil:
-    """Wait until both threads arrive (no-op when ``state`` is NULL: one thread)."""
-    cdef Py_ssize_t gen
-    if state == NULL:
-        return
-    if not barrier_arrive(state, 2, &gen):
-        _wait_for(&state[1], gen + 1)
 
 
 cdef inline void _pack(const floating *w, Py_ssize_t ldw, bint trans, Py_ssize_t K,
@@ -438,11 +414,16 @@ def forward_layer(
 
 # Forward of one direction with the work of every step split between two threads: the
 # hidden units are cut in two halves [0, split) and [split, H). The gates stay in the
-# caller's order [i f g o]: each thread projects half of the rows with one GEMM over all
+# caller's order [i f g o]: each half projects half of the rows with one GEMM over all
 # 4H columns, then per step adds h_{t-1} @ w_hh^T to the four column blocks of its units
 # (four packed GEMMs against its rows of w_hh, packed once) and runs the elementwise pass
-# of its units; one barrier per step keeps the halves in step. One thread runs both
-# halves in turn, with the same calls, so results are bitwise identical for 1 or 2
+# of its units. The work comes as tasks a thread takes with an atomic flag: per half a
+# set-up (the projection, the packing) and one task per step. A thread takes its own
+# half's task first and then the other half's if nobody has taken it, so a thread that
+# starts late (a sleeping OpenMP worker takes tens of microseconds to wake) or loses its
+# core for a while holds up only the tasks it already took; a step starts once both
+# halves of the previous step are done. The same calls run whichever thread runs them,
+# and one thread runs every task in order, so results are bitwise identical for 1 or 2
 # threads.
 
 cdef void _forward_split_half_rows(
@@ -567,8 +548,31 @@ cdef void _forward_elementwise(
                               none, none, none, none, none, none, none, False)
 
 
+# Test hook: how long (ns) each thread of the split forward sleeps before it starts, so
+# that tests can make the other thread take its tasks.
+cdef long long _split_start_delay_ns[2]
+
+
+def _set_split_start_delay(int thread, long long delay_us):
+    """Test hook: make ``thread`` (0 or 1) of the split forward start ``delay_us`` late."""
+    _split_start_delay_ns[thread] = delay_us * 1000
+
+
+cdef inline void _sleep_ns(long long ns) noexcept nogil:
+    cdef timespec pause
+    pause.tv_sec = ns // 1000000000
+    pause.tv_nsec = ns % 1000000000
+    nanosleep(&pause, NULL)
+
+
+cdef inline bint _claim(Py_ssize_t *flag) noexcept nogil:
+    """Take the task of ``flag`` (0 while nobody has): whether this thread got it."""
+    return load_acquire(flag) == 0 and compare_exchange(flag, 0, 1)
+
+
 cdef void _forward_split(
-        int first_half, int last_half, bint reverse, Py_ssize_t split,
+        int own, Py_ssize_t *tasks, Py_ssize_t *done, bint two_threads, bint reverse,
+        Py_ssize_t split,
         const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
         bint x_rows_packed,
         const floating[:, ::1] w_ih, const floating[:, ::1] w_hh, const floating[::1] bias,
@@ -579,15 +583,18 @@ cdef void _forward_split(
         floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
         floating[:, ::1] cache_h, bint store_cache,
         floating[:, ::1] gates, floating[:, ::1] x_packed, floating[::1] w_packed,
-        floating[:, ::1] h_other, Py_ssize_t *barrier) noexcept nogil:
-    """Halves ``first_half .. last_half`` of the split forward. Each half packs its rows of
-    ``w_hh`` (``q*H + u0 ..`` for each gate q) into ``w_packed``, gate by gate:
-    ``packed_len(split, H)`` elements a gate for half 0, then half 1's.
+        floating[:, ::1] h_other) noexcept nogil:
+    """One thread's part of the split forward: the tasks it takes, its own half's (``own``)
+    first. ``tasks``: ``2 * (T + 1)`` flags, zero on entry (the two set-ups, then two per
+    step); ``done``: the count of finished tasks, zero on entry. Each half's set-up packs
+    its rows of ``w_hh`` (``q*H + u0 ..`` for each gate q) into ``w_packed``, gate by gate:
+    ``packed_len(split, H)`` elements a gate for half 0, then half 1's. Thread 0 (``own``
+    0) writes the final state once every task is done.
 
     Without the cache (inference), ``h`` is double-buffered (``h_state`` and ``h_other``,
-    ``[B, H]``): step ``s`` reads one and writes the other, so a step needs one barrier
-    (h_t complete), not a second one to protect ``h_{t-1}`` from being overwritten while
-    the other thread still reads it. With the cache, h lives in the saved rows (below)."""
+    ``[B, H]``): step ``s`` reads one and writes the other, and no task of step ``s + 1``
+    starts before step ``s`` is done, so nobody still reads the buffer it overwrites.
+    With the cache, h lives in the saved rows (below)."""
     cdef Py_ssize_t T = batch_sizes.shape[0]
     cdef Py_ssize_t B = h_state.shape[0]
     cdef Py_ssize_t H = h_state.shape[1]
@@ -596,14 +603,17 @@ cdef void _forward_split(
     cdef Py_ssize_t q, plen0, plen1, plen
     cdef floating *h_prev
     cdef floating *h_next
-    cdef int half
+    cdef int k, half
     if floating is float:
         plen0 = pg_s_packed_len(split, H)
         plen1 = pg_s_packed_len(H - split, H)
     else:
         plen0 = pg_d_packed_len(split, H)
         plen1 = pg_d_packed_len(H - split, H)
-    for half in range(first_half, last_half + 1):
+    for k in range(2):
+        half = own if k == 0 else 1 - own
+        if not _claim(&tasks[half]):
+            continue
         # Half 0 projects rows [0, N/2) of the input, half 1 rows [N/2, N).
         _forward_split_half_rows(x, x_step_row, x_batch_stride, x_rows_packed, w_ih,
                                  batch_sizes, packed_start, gates, x_packed,
@@ -620,7 +630,8 @@ cdef void _forward_split(
             for b in range(B):
                 for j in range(u0, u0 + w):
                     h_other[b, j] = h_state[b, j]
-    _barrier(barrier)
+        add_release(done, 1)
+    _wait_for(done, 2)  # every row projected, both halves of w_hh packed
     if H == 0 or B == 0:
         return
     # In time order with the cache stored, step t reads h_{t-1} from the saved h of step
@@ -643,18 +654,23 @@ cdef void _forward_split(
         # into the buffer this step writes (with h in the cache, rows only ever leave,
         # and their last h is gathered at the end).
         nb_before = batch_sizes[t + 1 if reverse else t - 1] if s > 0 and not h_in_cache else nb
-        if first_half == last_half and s > 0:
-            # The other thread's half of h_{t-1} is in the other core's cache: ask for all
-            # of its lines at once, rather than one by one as the GEMM reaches them
-            # (each a ~0.2-0.3 µs round trip).
-            u0 = split if first_half == 0 else 0
-            w = H - split if first_half == 0 else split
-            for b in range(nb):
-                j = u0
-                while j < u0 + w:
-                    prefetch(h_prev + b * H + j)
-                    j += 64 // sizeof(floating)
-        for half in range(first_half, last_half + 1):
+        if s > 0:
+            _wait_for(done, 2 + 2 * s)  # h_{t-1} is complete
+            if two_threads and load_acquire(&tasks[2 + 2 * s + own]) == 0:
+                # The other half of h_{t-1} is probably in the other core's cache: ask for
+                # all of its lines at once, rather than one by one as the GEMM reaches
+                # them (each a ~0.2-0.3 µs round trip).
+                u0 = split if own == 0 else 0
+                w = H - split if own == 0 else split
+                for b in range(nb):
+                    j = u0
+                    while j < u0 + w:
+                        prefetch(h_prev + b * H + j)
+                        j += 64 // sizeof(floating)
+        for k in range(2):
+            half = own if k == 0 else 1 - own
+            if not _claim(&tasks[2 + 2 * s + half]):
+                continue
             u0 = 0 if half == 0 else split
             w = split if half == 0 else H - split
             if w > 0:
@@ -669,24 +685,24 @@ cdef void _forward_split(
             _forward_elementwise(u0, w, t, bias, batch_sizes, packed_start, gates, h_next,
                                  c_state, y, y_step_row, y_batch_stride, 0, cache_i, cache_f,
                                  cache_g, cache_o, cache_c, cache_tanhc, cache_h, store_cache)
-        _barrier(barrier)  # h_t is complete
-    for half in range(first_half, last_half + 1):
-        u0 = 0 if half == 0 else split
-        w = split if half == 0 else H - split
-        if h_in_cache:
-            # Row b's final h is the saved h of its last step: rows are sorted longest
-            # first, so that step only moves back as b grows.
-            t = T - 1
-            for b in range(B):
-                while t >= 0 and batch_sizes[t] <= b:
-                    t -= 1
-                if t >= 0:
-                    for j in range(u0, u0 + w):
-                        h_state[b, j] = cache_h[t * B + b, j]
-        elif T % 2 == 1:  # the final state is in h_other
-            for b in range(B):
-                for j in range(u0, u0 + w):
-                    h_state[b, j] = h_other[b, j]
+            add_release(done, 1)
+    if own != 0:
+        return
+    _wait_for(done, 2 + 2 * T)
+    if h_in_cache:
+        # Row b's final h is the saved h of its last step: rows are sorted longest first,
+        # so that step only moves back as b grows.
+        t = T - 1
+        for b in range(B):
+            while t >= 0 and batch_sizes[t] <= b:
+                t -= 1
+            if t >= 0:
+                for j in range(H):
+                    h_state[b, j] = cache_h[t * B + b, j]
+    elif T % 2 == 1:  # the final state is in h_other
+        for b in range(B):
+            for j in range(H):
+                h_state[b, j] = h_other[b, j]
 
 
 def forward_direction_split(
@@ -710,34 +726,34 @@ def forward_direction_split(
     halves. ``w_packed`` is a workspace of ``4 * (packed_len(split, H) +
     packed_len(H - split, H))`` elements, ``h_other`` one of ``[B, H]``.
     """
-    cdef Py_ssize_t barrier_state[2]
-    cdef int tid, nt
-    barrier_state[0] = 0
-    barrier_state[1] = 0
-    with nogil:
-        if n_threads < 2:
-            _forward_split(0, 1, reverse, split, x, x_step_row, x_batch_stride, x_rows_packed,
-                           w_ih, w_hh, bias, batch_sizes, packed_start, y, y_step_row,
-                           y_batch_stride, h_state, c_state, cache_i, cache_f, cache_g, cache_o,
-                           cache_c, cache_tanhc, cache_h, store_cache, gates, x_packed, w_packed,
-                           h_other, NULL)
-        else:
-            with parallel(num_threads=2):
-                tid = threadid()
-                nt = openmp.omp_get_num_threads()
-                if nt < 2:
-                    _forward_split(0, 1, reverse, split, x, x_step_row, x_batch_stride,
+    cdef Py_ssize_t T = batch_sizes.shape[0]
+    cdef Py_ssize_t done = 0
+    cdef Py_ssize_t *tasks = <Py_ssize_t *> calloc(2 * (T + 1), sizeof(Py_ssize_t))
+    cdef int tid
+    if tasks == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            if n_threads < 2:
+                _forward_split(0, tasks, &done, False, reverse, split, x, x_step_row,
+                               x_batch_stride, x_rows_packed, w_ih, w_hh, bias, batch_sizes,
+                               packed_start, y, y_step_row, y_batch_stride, h_state, c_state,
+                               cache_i, cache_f, cache_g, cache_o, cache_c, cache_tanhc,
+                               cache_h, store_cache, gates, x_packed, w_packed, h_other)
+            else:
+                with parallel(num_threads=2):
+                    tid = threadid()
+                    if _split_start_delay_ns[tid] > 0:
+                        _sleep_ns(_split_start_delay_ns[tid])
+                    # With one thread granted (an OpenMP limit), it takes every task.
+                    _forward_split(tid, tasks, &done, openmp.omp_get_num_threads() > 1,
+                                   reverse, split, x, x_step_row, x_batch_stride,
                                    x_rows_packed, w_ih, w_hh, bias, batch_sizes, packed_start,
                                    y, y_step_row, y_batch_stride, h_state, c_state, cache_i,
                                    cache_f, cache_g, cache_o, cache_c, cache_tanhc, cache_h,
-                                   store_cache, gates, x_packed, w_packed, h_other, NULL)
-                else:
-                    _forward_split(tid, tid, reverse, split, x, x_step_row, x_batch_stride,
-                                   x_rows_packed, w_ih, w_hh, bias, batch_sizes, packed_start,
-                                   y, y_step_row, y_batch_stride, h_state, c_state, cache_i,
-                                   cache_f, cache_g, cache_o, cache_c, cache_tanhc, cache_h,
-                                   store_cache, gates, x_packed, w_packed, h_other,
-                                   barrier_state)
+                                   store_cache, gates, x_packed, w_packed, h_other)
+    finally:
+        free(tasks)
 
 
 # ---------------------------------------------------------------------------- backward
