@@ -197,7 +197,9 @@ class LSTMPlan:
     Parameters
     ----------
     n_threads : int or None
-        Threads of the kernels (1 or 2); None follows :func:`lstmcy.set_num_threads`.
+        Threads of the kernels (1 or 2); None follows :func:`lstmcy.set_num_threads`
+        (when that is automatic too, the plan times its small two-thread calls and runs
+        them on one thread while two are slower; see ``lstmcy._threads.ThreadTuner``).
 
     Attributes
     ----------

@@ -40,7 +40,9 @@ def set_num_threads(n_threads):
 
     Automatic uses two threads for problems large enough to gain from them when the
     process may run on at least two CPUs and the OpenMP limit (``OMP_NUM_THREADS``,
-    ``threadpoolctl.threadpool_limits``) allows two. Results are bitwise identical either way.
+    ``threadpoolctl.threadpool_limits``) allows two; on small problems it times its calls
+    and uses one thread while two are slower (:class:`ThreadTuner`). Results are bitwise
+    identical either way.
     """
     global _num_threads
     if n_threads is not None:
@@ -86,15 +88,16 @@ class ThreadTuner:
     two virtual CPUs on one physical core or take one away; a kernel that synchronises
     every time step then runs *slower* on two threads than on one (measured here: a
     32x16x64 forward took 880 µs on two threads against 480 µs on one in such periods,
-    320 µs otherwise). The tuner keeps a moving average of the time per call for each
-    count, runs the faster one (two unless they are 15 % slower), and tries the other now and then, so that it follows the
-    machine: two threads 50 ms after one was last tried when one thread is ahead (to see
-    the machine recover soon), one thread every 250 ms otherwise (each try costs the
-    difference once). Results are bitwise the same for one or two threads, so the choice
-    only changes the speed.
+    320 µs otherwise). The tuner keeps a moving average of the time (per row: the caller
+    divides) for each count, runs the faster one (two unless they are 15 % slower), and
+    tries the other now and then, so that it follows the machine: two threads again after
+    50 ms and 4 calls when one thread is ahead (to see the machine recover soon), one
+    thread after 250 ms and 16 calls otherwise (each try costs the difference once; the
+    call counts keep calls that come far apart from trying at every call). Results are
+    bitwise the same for one or two threads, so the choice only changes the speed.
     """
 
-    __slots__ = ("mean", "tried", "seen")
+    __slots__ = ("mean", "tried", "since", "seen")
 
     # Weight of a new time in the moving average, and how much larger than the average a
     # time may count (one preempted call must not decide the next hundred).
@@ -103,13 +106,17 @@ class ThreadTuner:
     # Two threads stay in use until they are this much slower than one (noise must not
     # make the tuner flip to the slower count).
     MARGIN = 1.15
-    # Seconds between tries of the count that is behind: two threads, one thread.
+    # Seconds and calls on the count ahead between tries of the other: of two threads
+    # (while one is ahead), of one thread (while two are).
     RETRY_TWO = 0.05
+    RETRY_TWO_CALLS = 4
     RETRY_ONE = 0.25
+    RETRY_ONE_CALLS = 16
 
     def __init__(self):
-        self.mean = [0.0, 0.0]  # time per call (or per row) on 1 and 2 threads; 0.0: unknown
+        self.mean = [0.0, 0.0]  # time on 1 and 2 threads; 0.0: not measured yet
         self.tried = [0.0, 0.0]  # perf_counter() of the last call on 1 and 2 threads
+        self.since = [0, 0]  # calls on the other count since the last call on 1 and 2
         self.seen = [False, False]  # whether a first call (not counted) has run
 
     def choose(self, now):
@@ -120,13 +127,17 @@ class ThreadTuner:
         if one == 0.0:
             return 1
         if two <= self.MARGIN * one:
-            return 1 if now - self.tried[0] > self.RETRY_ONE else 2
-        return 2 if now - self.tried[1] > self.RETRY_TWO else 1
+            due = now - self.tried[0] > self.RETRY_ONE and self.since[0] >= self.RETRY_ONE_CALLS
+            return 1 if due else 2
+        due = now - self.tried[1] > self.RETRY_TWO and self.since[1] >= self.RETRY_TWO_CALLS
+        return 2 if due else 1
 
     def record(self, n_threads, now, elapsed):
         """Account for a call started at ``now`` that took ``elapsed`` on ``n_threads``."""
         index = 0 if n_threads == 1 else 1
         self.tried[index] = now
+        self.since[index] = 0
+        self.since[1 - index] += 1
         if not self.seen[index]:
             # The first call on a count pays for warming up (its OpenMP threads, memory
             # the kernels touch first): not a measure of the count.

@@ -156,3 +156,25 @@ def test_results_do_not_depend_on_the_tuners_choice(monkeypatch, choice):
 
 def _lstm_has_openmp():
     return _threads._omp_max_threads() >= 2
+
+
+@pytest.mark.parametrize("two_faster", [True, False])
+def test_calls_far_apart_still_run_the_faster_count(two_faster):
+    """Calls spaced further apart than the retry intervals (a long sequence, or a caller
+    that does other work in between) must not try the other count on every call."""
+    tuner = ThreadTuner()
+    seconds_for = (lambda n: 1.0 if n == 1 else 0.6) if two_faster else \
+        (lambda n: 1.0 if n == 1 else 1.8)
+    chosen, _ = feed(tuner, 0.0, seconds_for, 200, step=1.0)  # a call every second
+    faster = 2 if two_faster else 1
+    every = ThreadTuner.RETRY_ONE_CALLS if two_faster else ThreadTuner.RETRY_TWO_CALLS
+    late = chosen[10:]
+    assert late.count(faster) >= len(late) * every / (every + 1) - 1
+    assert late.count(3 - faster) >= len(late) // (every + 1) - 1  # still tried now and then
+
+
+def test_split_start_delay_hook_checks_its_thread():
+    from lstmcy._dispatch import kernels
+
+    with pytest.raises(ValueError, match="thread must be 0 or 1"):
+        kernels._set_split_start_delay(2, 10)

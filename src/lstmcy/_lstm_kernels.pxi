@@ -555,6 +555,8 @@ cdef long long _split_start_delay_ns[2]
 
 def _set_split_start_delay(int thread, long long delay_us):
     """Test hook: make ``thread`` (0 or 1) of the split forward start ``delay_us`` late."""
+    if thread != 0 and thread != 1:
+        raise ValueError(f"thread must be 0 or 1, got {thread}")
     _split_start_delay_ns[thread] = delay_us * 1000
 
 
