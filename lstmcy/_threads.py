@@ -87,8 +87,8 @@ class ThreadTuner:
     them. On a shared virtual machine the host may, for a second or so at a time, run the
     two virtual CPUs on one physical core or take one away; a kernel that synchronises
     every time step then runs *slower* on two threads than on one (measured here: a
-    32x16x64 forward took 880 µs on two threads against 480 µs on one in such periods,
-    320 µs otherwise). The tuner keeps a moving average of the time (per row: the caller
+    32x16x64 forward, with a barrier per step as the split forward had then, took 880 µs
+    on two threads against 480 µs on one in such periods, 320 µs otherwise). The tuner keeps a moving average of the time (per row: the caller
     divides) for each count, runs the faster one (two unless they are 15 % slower), and
     tries the other now and then, so that it follows the machine: two threads again after
     50 ms and 4 calls when one thread is ahead (to see the machine recover soon), one
