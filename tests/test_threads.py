@@ -208,20 +208,37 @@ def test_gil_detector_sees_a_gil_holding_call():
     assert during == 0, f"{during} calls completed during a GIL-holding call of {duration:.2f} s"
 
 
+def _pair_ratio(work):
+    """Time of ``work`` run twice at once in two threads, over twice in a row."""
+    t0 = time.perf_counter()
+    work()
+    work()
+    serial = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    run_in_threads([work, work])
+    return (time.perf_counter() - t0) / serial
+
+
 def test_two_long_calls_overlap_in_time():
     """Two long calls in two threads overlap: each starts before the other ends, and
-    (when two cores are idle) the pair takes clearly less than twice one call."""
+    (when the machine can run two threads at full speed at all) the pair takes clearly
+    less than twice one call.
+
+    On a shared VM the two virtual CPUs are sometimes one physical core, for seconds at a
+    time; then no two-thread workload gets ~2x. So each attempt also times a reference
+    that certainly runs in parallel (a single-threaded numpy matmul, which releases the
+    GIL) and the test skips when the reference shows no speed-up either."""
+    from threadpoolctl import threadpool_limits
+
     x, params = _long_call_arrays(T=60)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((700, 700))
     saved = lstmcy.get_num_threads()
     lstmcy.set_num_threads(1)
     try:
         lstmcy.lstm_forward(x[:2], None, params, train=False)  # warm up
-        best_ratio = np.inf
-        for attempt in range(3):
-            t0 = time.perf_counter()
-            lstmcy.lstm_forward(x, None, params, train=False)
-            lstmcy.lstm_forward(x, None, params, train=False)
-            serial = time.perf_counter() - t0
+        best_ratio = reference_ratio = np.inf
+        for attempt in range(5):
             spans = [None, None]
 
             def call(k):
@@ -230,6 +247,10 @@ def test_two_long_calls_overlap_in_time():
                 spans[k] = (start, time.perf_counter())
 
             t0 = time.perf_counter()
+            lstmcy.lstm_forward(x, None, params, train=False)
+            lstmcy.lstm_forward(x, None, params, train=False)
+            serial = time.perf_counter() - t0
+            t0 = time.perf_counter()
             run_in_threads([lambda: call(0), lambda: call(1)])
             concurrent = time.perf_counter() - t0
             # The two calls' intervals overlap (each started before the other ended).
@@ -237,12 +258,16 @@ def test_two_long_calls_overlap_in_time():
             best_ratio = min(best_ratio, concurrent / serial)
             if best_ratio < 0.8:
                 break
+            with threadpool_limits(1):
+                reference_ratio = min(reference_ratio, _pair_ratio(lambda: [a @ a for _ in range(8)]))
     finally:
         lstmcy.set_num_threads(saved)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if best_ratio >= 0.8 and (cores < 2 or load > cores - 1):
-        pytest.skip(f"machine too busy to show parallel speed-up (load {load:.1f} on {cores} "
-                    f"cores; concurrent/serial = {best_ratio:.2f}); "
+    if best_ratio >= 0.8 and (cores < 2 or load > cores - 1 or reference_ratio >= 0.8):
+        pytest.skip(f"machine cannot show a parallel speed-up now (load {load:.1f} on {cores} "
+                    f"cores; concurrent/serial = {best_ratio:.2f}, and {reference_ratio:.2f} for "
+                    "two single-threaded numpy matmuls); "
                     "test_gil_is_released_while_a_kernel_runs shows the GIL release")
-    assert best_ratio < 0.8, f"2 concurrent calls took {best_ratio:.2f} x the serial time"
+    assert best_ratio < 0.8, (f"2 concurrent calls took {best_ratio:.2f} x the serial time, while "
+                              f"two single-threaded numpy matmuls took {reference_ratio:.2f} x")
