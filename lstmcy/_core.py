@@ -339,7 +339,8 @@ class LSTMPlan:
             c_n = p.c0.copy()
         if train:
             # One request for all seven (they live and die together, in the cache).
-            saved = dict(zip(SAVED_NAMES, alloc((len(SAVED_NAMES), L * D, T * B, H), dtype=cdt)))
+            saved_block = alloc((len(SAVED_NAMES), L * D, T * B, H), dtype=cdt)
+            saved = dict(zip(SAVED_NAMES, saved_block))
         else:
             no_cache = np.empty((1, 0, H), dtype=cdt)
         internal_step_row, _, internal_packed = p.time_major_map
@@ -392,8 +393,9 @@ class LSTMPlan:
         y, h_n, c_n = (_out_dtype(a, dtype) for a in (y, h_n, c_n))
         if not train:
             return y, h_n, c_n, None
-        cache = LSTMCache(**{name: _BlockViews(_out_dtype(saved[name], dtype).reshape(L * D, T, B, H))
-                             for name in SAVED_NAMES}, dropout_masks=masks)
+        # [7, L*D, T, B, H] in SAVED_NAMES order, which is LSTMCache's argument order.
+        blocks = _out_dtype(saved_block, dtype).reshape(len(SAVED_NAMES), L * D, T, B, H)
+        cache = LSTMCache(*[_BlockViews(block) for block in blocks], dropout_masks=masks)
         return y, h_n, c_n, cache
 
     def backward(self, input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, batch_sizes=None,

@@ -9,7 +9,7 @@ kernel call and restores it afterwards; concurrent callers share one cap.
 import ctypes
 import os
 import threading
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 _lock = threading.Lock()
 _active = 0
@@ -208,23 +208,30 @@ def blas_single_threaded(active=True):
 
     With ``active=False`` it does nothing (for calls too small for BLAS to use threads).
     """
-    return _capped_blas() if active else _NO_CAP
+    return _CAP if active else _NO_CAP
 
 
-@contextmanager
-def _capped_blas():
-    global _active, _saved
-    with _lock:
-        if _active == 0:
-            controllers = _blas_controllers()
-            _saved = [(lib, lib.get()) for lib in controllers]
-            for lib, threads in _saved:
-                if threads != 1:
-                    lib.set(1)
-        _active += 1
-    try:
-        yield
-    finally:
+class _CappedBlas:
+    """The cap as a stateless, reusable context manager (every kernel call enters one: a
+    class is cheaper to enter than a generator-based ``contextmanager``); the count of
+    blocks inside it and the saved settings are module state, under ``_lock``."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        global _active, _saved
+        with _lock:
+            if _active == 0:
+                controllers = _blas_controllers()
+                _saved = [(lib, lib.get()) for lib in controllers]
+                for lib, threads in _saved:
+                    if threads != 1:
+                        lib.set(1)
+            _active += 1
+        return self
+
+    def __exit__(self, *exc_info):
+        global _active, _saved
         with _lock:
             _active -= 1
             if _active == 0:
@@ -232,3 +239,7 @@ def _capped_blas():
                     if threads != 1:
                         lib.set(threads)
                 _saved = []
+        return False
+
+
+_CAP = _CappedBlas()

@@ -271,3 +271,30 @@ def test_two_long_calls_overlap_in_time():
                     "test_gil_is_released_while_a_kernel_runs shows the GIL release")
     assert best_ratio < 0.8, (f"2 concurrent calls took {best_ratio:.2f} x the serial time, while "
                               f"two single-threaded numpy matmuls took {reference_ratio:.2f} x")
+
+
+def test_blas_cap_is_reentrant_and_restores_the_setting():
+    """The cap around kernel calls: nested blocks keep scipy's BLAS on one thread until the
+    outermost one ends, which restores the previous count, also when the block raises."""
+    from lstmcy import _threads
+
+    controllers = _threads._blas_controllers()
+    assert controllers, "no BLAS found behind scipy.linalg.cython_blas"
+    lib = controllers[0]
+    before = lib.get()
+    lib.set(2)
+    try:
+        with _threads.blas_single_threaded():
+            assert lib.get() == 1
+            with _threads.blas_single_threaded():
+                assert lib.get() == 1
+            assert lib.get() == 1  # the inner block's end does not lift the cap
+        assert lib.get() == 2
+        with pytest.raises(RuntimeError):
+            with _threads.blas_single_threaded():
+                raise RuntimeError("inside the cap")
+        assert lib.get() == 2 and _threads._active == 0
+        with _threads.blas_single_threaded(active=False):
+            assert lib.get() == 2
+    finally:
+        lib.set(before)
