@@ -88,13 +88,14 @@ class ThreadTuner:
     two virtual CPUs on one physical core or take one away; a kernel that synchronises
     every time step then runs *slower* on two threads than on one (measured here: a
     32x16x64 forward, with a barrier per step as the split forward had then, took 880 µs
-    on two threads against 480 µs on one in such periods, 320 µs otherwise). The tuner keeps a moving average of the time (per row: the caller
-    divides) for each count, runs the faster one (two unless they are 15 % slower), and
-    tries the other now and then, so that it follows the machine: two threads again after
-    50 ms and 4 calls when one thread is ahead (to see the machine recover soon), one
-    thread after 250 ms and 16 calls otherwise (each try costs the difference once; the
-    call counts keep calls that come far apart from trying at every call). Results are
-    bitwise the same for one or two threads, so the choice only changes the speed.
+    on two threads against 480 µs on one in such periods, 320 µs otherwise). The tuner
+    keeps a moving average of the time (per row: the caller divides) for each count, runs
+    the faster one (two unless they are 15 % slower), and tries the other now and then,
+    so that it follows the machine: two threads again after 50 ms and 4 calls when one
+    thread is ahead (to see the machine recover soon), one thread after 250 ms and 16
+    calls otherwise (each try costs the difference once; the call counts keep calls that
+    come far apart from trying at every call). Results are bitwise the same for one or two
+    threads, so the choice only changes the speed.
     """
 
     __slots__ = ("mean", "tried", "since", "seen")

@@ -107,6 +107,14 @@ cdef inline long long _now_ns() noexcept nogil:
     return <long long>ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
+cdef inline void _sleep_ns(long long ns) noexcept nogil:
+    """Sleep ``ns`` nanoseconds (the long waits, and the start-delay test hook)."""
+    cdef timespec pause
+    pause.tv_sec = ns // 1000000000
+    pause.tv_nsec = ns % 1000000000
+    nanosleep(&pause, NULL)
+
+
 cdef inline void _wait_for(Py_ssize_t *progress, Py_ssize_t chunks) noexcept nogil:
     """Block until the producer has published ``chunks`` finished chunks.
 
@@ -118,9 +126,6 @@ cdef inline void _wait_for(Py_ssize_t *progress, Py_ssize_t chunks) noexcept nog
     """
     cdef long long spins = 0
     cdef long long start = 0, waited = 0
-    cdef timespec pause
-    pause.tv_sec = 0
-    pause.tv_nsec = 20000
     while load_acquire(progress) < chunks:
         spins += 1
         if spins % 256 == 1:  # read the clock now and then: it costs more than a PAUSE
@@ -133,7 +138,7 @@ cdef inline void _wait_for(Py_ssize_t *progress, Py_ssize_t chunks) noexcept nog
         elif waited < _spin_ns + _yield_ns:
             sched_yield()
         else:
-            nanosleep(&pause, NULL)
+            _sleep_ns(20000)
 
 
 cdef inline void _pack(const floating *w, Py_ssize_t ldw, bint trans, Py_ssize_t K,
@@ -558,13 +563,6 @@ def _set_split_start_delay(int thread, long long delay_us):
     if thread != 0 and thread != 1:
         raise ValueError(f"thread must be 0 or 1, got {thread}")
     _split_start_delay_ns[thread] = delay_us * 1000
-
-
-cdef inline void _sleep_ns(long long ns) noexcept nogil:
-    cdef timespec pause
-    pause.tv_sec = ns // 1000000000
-    pause.tv_nsec = ns % 1000000000
-    nanosleep(&pause, NULL)
 
 
 cdef inline bint _claim(Py_ssize_t *flag) noexcept nogil:
