@@ -25,7 +25,8 @@ directives = {
 
 # -fno-trapping-math lets the compiler vectorise the branch-free exp/tanh (it may then
 # evaluate both sides of a select); it changes no result. -ffp-contract=off keeps a*b+c
-# from being fused, so results do not depend on the instruction set. OpenMP runs the two
+# from being fused except where the code asks for it (the packed GEMM, the activations'
+# polynomials), so the AVX2 and AVX-512 builds give the same bits. OpenMP runs the two
 # halves of a layer's work on two threads.
 compile_args = (["-O0", "-g"] if DEBUG else ["-O3"]) + [
     "-fno-trapping-math", "-ffp-contract=off", "-fopenmp"]
@@ -71,8 +72,9 @@ extensions = [extension("_blas", "_blas"), extension("_lstm", "_lstm")]
 if platform.machine().lower() in ("x86_64", "amd64") and not DEBUG:
     extensions += [
         extension("_lstm_avx2", "_lstm_avx2", ["-mavx2", "-mfma"]),
+        # -mfma: -mavx512f alone does not define __FMA__, which _fastmath.pxd tests.
         extension("_lstm_avx512", "_lstm_avx512",
-                  ["-mavx512f", "-mavx512cd", "-mavx512vl", "-mavx512bw", "-mavx512dq",
+                  ["-mavx512f", "-mfma", "-mavx512cd", "-mavx512vl", "-mavx512bw", "-mavx512dq",
                    "-mprefer-vector-width=512"]),
     ]
 

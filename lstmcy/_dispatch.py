@@ -2,8 +2,8 @@
 
 ``_lstm`` is built for the platform's baseline; on x86-64 ``_lstm_avx2`` and
 ``_lstm_avx512`` hold the same code compiled for wider vectors. The AVX2 and AVX-512 builds
-give bitwise identical results; the baseline one rounds the recurrent products without
-fused multiply-adds, so it agrees with them to rounding.
+give bitwise identical results; the baseline one rounds the recurrent products and the
+activations' polynomials without fused multiply-adds, so it agrees with them to rounding.
 ``LSTMCY_KERNELS=baseline|avx2|avx512`` forces a build (for testing).
 """
 import importlib
