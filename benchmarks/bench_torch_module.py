@@ -12,6 +12,13 @@ Run::
     python benchmarks/bench_torch_module.py --optim sgd --dtype float64 --repeats 100
     python benchmarks/bench_torch_module.py --shape 32,16,32,64,1,0   # T,B,I,H,layers,bidir
     python benchmarks/bench_torch_module.py --threads 1     # both libraries single-threaded
+    python benchmarks/bench_torch_module.py --breakdown     # and where the step's time goes
+
+``--breakdown`` also times, in the same interleaved rounds, each module's LSTM alone
+(forward and backward of ``h_n``, no head, loss or optimiser), so that the rest of the
+step (head, loss, autograd, optimiser: the same work with either module) is the
+difference; and it measures this machine's GEMM peak, to show how fast lstmcy's part
+would have to be for a given speed-up and what its FLOPs cost at that peak.
 """
 import argparse
 import os
@@ -81,19 +88,54 @@ def make_step(model, optim_name, lr=1e-3):
     return step
 
 
-def bench_shape(shape, dtype, optim_name, repeats, warmup, seed=0):
+def make_lstm_only(model, seed=1):
+    """The model's LSTM alone: forward, then backward of a fixed gradient on ``h_n``
+    (what the head sends back), parameters' gradients set to None first as in a step."""
+    grads = {}
+
+    def lstm_only(x, target):
+        model.zero_grad(set_to_none=True)
+        _, (h_n, _) = model.rnn(x)
+        grad = grads.get(h_n.shape)
+        if grad is None:
+            generator = torch.Generator().manual_seed(seed)
+            grad = grads[h_n.shape] = torch.randn(h_n.shape, dtype=h_n.dtype,
+                                                  generator=generator)
+        torch.autograd.backward(h_n, grad)
+
+    return lstm_only
+
+
+def step_flops(shape):
+    """FLOPs of the LSTM's forward and backward in a training step: 8 T B H (I_l + H) per
+    layer-direction forward, twice that backward, less the input gradient of layer 0
+    (8 T B H I per direction), which a step does not need."""
+    T, B, I, H, L, bidir = shape
+    D = 2 if bidir else 1
+    total = 0.0
+    for layer in range(L):
+        width = I if layer == 0 else D * H
+        total += D * 24.0 * T * B * H * (width + H)
+    return total - D * 8.0 * T * B * H * I
+
+
+def bench_shape(shape, dtype, optim_name, repeats, warmup, seed=0, breakdown=False):
     T, B, I, H, L, bidir = shape
     torch.manual_seed(seed)
     ours = Classifier(lstmcy_torch.LSTM, T, B, I, H, L, bidir, dtype)
     ref = Classifier(nn.LSTM, T, B, I, H, L, bidir, dtype)
     ref.load_state_dict(ours.state_dict())
     steps = {"lstmcy": make_step(ours, optim_name), "torch": make_step(ref, optim_name)}
+    if breakdown:
+        steps["lstmcy_lstm"] = make_lstm_only(ours)
+        steps["torch_lstm"] = make_lstm_only(ref)
     batches = [(torch.randn(T, B, I, dtype=dtype), torch.randint(NUM_CLASSES, (B,)))
                for _ in range(8)]
     times = {name: [] for name in steps}
+    names = list(steps)
     for k in range(warmup + repeats):
         x, target = batches[k % len(batches)]
-        order = ("lstmcy", "torch") if k % 2 == 0 else ("torch", "lstmcy")
+        order = names if k % 2 == 0 else names[::-1]
         for name in order:
             start = time.perf_counter()
             steps[name](x, target)
@@ -120,6 +162,11 @@ def main(argv=None):
                         help="threads for both torch and lstmcy (default: each library's own)")
     parser.add_argument("--shape", type=parse_shape, action="append",
                         help="T,B,I,H,num_layers,bidirectional(0/1); repeatable")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also time each LSTM alone and report the rest of the step, "
+                             "with the GEMM peak")
+    parser.add_argument("--target", type=float, default=1.5,
+                        help="speed-up the breakdown works back from (default 1.5)")
     args = parser.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     if args.threads is not None:
@@ -132,12 +179,41 @@ def main(argv=None):
           f"{args.dtype}, {args.optim}, median of {args.repeats} steps (after {args.warmup} warm-up)")
     print(f"{'T':>4} {'B':>4} {'I':>4} {'H':>4} {'L':>2} {'bi':>3} | "
           f"{'lstmcy ms':>10} {'torch ms':>10} {'speed-up':>9}")
+    results = []
     for shape in shapes:
-        result = bench_shape(shape, dtype, args.optim, args.repeats, args.warmup)
+        result = bench_shape(shape, dtype, args.optim, args.repeats, args.warmup,
+                             breakdown=args.breakdown)
+        results.append(result)
         T, B, I, H, L, bidir = shape
         ours, ref = result["lstmcy"] * 1e3, result["torch"] * 1e3
         print(f"{T:>4} {B:>4} {I:>4} {H:>4} {L:>2} {('yes' if bidir else 'no'):>3} | "
               f"{ours:>10.3f} {ref:>10.3f} {ref / ours:>8.2f}x", flush=True)
+    if args.breakdown:
+        print_breakdown(shapes, results, args.dtype, args.target)
+
+
+def print_breakdown(shapes, results, dtype, target):
+    """Each module's LSTM alone, the rest of the step, and what ``target`` would need."""
+    from machine import gemm_peak  # imports numpy/scipy: only here
+
+    peak = gemm_peak(dtype)["peak_gflops"]
+    print(f"\nWhere the step goes (ms; rest = step - LSTM alone; GEMM peak {peak:.0f} GF/s "
+          f"{dtype}, measured now):")
+    print(f"{'T':>4} {'B':>4} {'I':>4} {'H':>4} {'L':>2} {'bi':>3} | {'LSTM lstmcy':>11} "
+          f"{'LSTM torch':>10} {'ratio':>6} | {'rest lstmcy':>11} {'rest torch':>10} | "
+          f"{'LSTM for ' + format(target, 'g') + 'x':>12} {'FLOPs at peak':>13}")
+    for shape, result in zip(shapes, results):
+        T, B, I, H, L, bidir = shape
+        ms = {name: value * 1e3 for name, value in result.items()}
+        rest_ours = ms["lstmcy"] - ms["lstmcy_lstm"]
+        rest_ref = ms["torch"] - ms["torch_lstm"]
+        # The LSTM part lstmcy's step could spend and still be `target` times faster.
+        needed = ms["torch"] / target - rest_ours
+        at_peak = step_flops(shape) / (peak * 1e9) * 1e3
+        print(f"{T:>4} {B:>4} {I:>4} {H:>4} {L:>2} {('yes' if bidir else 'no'):>3} | "
+              f"{ms['lstmcy_lstm']:>11.3f} {ms['torch_lstm']:>10.3f} "
+              f"{ms['torch_lstm'] / ms['lstmcy_lstm']:>5.2f}x | {rest_ours:>11.3f} "
+              f"{rest_ref:>10.3f} | {needed:>12.3f} {at_peak:>13.3f}", flush=True)
 
 
 if __name__ == "__main__":
