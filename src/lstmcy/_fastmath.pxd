@@ -10,7 +10,9 @@
 # The exp serves only these two, which never need a result below the normal range: in
 # 1 / (1 + exp(-x)) such a value vanishes next to 1, and tanh takes exp(2|x|) >= 1. So
 # the argument is clamped at the bottom where 2**n is still normal, and 2**n is one
-# factor built from bits (at the top it becomes inf, which both want).
+# factor built from bits. At the top it becomes inf a little early (from x = 88.38, or
+# 709.44 in double), which only turns sigmoid's subnormal results (below 4e-39, 1e-308)
+# into 0.
 from cython cimport floating
 from libc.stdint cimport int32_t, int64_t
 
