@@ -14,7 +14,7 @@
 # 709.44 in double), which only turns sigmoid's subnormal results (below 4e-39, 1e-308)
 # into 0.
 from cython cimport floating
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 
 cdef extern from *:
     """
@@ -81,7 +81,9 @@ cdef inline float _expf(float x) noexcept nogil:
     p = _fma(p, r, <float>1.6666665459e-1)
     p = _fma(p, r, <float>5.0000001201e-1)
     p = _fma(p, r2, r) + <float>1.0
-    return p * float_from_bits((<int32_t>n + 127) << 23)
+    # Shifted as unsigned: for NaN the conversion gives INT_MIN (the product is NaN
+    # anyway), and shifting a negative int is undefined in C.
+    return p * float_from_bits(<int32_t>(<uint32_t>(<int32_t>n + 127) << 23))
 
 
 cdef inline double _exp(double x) noexcept nogil:
@@ -97,7 +99,7 @@ cdef inline double _exp(double x) noexcept nogil:
     cdef double qx = _fma(_fma(_fma(3.00198505138664455042e-6, r2, 2.52448340349684104192e-3),
                                r2, 2.27265548208155028766e-1), r2, 2.00000000000000000009e0)
     cdef double p = 1.0 + 2.0 * px / (qx - px)
-    return p * double_from_bits((<int64_t>n + 1023) << 52)
+    return p * double_from_bits(<int64_t>(<uint64_t>(<int64_t>n + 1023) << 52))
 
 
 cdef inline floating fast_exp(floating x) noexcept nogil:
