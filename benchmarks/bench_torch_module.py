@@ -189,14 +189,17 @@ def main(argv=None):
         print(f"{T:>4} {B:>4} {I:>4} {H:>4} {L:>2} {('yes' if bidir else 'no'):>3} | "
               f"{ours:>10.3f} {ref:>10.3f} {ref / ours:>8.2f}x", flush=True)
     if args.breakdown:
-        print_breakdown(shapes, results, args.dtype, args.target)
+        print_breakdown(shapes, results, args.dtype, args.target, args.threads)
 
 
-def print_breakdown(shapes, results, dtype, target):
-    """Each module's LSTM alone, the rest of the step, and what ``target`` would need."""
-    from machine import gemm_peak  # imports numpy/scipy: only here
+def print_breakdown(shapes, results, dtype, target, threads=None):
+    """Each module's LSTM alone, the rest of the step, and what ``target`` would need; the
+    GEMM peak is measured with the steps' thread count."""
+    from threadpoolctl import threadpool_limits  # imports numpy/scipy: only here
+    from machine import gemm_peak
 
-    peak = gemm_peak(dtype)["peak_gflops"]
+    with threadpool_limits(limits=threads):  # None: the libraries' own settings
+        peak = gemm_peak(dtype)["peak_gflops"]
     print(f"\nWhere the step goes (ms; rest = step - LSTM alone; GEMM peak {peak:.0f} GF/s "
           f"{dtype}, measured now):")
     print(f"{'T':>4} {'B':>4} {'I':>4} {'H':>4} {'L':>2} {'bi':>3} | {'LSTM lstmcy':>11} "

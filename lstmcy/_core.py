@@ -31,6 +31,8 @@ _CHUNK_ROWS = 128
 # The one-direction forward splits each step over two threads when 8*B*H^2 reaches this
 # (and the layer has enough work at all, see threads_for).
 _SPLIT_FORWARD_MIN = 2e5
+# ... and gives each thread half of the batch rows from this many rows on (see _split_by_rows).
+_ROW_SPLIT_MIN_B = 8
 _MAX_CHUNKS = 8
 # Rows of one piece of the backward's dx (a GEMM that packs w_ih anew).
 _DX_PIECE_ROWS = 512
@@ -155,6 +157,13 @@ def _layer_weights(problem, layer):
         w_ih, w_hh, bias = per_dir[0]
         return w_ih[np.newaxis], w_hh[np.newaxis], bias[np.newaxis]
     return tuple(np.stack([w[k] for w in per_dir]) for k in range(3))
+
+
+def _split_by_rows(B, H):
+    """Whether the split forward gives each thread half of the batch rows (no waiting
+    between the threads at all) rather than half of every step's hidden units (a wait per
+    step): from ``_ROW_SPLIT_MIN_B`` rows on."""
+    return B >= _ROW_SPLIT_MIN_B
 
 
 def _split_point(H):
@@ -370,6 +379,7 @@ class LSTMPlan:
                         layer_in, in_step_row, in_stride, in_packed,
                         w_ih[0], w_hh[0], bias[0],
                         p.batch_sizes, p.packed_start, False, _split_point(H),
+                        _split_by_rows(B, H),
                         out, out_step_row, out_stride, h_n[k], c_n[k],
                         *[a[0] for a in cache], train, gates[0], x_packed[0],
                         self._take("w_packed", (_split_packed_len(H, cdt),), cdt),

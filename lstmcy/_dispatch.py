@@ -11,7 +11,7 @@ import os
 
 # (name, CPU features it needs), best first. numpy reports features the OS has enabled.
 _BUILDS = (
-    ("avx512", ("AVX512F", "AVX512CD", "AVX512VL", "AVX512BW", "AVX512DQ")),
+    ("avx512", ("AVX512F", "AVX512CD", "AVX512VL", "AVX512BW", "AVX512DQ", "FMA3")),
     ("avx2", ("AVX2", "FMA3")),
 )
 

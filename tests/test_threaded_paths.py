@@ -82,12 +82,21 @@ def split_start_delay():
     kernels._set_split_start_delay(1, 0)
 
 
+def force_split(monkeypatch, cfg, split_by):
+    """Make the split forward give the threads half of the batch rows each (``"rows"``) or
+    half of every step's hidden units (``"units"``)."""
+    monkeypatch.setattr(_core, "_ROW_SPLIT_MIN_B", 0 if split_by == "rows" else cfg.B + 1)
+    assert _core._split_by_rows(cfg.B, cfg.H) == (split_by == "rows")
+
+
+@pytest.mark.parametrize("split_by", ["rows", "units"])
 @pytest.mark.parametrize("late_thread", [0, 1])
 @pytest.mark.parametrize("delay_us", [300, 3000])
 @pytest.mark.parametrize("cfg", SPLIT_CONFIGS, ids=[c.layout for c in SPLIT_CONFIGS])
-def test_split_forward_same_bits_when_one_thread_starts_late(cfg, delay_us, late_thread,
-                                                              split_start_delay):
+def test_split_forward_same_bits_when_one_thread_starts_late(cfg, delay_us, late_thread, split_by,
+                                                              split_start_delay, monkeypatch):
     assert 8.0 * cfg.B * cfg.H * cfg.H >= _core._SPLIT_FORWARD_MIN  # the split path runs
+    force_split(monkeypatch, cfg, split_by)
     call = make_call(cfg, np.random.default_rng(cfg.lengths_seed), seed=11)
     one, _ = run_with_threads(call, 1)
     split_start_delay(late_thread, delay_us)
@@ -104,3 +113,36 @@ def test_split_forward_same_bits_when_one_thread_starts_late(cfg, delay_us, late
     two, _ = run_with_threads(call, 2)  # and the backward on the late-start forward's cache
     for k, (a, b) in enumerate(zip(one, two)):
         assert a.tobytes() == b.tobytes(), f"output {k}: 1 and 2 threads differ"
+
+
+# The two ways of splitting the forward compute every element with the same calls in the
+# same order (a row's products do not depend on which rows share the GEMM call, nor a
+# column's on which columns do), so they agree bit for bit, with each other and across
+# thread counts; odd batches leave the odd-rows half one row short.
+LAYOUT_CONFIGS = SPLIT_CONFIGS + [
+    Config(T=6, B=13, I=5, H=48, L=2, layout="packed", dtype=np.dtype(np.float32),
+           with_hx=True, with_dhdc=True, lengths_seed=9),
+    Config(T=5, B=9, I=0, H=56, L=1, layout="padded_3d", dtype=np.dtype(np.float64),
+           with_hx=False, with_dhdc=False, lengths_seed=5),
+]
+
+
+@pytest.mark.parametrize("cfg", LAYOUT_CONFIGS, ids=[f"{c.layout}-B{c.B}-H{c.H}" for c in LAYOUT_CONFIGS])
+def test_split_forward_by_rows_and_by_units_give_the_same_bits(cfg, monkeypatch):
+    assert 8.0 * cfg.B * cfg.H * cfg.H >= _core._SPLIT_FORWARD_MIN  # the split path runs
+    call = make_call(cfg, np.random.default_rng(cfg.lengths_seed), seed=5)
+    results = {}
+    for split_by in ("rows", "units"):
+        force_split(monkeypatch, cfg, split_by)
+        for threads in (1, 2):
+            results[split_by, threads], _ = run_with_threads(call, threads)
+    first = results["units", 1]
+    for key, outputs in results.items():
+        for k, (a, b) in enumerate(zip(outputs, first)):
+            assert a.tobytes() == b.tobytes(), f"output {k}: {key} differs from units on 1 thread"
+    fwd = reference.lstm_forward(*call.fwd_args, **call.fwd_kwargs)[:3]
+    for k, (a, e) in enumerate(zip(first[:3], fwd)):
+        e = np.asarray(e, dtype=np.float64)
+        rtol = 1e-10 if cfg.dtype == np.float64 else 2e-5
+        np.testing.assert_allclose(a, e, rtol=rtol, atol=rtol * float(np.max(np.abs(e))),
+                                   err_msg=f"output {k}")

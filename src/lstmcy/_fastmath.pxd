@@ -102,7 +102,8 @@ cdef inline double _exp(double x) noexcept nogil:
     return p * double_from_bits(<int64_t>(<uint64_t>(<int64_t>n + 1023) << 52))
 
 
-cdef inline floating fast_exp(floating x) noexcept nogil:
+cdef inline floating activation_exp(floating x) noexcept nogil:
+    # exp for sigmoid and tanh only: see the top of this file for what it leaves out.
     if floating is float:
         return _expf(x)
     else:
@@ -112,7 +113,7 @@ cdef inline floating fast_exp(floating x) noexcept nogil:
 cdef inline floating fast_sigmoid(floating x) noexcept nogil:
     # PyTorch's formula: 1 / (1 + exp(-x)).
     cdef floating one = 1
-    return one / (one + fast_exp(-x))
+    return one / (one + activation_exp(-x))
 
 
 cdef inline floating fast_tanh(floating x) noexcept nogil:
@@ -135,6 +136,6 @@ cdef inline floating fast_tanh(floating x) noexcept nogil:
                      / _fma(_fma(z + 1.12811678491632931402e2, z, 2.23548839060100448583e3),
                             z, 4.84406305325125486048e3), ax)
     # Otherwise 1 - 2 / (exp(2|x|) + 1), which saturates to exactly 1 for large |x|.
-    large = one - <floating>2 / (fast_exp(ax + ax) + one)
+    large = one - <floating>2 / (activation_exp(ax + ax) + one)
     # NaN fails the comparison and takes the large branch, which propagates it.
     return copysign_(small if ax < <floating>0.625 else large, x)

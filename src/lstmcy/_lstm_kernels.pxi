@@ -293,7 +293,7 @@ cdef void _forward_recurrence(
         n0 = packed_start[t]
         # gates += h @ w_hh^T for the active rows.
         _packed_gemm(nb, G, H, &h_state[0, 0], H, &w_packed[0], &gates[n0, 0], G, True)
-        _forward_elementwise(0, H, t, bias, batch_sizes, packed_start, gates, &h_state[0, 0],
+        _forward_elementwise(0, H, 0, 1, t, bias, batch_sizes, packed_start, gates, &h_state[0, 0],
                              c_state, y, y_step_row, y_batch_stride, y_col, cache_i, cache_f,
                              cache_g, cache_o, cache_c, cache_tanhc, cache_h, store_cache)
 
@@ -520,7 +520,8 @@ cdef inline void _forward_cell_row(
 
 
 cdef void _forward_elementwise(
-        Py_ssize_t u0, Py_ssize_t w, Py_ssize_t t, const floating[::1] bias,
+        Py_ssize_t u0, Py_ssize_t w, Py_ssize_t b_first, Py_ssize_t b_step, Py_ssize_t t,
+        const floating[::1] bias,
         const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
         floating[:, ::1] gates, floating *h, floating[:, ::1] c_state,
         floating[:, ::1] y, const Py_ssize_t[::1] y_step_row, Py_ssize_t y_batch_stride,
@@ -528,9 +529,10 @@ cdef void _forward_elementwise(
         floating[:, ::1] cache_i, floating[:, ::1] cache_f, floating[:, ::1] cache_g,
         floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
         floating[:, ::1] cache_h, bint store_cache) noexcept nogil:
-    """The activations and state update of units ``[u0, u0 + w)`` at step ``t``; their
-    gate columns are ``q*H + u0 .. q*H + u0 + w`` of ``gates`` (gate order ``[i f g o]``).
-    ``h`` is the ``[B, H]`` buffer that receives h_t (shaped like ``c_state``)."""
+    """The activations and state update of units ``[u0, u0 + w)`` of batch rows
+    ``b_first, b_first + b_step, ...`` at step ``t``; their gate columns are ``q*H + u0 ..
+    q*H + u0 + w`` of ``gates`` (gate order ``[i f g o]``). ``h`` is the ``[B, H]`` buffer
+    that receives h_t (shaped like ``c_state``)."""
     cdef Py_ssize_t B = c_state.shape[0]
     cdef Py_ssize_t H = c_state.shape[1]
     cdef Py_ssize_t nb = batch_sizes[t]
@@ -539,7 +541,8 @@ cdef void _forward_elementwise(
     cdef floating *none = NULL
     if w == 0:
         return
-    for b in range(nb):
+    b = b_first
+    while b < nb:
         row = t * B + b
         if store_cache:
             _forward_cell_row(w, H, &gates[n0 + b, u0], &bias[u0], &c_state[b, u0],
@@ -551,6 +554,7 @@ cdef void _forward_elementwise(
             _forward_cell_row(w, H, &gates[n0 + b, u0], &bias[u0], &c_state[b, u0],
                               h + b * H + u0, &y[y_step_row[t] + b * y_batch_stride, y_col + u0],
                               none, none, none, none, none, none, none, False)
+        b += b_step
 
 
 # Test hook: how long (ns) each thread of the split forward sleeps before it starts, so
@@ -570,76 +574,28 @@ cdef inline bint _claim(Py_ssize_t *flag) noexcept nogil:
     return load_acquire(flag) == 0 and compare_exchange(flag, 0, 1)
 
 
-cdef void _forward_split(
+cdef void _forward_units(
         int own, Py_ssize_t *tasks, Py_ssize_t *done, bint two_threads, bint reverse,
-        Py_ssize_t split,
-        const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
-        bint x_rows_packed,
-        const floating[:, ::1] w_ih, const floating[:, ::1] w_hh, const floating[::1] bias,
+        bint h_in_cache, Py_ssize_t split, Py_ssize_t plen0, Py_ssize_t plen1,
+        const floating[:, ::1] w_hh, const floating[::1] bias,
         const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
         floating[:, ::1] y, const Py_ssize_t[::1] y_step_row, Py_ssize_t y_batch_stride,
         floating[:, ::1] h_state, floating[:, ::1] c_state,
         floating[:, ::1] cache_i, floating[:, ::1] cache_f, floating[:, ::1] cache_g,
         floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
         floating[:, ::1] cache_h, bint store_cache,
-        floating[:, ::1] gates, floating[:, ::1] x_packed, floating[::1] w_packed,
-        floating[:, ::1] h_other) noexcept nogil:
-    """One thread's part of the split forward: the tasks it takes, its own half's (``own``)
-    first. ``tasks``: ``2 * (T + 1)`` flags, zero on entry (the two set-ups, then two per
-    step); ``done``: the count of finished tasks, zero on entry. Each half's set-up packs
-    its rows of ``w_hh`` (``q*H + u0 ..`` for each gate q) into ``w_packed``, gate by gate:
-    ``packed_len(split, H)`` elements a gate for half 0, then half 1's. Thread 0 (``own``
-    0) writes the final state once every task is done.
-
-    Without the cache (inference), ``h`` is double-buffered (``h_state`` and ``h_other``,
-    ``[B, H]``): step ``s`` reads one and writes the other, and no task of step ``s + 1``
-    starts before step ``s`` is done, so nobody still reads the buffer it overwrites.
-    With the cache, h lives in the saved rows (below)."""
+        floating[:, ::1] gates, floating[::1] w_packed, floating[:, ::1] h_other) noexcept nogil:
+    """The split forward's steps with the hidden units cut at ``split``: per step two tasks
+    (one per half of the units), a step's tasks once both of the previous step's are done
+    (``done`` counts them after the two set-ups). ``w_packed`` holds half 0's four gates
+    (``plen0`` elements each), then half 1's (``plen1``)."""
     cdef Py_ssize_t T = batch_sizes.shape[0]
     cdef Py_ssize_t B = h_state.shape[0]
     cdef Py_ssize_t H = h_state.shape[1]
-    cdef Py_ssize_t N = gates.shape[0]
-    cdef Py_ssize_t s, t, nb, n0, u0, w, b, j, nb_before
-    cdef Py_ssize_t q, plen0, plen1, plen
+    cdef Py_ssize_t s, t, nb, n0, u0, w, b, j, q, nb_before, plen
     cdef floating *h_prev
     cdef floating *h_next
     cdef int k, half
-    if floating is float:
-        plen0 = pg_s_packed_len(split, H)
-        plen1 = pg_s_packed_len(H - split, H)
-    else:
-        plen0 = pg_d_packed_len(split, H)
-        plen1 = pg_d_packed_len(H - split, H)
-    for k in range(2):
-        half = own if k == 0 else 1 - own
-        if not _claim(&tasks[half]):
-            continue
-        # Half 0 projects rows [0, N/2) of the input, half 1 rows [N/2, N).
-        _forward_split_half_rows(x, x_step_row, x_batch_stride, x_rows_packed, w_ih,
-                                 batch_sizes, packed_start, gates, x_packed,
-                                 0 if half == 0 else N // 2, N // 2 if half == 0 else N)
-        u0 = 0 if half == 0 else split
-        w = split if half == 0 else H - split
-        if H > 0 and w > 0:
-            plen = plen0 if half == 0 else plen1
-            for q in range(4):
-                _pack(&w_hh[0, 0], H, True, H, q * H + u0, w,
-                      &w_packed[(0 if half == 0 else 4 * plen0) + q * plen])
-            # Both h buffers start as the initial state: a row joining later (reverse
-            # direction) reads its initial state from whichever buffer is current.
-            for b in range(B):
-                for j in range(u0, u0 + w):
-                    h_other[b, j] = h_state[b, j]
-        add_release(done, 1)
-    _wait_for(done, 2)  # every row projected, both halves of w_hh packed
-    if H == 0 or B == 0:
-        return
-    # In time order with the cache stored, step t reads h_{t-1} from the saved h of step
-    # t-1 and writes h_t into its own saved rows: lines no thread has read before. In a
-    # double buffer each step's writes land on lines the other thread read the step
-    # before, and every one of them waits for the other core to drop its copy (~0.3 µs
-    # a cache-line round trip between the two cores here).
-    cdef bint h_in_cache = store_cache and not reverse
     for s in range(T):
         t = T - 1 - s if reverse else s
         nb = batch_sizes[t]
@@ -682,13 +638,160 @@ cdef void _forward_split(
             for b in range(nb, nb_before):
                 for j in range(u0, u0 + w):
                     h_next[b * H + j] = h_prev[b * H + j]
-            _forward_elementwise(u0, w, t, bias, batch_sizes, packed_start, gates, h_next,
+            _forward_elementwise(u0, w, 0, 1, t, bias, batch_sizes, packed_start, gates, h_next,
                                  c_state, y, y_step_row, y_batch_stride, 0, cache_i, cache_f,
                                  cache_g, cache_o, cache_c, cache_tanhc, cache_h, store_cache)
             add_release(done, 1)
+
+
+cdef void _forward_rows(
+        int half, bint reverse, bint h_in_cache,
+        const floating[:, ::1] w_hh, const floating[::1] bias,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
+        floating[:, ::1] y, const Py_ssize_t[::1] y_step_row, Py_ssize_t y_batch_stride,
+        floating[:, ::1] h_state, floating[:, ::1] c_state,
+        floating[:, ::1] cache_i, floating[:, ::1] cache_f, floating[:, ::1] cache_g,
+        floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
+        floating[:, ::1] cache_h, bint store_cache,
+        floating[:, ::1] gates, const floating[::1] w_packed, Py_ssize_t plen_all,
+        floating[:, ::1] h_other) noexcept nogil:
+    """Every step of the batch rows ``half, half + 2, ...``: their recurrent products (all
+    of ``w_hh``, packed gate by gate, ``plen_all`` elements each) and their elementwise
+    pass. A row's h, c and gates depend on no other row, so the two halves never wait for
+    each other; alternate rows keep the halves even when rows leave (sorted lengths)."""
+    cdef Py_ssize_t T = batch_sizes.shape[0]
+    cdef Py_ssize_t B = h_state.shape[0]
+    cdef Py_ssize_t H = h_state.shape[1]
+    cdef Py_ssize_t s, t, nb, n0, m, b, j, q, nb_before
+    cdef floating *h_prev
+    cdef floating *h_next
+    for s in range(T):
+        t = T - 1 - s if reverse else s
+        nb = batch_sizes[t]
+        n0 = packed_start[t]
+        if h_in_cache:
+            h_prev = &h_state[0, 0] if s == 0 else &cache_h[(t - 1) * B, 0]
+            h_next = &cache_h[t * B, 0]
+        else:
+            h_prev = &h_state[0, 0] if s % 2 == 0 else &h_other[0, 0]
+            h_next = &h_other[0, 0] if s % 2 == 0 else &h_state[0, 0]
+        nb_before = batch_sizes[t + 1 if reverse else t - 1] if s > 0 and not h_in_cache else nb
+        m = (nb - half + 1) // 2 if nb > half else 0  # the half's rows active at step t
+        if m > 0:
+            for q in range(4):
+                _packed_gemm(m, H, H, h_prev + half * H, 2 * H, &w_packed[q * plen_all],
+                             &gates[n0 + half, q * H], 8 * H, True)
+        # The half's rows that left at this step keep their h (see _forward_units).
+        b = nb + ((nb - half) & 1)
+        while b < nb_before:
+            for j in range(H):
+                h_next[b * H + j] = h_prev[b * H + j]
+            b += 2
+        _forward_elementwise(0, H, half, 2, t, bias, batch_sizes, packed_start, gates, h_next,
+                             c_state, y, y_step_row, y_batch_stride, 0, cache_i, cache_f,
+                             cache_g, cache_o, cache_c, cache_tanhc, cache_h, store_cache)
+
+
+cdef void _forward_split(
+        int own, Py_ssize_t *tasks, Py_ssize_t *done, bint two_threads, bint reverse,
+        Py_ssize_t split, bint by_rows,
+        const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
+        bint x_rows_packed,
+        const floating[:, ::1] w_ih, const floating[:, ::1] w_hh, const floating[::1] bias,
+        const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
+        floating[:, ::1] y, const Py_ssize_t[::1] y_step_row, Py_ssize_t y_batch_stride,
+        floating[:, ::1] h_state, floating[:, ::1] c_state,
+        floating[:, ::1] cache_i, floating[:, ::1] cache_f, floating[:, ::1] cache_g,
+        floating[:, ::1] cache_o, floating[:, ::1] cache_c, floating[:, ::1] cache_tanhc,
+        floating[:, ::1] cache_h, bint store_cache,
+        floating[:, ::1] gates, floating[:, ::1] x_packed, floating[::1] w_packed,
+        floating[:, ::1] h_other) noexcept nogil:
+    """One thread's part of the split forward: the tasks it takes, its own half's (``own``)
+    first. ``tasks``: ``max(4, 2 * (T + 1))`` flags, zero on entry (the two set-ups, then
+    the halves' tasks); ``done``: the count of finished tasks, zero on entry. With
+    ``by_rows`` the halves are the even and the odd batch rows, one task each for all
+    steps (:func:`_forward_rows`), and the set-ups pack all of ``w_hh`` gate by gate
+    (``packed_len(H, H)`` elements a gate). Otherwise the halves are the hidden units cut at
+    ``split``, two tasks per step (:func:`_forward_units`), and each half's set-up packs its
+    rows of ``w_hh`` (``q*H + u0 ..`` for each gate q), gate by gate: ``packed_len(split,
+    H)`` elements a gate for half 0, then half 1's. Thread 0 (``own`` 0) writes the final
+    state once every task is done.
+
+    Without the cache (inference), ``h`` is double-buffered (``h_state`` and ``h_other``,
+    ``[B, H]``): step ``s`` reads one and writes the other, and no task of step ``s + 1``
+    starts before step ``s`` is done, so nobody still reads the buffer it overwrites.
+    With the cache, h lives in the saved rows (below)."""
+    cdef Py_ssize_t T = batch_sizes.shape[0]
+    cdef Py_ssize_t B = h_state.shape[0]
+    cdef Py_ssize_t H = h_state.shape[1]
+    cdef Py_ssize_t N = gates.shape[0]
+    cdef Py_ssize_t t, u0, w, b, j
+    cdef Py_ssize_t q, plen0, plen1, plen, plen_all, n_tasks
+    cdef int k, half
+    if floating is float:
+        plen0 = pg_s_packed_len(split, H)
+        plen1 = pg_s_packed_len(H - split, H)
+        plen_all = pg_s_packed_len(H, H)
+    else:
+        plen0 = pg_d_packed_len(split, H)
+        plen1 = pg_d_packed_len(H - split, H)
+        plen_all = pg_d_packed_len(H, H)
+    for k in range(2):
+        half = own if k == 0 else 1 - own
+        if not _claim(&tasks[half]):
+            continue
+        # Half 0 projects rows [0, N/2) of the input, half 1 rows [N/2, N).
+        _forward_split_half_rows(x, x_step_row, x_batch_stride, x_rows_packed, w_ih,
+                                 batch_sizes, packed_start, gates, x_packed,
+                                 0 if half == 0 else N // 2, N // 2 if half == 0 else N)
+        if by_rows:
+            # All of w_hh, gate by gate (gates 0-1 in half 0's set-up, 2-3 in half 1's),
+            # and the initial state of the half's rows in the second h buffer.
+            if H > 0:
+                for q in range(2 * half, 2 * half + 2):
+                    _pack(&w_hh[0, 0], H, True, H, q * H, H, &w_packed[q * plen_all])
+            for b in range(half, B, 2):
+                for j in range(H):
+                    h_other[b, j] = h_state[b, j]
+            add_release(done, 1)
+            continue
+        u0 = 0 if half == 0 else split
+        w = split if half == 0 else H - split
+        if H > 0 and w > 0:
+            plen = plen0 if half == 0 else plen1
+            for q in range(4):
+                _pack(&w_hh[0, 0], H, True, H, q * H + u0, w,
+                      &w_packed[(0 if half == 0 else 4 * plen0) + q * plen])
+            # Both h buffers start as the initial state: a row joining later (reverse
+            # direction) reads its initial state from whichever buffer is current.
+            for b in range(B):
+                for j in range(u0, u0 + w):
+                    h_other[b, j] = h_state[b, j]
+        add_release(done, 1)
+    _wait_for(done, 2)  # every row projected, w_hh packed
+    if H == 0 or B == 0:
+        return
+    cdef bint h_in_cache = store_cache and not reverse
+    if by_rows:
+        for k in range(2):
+            half = own if k == 0 else 1 - own
+            if not _claim(&tasks[2 + half]):
+                continue
+            _forward_rows(half, reverse, h_in_cache, w_hh, bias, batch_sizes, packed_start,
+                          y, y_step_row, y_batch_stride, h_state, c_state, cache_i, cache_f,
+                          cache_g, cache_o, cache_c, cache_tanhc, cache_h, store_cache, gates,
+                          w_packed, plen_all, h_other)
+            add_release(done, 1)
+        n_tasks = 4
+    else:
+        _forward_units(own, tasks, done, two_threads, reverse, h_in_cache, split, plen0,
+                       plen1, w_hh, bias, batch_sizes, packed_start, y, y_step_row,
+                       y_batch_stride, h_state, c_state, cache_i, cache_f, cache_g, cache_o,
+                       cache_c, cache_tanhc, cache_h, store_cache, gates, w_packed, h_other)
+        n_tasks = 2 + 2 * T
     if own != 0:
         return
-    _wait_for(done, 2 + 2 * T)
+    _wait_for(done, n_tasks)
     if h_in_cache:
         # Row b's final h is the saved h of its last step: rows are sorted longest first,
         # so that step only moves back as b grows.
@@ -710,7 +813,7 @@ def forward_direction_split(
         bint x_rows_packed,
         const floating[:, ::1] w_ih, const floating[:, ::1] w_hh, const floating[::1] bias,
         const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start, bint reverse,
-        Py_ssize_t split,
+        Py_ssize_t split, bint by_rows,
         floating[:, ::1] y, const Py_ssize_t[::1] y_step_row, Py_ssize_t y_batch_stride,
         floating[:, ::1] h_state, floating[:, ::1] c_state,
         floating[:, ::1] cache_i, floating[:, ::1] cache_f, floating[:, ::1] cache_g,
@@ -718,24 +821,26 @@ def forward_direction_split(
         floating[:, ::1] cache_h, bint store_cache,
         floating[:, ::1] gates, floating[:, ::1] x_packed, floating[::1] w_packed,
         floating[:, ::1] h_other, int n_threads):
-    """Forward of one direction (a one-direction layer) with each step split over threads.
+    """Forward of one direction (a one-direction layer) with its work split over threads.
 
     Parameters are those of ``forward_layer`` for a single direction, except that ``y`` is
     written from column 0, ``h_state``/``c_state`` hold the initial state on entry and the
-    final state on return, and ``split`` is where the hidden units are cut between the two
-    halves. ``w_packed`` is a workspace of ``4 * (packed_len(split, H) +
-    packed_len(H - split, H))`` elements, ``h_other`` one of ``[B, H]``.
+    final state on return. With ``by_rows`` the two threads take the even and the odd
+    batch rows; otherwise each step's hidden units are cut at ``split``. The results are
+    the same bits either way. ``w_packed`` is a workspace of ``4 * (packed_len(split, H) +
+    packed_len(H - split, H))`` elements (at least ``4 * packed_len(H, H)``), ``h_other``
+    one of ``[B, H]``.
     """
     cdef Py_ssize_t T = batch_sizes.shape[0]
     cdef Py_ssize_t done = 0
-    cdef Py_ssize_t *tasks = <Py_ssize_t *> calloc(2 * (T + 1), sizeof(Py_ssize_t))
+    cdef Py_ssize_t *tasks = <Py_ssize_t *> calloc(max(4, 2 * (T + 1)), sizeof(Py_ssize_t))
     cdef int tid
     if tasks == NULL:
         raise MemoryError()
     try:
         with nogil:
             if n_threads < 2:
-                _forward_split(0, tasks, &done, False, reverse, split, x, x_step_row,
+                _forward_split(0, tasks, &done, False, reverse, split, by_rows, x, x_step_row,
                                x_batch_stride, x_rows_packed, w_ih, w_hh, bias, batch_sizes,
                                packed_start, y, y_step_row, y_batch_stride, h_state, c_state,
                                cache_i, cache_f, cache_g, cache_o, cache_c, cache_tanhc,
@@ -747,7 +852,7 @@ def forward_direction_split(
                         _sleep_ns(_split_start_delay_ns[tid])
                     # With one thread granted (an OpenMP limit), it takes every task.
                     _forward_split(tid, tasks, &done, openmp.omp_get_num_threads() > 1,
-                                   reverse, split, x, x_step_row, x_batch_stride,
+                                   reverse, split, by_rows, x, x_step_row, x_batch_stride,
                                    x_rows_packed, w_ih, w_hh, bias, batch_sizes, packed_start,
                                    y, y_step_row, y_batch_stride, h_state, c_state, cache_i,
                                    cache_f, cache_g, cache_o, cache_c, cache_tanhc, cache_h,

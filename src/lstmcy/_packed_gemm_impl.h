@@ -92,19 +92,25 @@ PG_NAME(pack)(const PG_T *w, ptrdiff_t ldw, int trans, ptrdiff_t K, ptrdiff_t n0
 }
 
 /* c[M, n] = a[M, K] @ packed[K, n] (accumulate: c += ...). Panel-outer, so one panel
-   (K x PG_NR) stays in cache while all M rows pass over it. */
+   (K x PG_NR) stays in cache while all M rows pass over it. The rows go in as few blocks
+   as PG_MR allows, of even sizes (16 rows: 8 + 8, not 12 + 4, whose 4-row block loads
+   almost as much as it computes); a row's result does not depend on its block. */
 static void
 PG_NAME(gemm)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t lda,
               const PG_T *packed, PG_T *c, ptrdiff_t ldc, int accumulate)
 {
     ptrdiff_t npanel = (n + PG_NR - 1) / PG_NR;
+    ptrdiff_t nblock = (M + PG_MR - 1) / PG_MR;
     for (ptrdiff_t p = 0; p < npanel; p++) {
         int ncols = (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
         const PG_T *panel = packed + p * K * PG_NR;
-        for (ptrdiff_t m0 = 0; m0 < M; m0 += PG_MR) {
-            int mr = (int)(M - m0 < PG_MR ? M - m0 : PG_MR);
+        ptrdiff_t m0 = 0;
+        for (ptrdiff_t b = 0; b < nblock; b++) {
+            /* rows left / blocks left: at most PG_MR, since nblock blocks of PG_MR cover M */
+            int mr = (int)((M - m0) / (nblock - b));
             PG_NAME(rows)(mr, K, a + m0 * lda, lda, panel, c + m0 * ldc + p * PG_NR, ldc,
                           ncols, accumulate);
+            m0 += mr;
         }
     }
 }
