@@ -417,19 +417,24 @@ def forward_layer(
                                        cache_g, cache_o, cache_c, cache_tanhc, cache_h,
                                        store_cache, gates, x_packed, w_packed, chunk, &progress[tid])
 
-# Forward of one direction with the work of every step split between two threads: the
-# hidden units are cut in two halves [0, split) and [split, H). The gates stay in the
-# caller's order [i f g o]: each half projects half of the rows with one GEMM over all
-# 4H columns, then per step adds h_{t-1} @ w_hh^T to the four column blocks of its units
-# (four packed GEMMs against its rows of w_hh, packed once) and runs the elementwise pass
-# of its units. The work comes as tasks a thread takes with an atomic flag: per half a
-# set-up (the projection, the packing) and one task per step. A thread takes its own
-# half's task first and then the other half's if nobody has taken it, so a thread that
-# starts late (a sleeping OpenMP worker takes tens of microseconds to wake) or loses its
-# core for a while holds up only the tasks it already took; a step starts once both
-# halves of the previous step are done. The same calls run whichever thread runs them,
-# and one thread runs every task in order, so results are bitwise identical for 1 or 2
-# threads.
+# Forward of one direction with its work split between two threads, in one of two ways.
+# The gates stay in the caller's order [i f g o], and each half first projects half of the
+# rows with one GEMM over all 4H columns. Split by batch rows (from 8 rows on), the even
+# rows are one half and the odd rows the other: each half runs every step of its rows
+# (four packed GEMMs against all of w_hh, packed once, then the elementwise pass), and as
+# no row reads another the halves never wait for each other. Split by hidden units (fewer
+# rows), the units are cut in two halves [0, split) and [split, H), and per step each
+# half adds h_{t-1} @ w_hh^T to the four column blocks of its units (four packed GEMMs
+# against its rows of w_hh) and runs the elementwise pass of its units; a step starts once
+# both halves of the previous step are done. The work comes as tasks a thread takes with
+# an atomic flag: per half a set-up (the projection, the packing), then per half one task
+# for all steps (rows) or one per step (units). A thread takes its own half's task first
+# and then the other half's if nobody has taken it, so a thread that starts late (a
+# sleeping OpenMP worker takes tens of microseconds to wake) or loses its core for a
+# while holds up only the tasks it already took. The same calls run whichever thread
+# runs them, and one thread runs every task in order, so results are bitwise identical
+# for 1 or 2 threads; a row's or a column's products do not depend on which rows or
+# columns share a packed GEMM call, so the two ways give the same bits too.
 
 cdef void _forward_split_half_rows(
         const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
