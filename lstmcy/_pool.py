@@ -13,6 +13,7 @@ reference count says so exactly. The caller sees ordinary arrays (views of a poo
 """
 import math
 import sys
+from collections import deque
 import sysconfig
 import threading
 
@@ -23,8 +24,14 @@ _MIN_BYTES = 64 * 1024
 # Buffers kept per pool; beyond this, free buffers are dropped oldest first.
 _MAX_BUFFERS = 64
 # Free buffers kept beyond the bytes in use: a training loop finds last call's results
-# free again, but memory that once held many results the caller has since dropped goes back.
+# free again, but memory that once held many results the caller has since dropped goes back
+# (once its use has left the window below).
 _MAX_FREE_EXTRA_BYTES = 32 * 2**20
+# "In use" is the most the caller held at any of the last this many requests: between two
+# training steps everything is free for a moment, and trimming to what is held then made
+# a loop whose results pass 32 MB map them afresh every step (ptb-medium in float64: 85 MB
+# a step). A few steps of a loop make this many requests.
+_USE_WINDOW = 64
 # A free buffer serves a request of at least this share of its size (an array never keeps
 # much more memory alive than it covers).
 _MIN_FILL = 0.75
@@ -114,8 +121,9 @@ class ResultPool:
             buffers.append(buffer)
             sizes.append(size)
             self._offsets.append(offset)
-            if (len(buffers) > _MAX_BUFFERS
-                    or free_bytes > self._total - free_bytes + _MAX_FREE_EXTRA_BYTES):
+            used = self._total - free_bytes
+            self._recent_use.append(used)
+            if len(buffers) > _MAX_BUFFERS or free_bytes > used + _MAX_FREE_EXTRA_BYTES:
                 self._trim()
         return np.ndarray(shape, dtype, buffer, offset)  # a view: its base is the buffer
 
@@ -132,14 +140,16 @@ class ResultPool:
             # the offset of their first 64-byte boundary.
             self._buffers, self._sizes, self._offsets = [], [], []
             self._total = 0
+            self._recent_use = deque(maxlen=_USE_WINDOW)  # bytes in use at each request
 
     def _trim(self):
         """Drop free buffers, oldest first, beyond ``_MAX_BUFFERS`` buffers or beyond
-        ``_MAX_FREE_EXTRA_BYTES`` more free bytes than bytes in use."""
+        ``_MAX_FREE_EXTRA_BYTES`` more free bytes than the most bytes in use at any of the
+        last ``_USE_WINDOW`` requests."""
         free = [index for index in range(len(self._buffers))
                 if sys.getrefcount(self._buffers[index]) == _FREE_REFCOUNT]
         free_bytes = sum(self._sizes[index] for index in free)
-        used_bytes = self._total - free_bytes
+        used_bytes = max(self._total - free_bytes, max(self._recent_use, default=0))
         excess = len(self._buffers) - _MAX_BUFFERS
         drop = []
         for index in free:  # oldest first: the list is in order of last use

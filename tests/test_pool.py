@@ -109,8 +109,34 @@ def test_memory_once_held_by_dropped_results_goes_back():
     held = [_big(pool, shape=(1024, 256)) for _ in range(60)]  # 60 MiB in use
     assert pool.nbytes == 60 * (2**20 + _pool.ALIGN - 1)  # each with room to align
     del held
-    _big(pool, shape=(1024, 256))  # reuses one; the free rest is trimmed
+    _big(pool, shape=(1024, 256))  # reuses one; the rest stays while 60 MiB is recent use
+    assert pool.nbytes == 60 * (2**20 + _pool.ALIGN - 1)
+    for _ in range(_pool._USE_WINDOW):  # the big use leaves the window: the rest goes back
+        _big(pool, shape=(1024, 256))
     assert pool.nbytes <= 2**20 + _pool._MAX_FREE_EXTRA_BYTES + 2**20
+
+
+def test_a_training_loop_larger_than_the_free_allowance_reuses_its_buffers(monkeypatch):
+    """Between two steps everything is free for a moment; the next step must find its
+    buffers again, also when its results are more than the free allowance (with the
+    allowance measured from the bytes held at that moment, they were dropped and mapped
+    afresh every step)."""
+    import weakref
+
+    monkeypatch.setattr(_pool, "_MAX_FREE_EXTRA_BYTES", 2 * 2**20)
+    pool = ResultPool()
+
+    def step():  # a forward's results (3 MiB) kept for the backward's (3 MiB), then dropped
+        forward = [_big(pool, shape=(1024, 256)) for _ in range(3)]
+        backward = [_big(pool, shape=(1024, 256)) for _ in range(3)]
+        return [weakref.ref(a.base) for a in forward + backward]
+
+    first = step()
+    for _ in range(20):
+        now = step()
+        assert all(ref() is not None for ref in first), "a buffer was dropped between steps"
+        assert {id(ref()) for ref in now} == {id(ref()) for ref in first}
+    assert pool.nbytes == 6 * (2**20 + _pool.ALIGN - 1)
 
 
 def test_a_buffer_is_not_much_larger_than_the_array_it_serves():
