@@ -159,7 +159,7 @@ def _layer_weights(problem, layer):
     return tuple(np.stack([w[k] for w in per_dir]) for k in range(3))
 
 
-def _split_by_rows(B, H):
+def _split_by_rows(B):
     """Whether the split forward gives each thread half of the batch rows (no waiting
     between the threads at all) rather than half of every step's hidden units (a wait per
     step): from ``_ROW_SPLIT_MIN_B`` rows on."""
@@ -379,7 +379,7 @@ class LSTMPlan:
                         layer_in, in_step_row, in_stride, in_packed,
                         w_ih[0], w_hh[0], bias[0],
                         p.batch_sizes, p.packed_start, False, _split_point(H),
-                        _split_by_rows(B, H),
+                        _split_by_rows(B),
                         out, out_step_row, out_stride, h_n[k], c_n[k],
                         *[a[0] for a in cache], train, gates[0], x_packed[0],
                         self._take("w_packed", (_split_packed_len(H, cdt),), cdt),

@@ -86,7 +86,7 @@ def force_split(monkeypatch, cfg, split_by):
     """Make the split forward give the threads half of the batch rows each (``"rows"``) or
     half of every step's hidden units (``"units"``)."""
     monkeypatch.setattr(_core, "_ROW_SPLIT_MIN_B", 0 if split_by == "rows" else cfg.B + 1)
-    assert _core._split_by_rows(cfg.B, cfg.H) == (split_by == "rows")
+    assert _core._split_by_rows(cfg.B) == (split_by == "rows")
 
 
 @pytest.mark.parametrize("split_by", ["rows", "units"])
