@@ -337,7 +337,9 @@ class LSTMPlan:
         # (16, 64) gain ~10%, (32, 128) 35%; (1, 32) nothing).
         split_forward = D == 1 and 8.0 * B * H * H >= _SPLIT_FORWARD_MIN
         # The kernels update the states in place. For the split forward the copies start
-        # on a cache line: its two threads write the two halves of every row.
+        # on a cache line: its two threads write the two halves of every row (split by
+        # units) or alternate rows (split by rows; rows of a multiple of 64 bytes then
+        # share no line).
         if split_forward:
             states = aligned_empty((2,) + p.h0.shape, p.h0.dtype)  # one allocation for both
             states[0] = p.h0

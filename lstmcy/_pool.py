@@ -27,10 +27,14 @@ _MAX_BUFFERS = 64
 # free again, but memory that once held many results the caller has since dropped goes back
 # (once its use has left the window below).
 _MAX_FREE_EXTRA_BYTES = 32 * 2**20
-# "In use" is the most the caller held at any of the last this many requests: between two
-# training steps everything is free for a moment, and trimming to what is held then made
-# a loop whose results pass 32 MB map them afresh every step (ptb-medium in float64: 85 MB
-# a step). A few steps of a loop make this many requests.
+# "In use" is the most the caller held at any of the last this many requests (of pooled
+# sizes): between two training steps everything is free for a moment, and trimming to what
+# is held then made a loop whose results pass 32 MB map them afresh every step
+# (ptb-medium in float64: 85 MB a step). A few steps of an LSTM loop make this many
+# requests. The price: when the shapes change every call, the pool may keep up to about
+# twice the window's peak plus 32 MB, part of it in buffers of sizes no request fits
+# (a review's simulation: random sequence lengths, 12 results of 4-20 MB a step, peak
+# 281 -> 481 MB, 130 -> 89 MB a step mapped afresh); release_workspaces() gives it back.
 _USE_WINDOW = 64
 # A free buffer serves a request of at least this share of its size (an array never keeps
 # much more memory alive than it covers).
@@ -38,9 +42,9 @@ _MIN_FILL = 0.75
 # Without the GIL, reference counts read from another thread are not exact: no pooling.
 _ENABLED = not sysconfig.get_config_var("Py_GIL_DISABLED")
 # Every array handed out starts on a cache line. numpy's allocations are 16-byte aligned,
-# and when two threads write the two halves of a row (the split forward), a row start off
-# the line boundary puts both halves' ends in one line, which then moves between the cores
-# on every step.
+# and when two threads write the two halves of a row (the split forward by units) or
+# alternate rows (by rows), a row start off the line boundary puts both threads' ends in
+# one line, which then moves between the cores on every step.
 ALIGN = 64
 
 
