@@ -579,6 +579,29 @@ cdef inline bint _claim(Py_ssize_t *flag) noexcept nogil:
     return load_acquire(flag) == 0 and compare_exchange(flag, 0, 1)
 
 
+cdef inline Py_ssize_t _split_step(
+        Py_ssize_t s, bint reverse, bint h_in_cache, const Py_ssize_t[::1] batch_sizes,
+        floating[:, ::1] h_state, floating[:, ::1] h_other, floating[:, ::1] cache_h,
+        floating **h_prev, floating **h_next, Py_ssize_t *nb_before) noexcept nogil:
+    """Step ``s`` of the split forward: returns its time index t and sets the ``[B, H]``
+    rows it reads h_{t-1} from and writes h_t to, and ``nb_before``, the rows active at the
+    previous step. Rows active then but not at step t keep their h: the caller carries
+    it into the buffer this step writes (with h in the cache, rows only ever leave, and
+    their last h is gathered at the end, so there ``nb_before`` is t's own count)."""
+    cdef Py_ssize_t T = batch_sizes.shape[0]
+    cdef Py_ssize_t B = h_state.shape[0]
+    cdef Py_ssize_t t = T - 1 - s if reverse else s
+    if h_in_cache:
+        h_prev[0] = &h_state[0, 0] if s == 0 else &cache_h[(t - 1) * B, 0]
+        h_next[0] = &cache_h[t * B, 0]
+    else:
+        h_prev[0] = &h_state[0, 0] if s % 2 == 0 else &h_other[0, 0]
+        h_next[0] = &h_other[0, 0] if s % 2 == 0 else &h_state[0, 0]
+    nb_before[0] = (batch_sizes[t + 1 if reverse else t - 1] if s > 0 and not h_in_cache
+                    else batch_sizes[t])
+    return t
+
+
 cdef void _forward_units(
         int own, Py_ssize_t *tasks, Py_ssize_t *done, bint two_threads, bint reverse,
         bint h_in_cache, Py_ssize_t split, Py_ssize_t plen0, Py_ssize_t plen1,
@@ -595,26 +618,16 @@ cdef void _forward_units(
     (``done`` counts them after the two set-ups). ``w_packed`` holds half 0's four gates
     (``plen0`` elements each), then half 1's (``plen1``)."""
     cdef Py_ssize_t T = batch_sizes.shape[0]
-    cdef Py_ssize_t B = h_state.shape[0]
     cdef Py_ssize_t H = h_state.shape[1]
     cdef Py_ssize_t s, t, nb, n0, u0, w, b, j, q, nb_before, plen
     cdef floating *h_prev
     cdef floating *h_next
     cdef int k, half
     for s in range(T):
-        t = T - 1 - s if reverse else s
+        t = _split_step(s, reverse, h_in_cache, batch_sizes, h_state, h_other, cache_h,
+                        &h_prev, &h_next, &nb_before)
         nb = batch_sizes[t]
         n0 = packed_start[t]
-        if h_in_cache:
-            h_prev = &h_state[0, 0] if s == 0 else &cache_h[(t - 1) * B, 0]
-            h_next = &cache_h[t * B, 0]
-        else:
-            h_prev = &h_state[0, 0] if s % 2 == 0 else &h_other[0, 0]
-            h_next = &h_other[0, 0] if s % 2 == 0 else &h_state[0, 0]
-        # Rows active at the previous step but not at this one keep their h: carry it
-        # into the buffer this step writes (with h in the cache, rows only ever leave,
-        # and their last h is gathered at the end).
-        nb_before = batch_sizes[t + 1 if reverse else t - 1] if s > 0 and not h_in_cache else nb
         if s > 0:
             _wait_for(done, 2 + 2 * s)  # h_{t-1} is complete
             if two_threads and load_acquire(&tasks[2 + 2 * s + own]) == 0:
@@ -665,28 +678,21 @@ cdef void _forward_rows(
     pass. A row's h, c and gates depend on no other row, so the two halves never wait for
     each other; alternate rows keep the halves even when rows leave (sorted lengths)."""
     cdef Py_ssize_t T = batch_sizes.shape[0]
-    cdef Py_ssize_t B = h_state.shape[0]
     cdef Py_ssize_t H = h_state.shape[1]
     cdef Py_ssize_t s, t, nb, n0, m, b, j, q, nb_before
     cdef floating *h_prev
     cdef floating *h_next
     for s in range(T):
-        t = T - 1 - s if reverse else s
+        t = _split_step(s, reverse, h_in_cache, batch_sizes, h_state, h_other, cache_h,
+                        &h_prev, &h_next, &nb_before)
         nb = batch_sizes[t]
         n0 = packed_start[t]
-        if h_in_cache:
-            h_prev = &h_state[0, 0] if s == 0 else &cache_h[(t - 1) * B, 0]
-            h_next = &cache_h[t * B, 0]
-        else:
-            h_prev = &h_state[0, 0] if s % 2 == 0 else &h_other[0, 0]
-            h_next = &h_other[0, 0] if s % 2 == 0 else &h_state[0, 0]
-        nb_before = batch_sizes[t + 1 if reverse else t - 1] if s > 0 and not h_in_cache else nb
         m = (nb - half + 1) // 2 if nb > half else 0  # the half's rows active at step t
         if m > 0:
             for q in range(4):
                 _packed_gemm(m, H, H, h_prev + half * H, 2 * H, &w_packed[q * plen_all],
                              &gates[n0 + half, q * H], 8 * H, True)
-        # The half's rows that left at this step keep their h (see _forward_units).
+        # The half's rows that left at this step keep their h (see _split_step).
         b = nb + ((nb - half) & 1)
         while b < nb_before:
             for j in range(H):
