@@ -53,40 +53,21 @@ def _chunk_steps(T, B):
 
 
 @functools.lru_cache(maxsize=256)
-def _backward_schedule(T, B, N, I, H, D):
-    """``(first, chunk, tail, dx_group)`` of the backward, a function of the shape only.
+def _backward_schedule(T, B, D):
+    """``(first, chunk, dx_group)`` of the backward, a function of the shape only.
 
     The backward's chunks are ``chunk`` steps long but the first, ``first`` steps, so that
-    the weight-gradient thread starts early. ``tail``: with one direction, how many of the
-    last chunks' weight gradients the recurrence thread takes on once it is done, chosen
-    from a time estimate (this machine's rates, per core: recurrence ~100 GF/s and ~1.5 ns
-    per unit-step, weight gradients ~90 GF/s, dx ~85 GF/s, ~10 GB/s to add a second
-    accumulator) so that the two threads finish together. ``dx`` is computed in pieces of
-    ``dx_group`` chunks, at least ~512 rows (each piece packs ``w_ih`` anew), which go to
-    whichever thread is free."""
+    the weight gradients start early. ``dx`` is computed in pieces of ``dx_group``
+    chunks, at least ~512 rows (each piece packs ``w_ih`` anew), which go to whichever
+    thread is free. (The weight gradients balance themselves between the threads: see
+    ``_backward_weights`` in the kernels.)"""
     chunk = _chunk_steps(T, B)
     if D != 1:
         # Each thread runs one direction on its own: plain chunks, dx in one piece.
-        return chunk, chunk, 0, max(T, 1)
+        return chunk, chunk, max(T, 1)
     first = max(1, -(-chunk // 4))
     dx_group = max(1, -(-_DX_PIECE_ROWS // max(chunk * B, 1)))
-    if T == 0 or H == 0:
-        return first, chunk, 0, dx_group
-    n_chunks = _lstm.backward_chunk_count(T, first, chunk)
-    t_rec = 8.0 * N * H * H / 1.0e11 + N * H * 1.5e-9
-    t_w = 8.0 * N * H * (I + H) / 0.9e11
-    t_x = 8.0 * N * H * I / 0.85e11
-    wait = t_rec * first / T
-    best, tail = None, 0
-    for k in range(min(3, n_chunks)):
-        own = t_rec + k * t_w / n_chunks  # thread 0: recurrence, tail chunks
-        other = wait + (n_chunks - k) * t_w / n_chunks  # thread 1: the other chunks
-        finish = max(own, other, (own + other + t_x) / 2)  # dx fills in
-        if k:  # write, read and add the tail's accumulator
-            finish += 12.0 * 4 * H * (I + H) / 1e10
-        if best is None or finish < best * 0.99:
-            best, tail = finish, k
-    return first, chunk, tail, dx_group
+    return first, chunk, dx_group
 
 
 def _as_rows(array):
@@ -259,9 +240,9 @@ class LSTMPlan:
         elements += packed_w_hh + B * H  # + the second h buffer of the split forward
         extra_bytes = 8 * (ALIGN - 1)  # room to align each of the (at most 8) named buffers
         if backward:
-            D2 = 2 if D == 1 else D  # one direction may add the tail chunks' own
-            elements += D2 * _chunk_steps(T, B) * B * (width + H) + D2 * 4 * H * (width + H)
-            extra_bytes += D2 * 4 * H * 8
+            # A chunk of [x | h_prev] rows per thread, a [4H, I + H] accumulator per direction.
+            elements += max(D, 2) * _chunk_steps(T, B) * B * (width + H) + D * 4 * H * (width + H)
+            extra_bytes += D * 4 * H * 8
         return int(elements * itemsize + extra_bytes)
 
     def _take(self, name, shape, dtype):
@@ -460,8 +441,7 @@ class LSTMPlan:
                     in_step_row, in_stride, in_packed = internal_step_row, 1, internal_packed
                     layer_dx_needed = True
                 in_size = layer_in.shape[1]
-                first, chunk, tail, dx_group = _backward_schedule(T, B, N, in_size, H, D)
-                D2 = 2 * D if tail else D  # the tail chunks' own weight-gradient workspaces
+                first, chunk, dx_group = _backward_schedule(T, B, D)
                 if layer_dx_needed:
                     layer_dx = alloc(layer_in.shape, dtype=cdt)
                 else:
@@ -490,13 +470,14 @@ class LSTMPlan:
                     p.batch_sizes, p.packed_start, dh_state[ks], dc_state[ks],
                     layer_dx, layer_dx_needed, dw_ih, dw_hh, db, want_dparams,
                     self._take("gates", (D, N, 4 * H), cdt),
-                    self._take("z", (D2, max(first, chunk) * B if want_dparams else 0, in_size + H), cdt),
-                    self._take("dw", (D2, 4 * H if want_dparams else 0, in_size + H), cdt),
-                    self._take("db_acc", (D2, 4 * H if want_dparams else 0), np.dtype(np.float64)),
+                    # z: one per thread (two share a direction's weight gradients when D is 1).
+                    self._take("z", (max(D, 2), max(first, chunk) * B if want_dparams else 0, in_size + H), cdt),
+                    self._take("dw", (D, 4 * H if want_dparams else 0, in_size + H), cdt),
+                    self._take("db_acc", (D, 4 * H if want_dparams else 0), np.dtype(np.float64)),
                     (layer_dx[:N].reshape(1, N, in_size) if direct_dx and layer_dx_needed
                      else self._take("packed_rows", (D, N if layer_dx_needed else 0, in_size), cdt)),
                     self._take("w_packed", (D, _packed_len(H, 4 * H, cdt)), cdt),
-                    first, chunk, tail, dx_group)
+                    first, chunk, dx_group)
                 if want_dparams:
                     for d in range(D):
                         base = (layer * D + d) * per_dir

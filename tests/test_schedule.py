@@ -1,13 +1,13 @@
-"""The backward's chunk schedule: any (first, chunk, tail) gives the reference's gradients,
-and the same bits with one or two kernel threads.
+"""The backward's chunk schedule: any (first, chunk, dx_group) gives the reference's
+gradients, and the same bits with one or two kernel threads.
 
 The schedule (``lstmcy._core._backward_schedule``) is a function of the shape only and
-picks the chunks of the weight gradients: a short first chunk, then ``chunk`` steps each,
-and with one direction ``tail`` last chunks whose weight gradients the recurrence thread
-computes into accumulators of their own, while pieces of ``dx`` (``dx_group`` chunks
-each) go to whichever thread is free. The shapes the benchmark uses reach only a few schedules, so here the schedule is
-forced, including the corner cases (one step per chunk, a tail covering every chunk, a
-first chunk covering the whole sequence).
+picks the chunks of the weight gradients: a short first chunk, then ``chunk`` steps each.
+Each chunk's weight gradients are two tasks (the rows of gates i, f and of g, o), which
+either thread may run, in chunk order per half; pieces of ``dx`` (``dx_group`` chunks
+each) go to whichever thread is free. The shapes the benchmark uses reach only a few
+schedules, so here the schedule is forced, including the corner cases (one step per
+chunk, a first chunk covering the whole sequence, more chunks than a dx piece holds).
 """
 import numpy as np
 import pytest
@@ -28,10 +28,10 @@ CONFIGS = {
                                        layout="padded_3d", dtype=np.dtype(np.float64),
                                        lengths_seed=2),
 }
-# (first, chunk, tail, dx_group); the schedule itself never has first > chunk, but the
-# kernels take any positive values (the chunk buffer is sized for the longest chunk).
-SCHEDULES = [(1, 1, 0, 1), (1, 3, 1, 2), (2, 5, 2, 1), (3, 3, 100, 3), (1000, 1000, 1, 1),
-             (4, 4, 0, 100), (2, 7, 1, 2), (6, 1, 0, 1), (5, 2, 1, 1)]
+# (first, chunk, dx_group); the schedule itself never has first > chunk, but the kernels
+# take any positive values (the chunk buffer is sized for the longest chunk).
+SCHEDULES = [(1, 1, 1), (1, 3, 2), (2, 5, 1), (3, 3, 3), (1000, 1000, 1), (4, 4, 100),
+             (2, 7, 2), (6, 1, 1), (5, 2, 1)]
 
 
 def run_backward(call, schedule, threads, monkeypatch):
@@ -50,7 +50,7 @@ def calls():
     return {name: make_call(cfg, np.random.default_rng(5), seed=1) for name, cfg in CONFIGS.items()}
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES, ids=[f"first{f}-chunk{c}-tail{t}-dx{g}" for f, c, t, g in SCHEDULES])
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=[f"first{f}-chunk{c}-dx{g}" for f, c, g in SCHEDULES])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_schedule_matches_reference_and_is_thread_independent(name, schedule, calls, monkeypatch):
     call = calls[name]
@@ -71,7 +71,7 @@ def test_schedule_matches_reference_and_is_thread_independent(name, schedule, ca
 def test_schedule_is_a_function_of_the_shape():
     # The same shape always gets the same schedule (the kernels' results depend on it),
     # whatever the thread setting.
-    shape = (100, 64, 6400, 125, 320, 1)
+    shape = (100, 64, 1)
     saved_threads = lstmcy.get_num_threads()
     try:
         lstmcy.set_num_threads(1)
@@ -81,15 +81,16 @@ def test_schedule_is_a_function_of_the_shape():
     finally:
         lstmcy.set_num_threads(saved_threads)
     assert one == two
-    first, chunk, tail, dx_group = one
-    assert 1 <= first <= chunk and tail >= 0 and dx_group >= 1
-    assert _core._backward_schedule(100, 64, 6400, 125, 320, 2)[2] == 0  # two directions: no tail
+    first, chunk, dx_group = one
+    assert 1 <= first <= chunk and dx_group >= 1
+    # Two directions, one on each thread: plain chunks, dx in one piece.
+    assert _core._backward_schedule(100, 64, 2) == (chunk, chunk, 100)
 
 
-@pytest.mark.parametrize("schedule", [(1, 1, 1, 1), (2, 2, 3, 4)])
-def test_no_steps_with_a_tail_gives_zero_weight_gradients(schedule, monkeypatch):
-    # T == 0 has no chunks, so no tail chunk either: the weight gradients are zeros, not
-    # whatever an earlier call left in the plan's accumulators.
+@pytest.mark.parametrize("schedule", [(1, 1, 1), (2, 2, 4)])
+def test_no_steps_gives_zero_weight_gradients(schedule, monkeypatch):
+    # T == 0 has no chunks, so no weight-gradient task runs: the weight gradients are
+    # zeros, not whatever an earlier call left in the plan's accumulators.
     warm = make_call(Config(T=3, B=22, I=5, H=33), np.random.default_rng(0), seed=0)
     run_backward(warm, schedule, 1, monkeypatch)
     empty = make_call(Config(T=0, B=22, I=5, H=33), np.random.default_rng(1), seed=0)
@@ -100,6 +101,6 @@ def test_no_steps_with_a_tail_gives_zero_weight_gradients(schedule, monkeypatch)
 
 
 def test_backward_layer_refuses_a_bad_schedule(calls, monkeypatch):
-    for schedule in [(0, 1, 0, 1), (1, 0, 0, 1), (1, 1, -1, 1), (1, 1, 0, 0)]:
+    for schedule in [(0, 1, 1), (1, 0, 1), (1, 1, 0)]:
         with pytest.raises(ValueError, match="bad schedule"):
             run_backward(calls["f32-time-major"], schedule, 1, monkeypatch)

@@ -75,6 +75,20 @@ cdef extern from *:
     void store_release "lstmcy_store_release"(Py_ssize_t *p, Py_ssize_t v) noexcept nogil
     void cpu_relax "lstmcy_cpu_relax"() noexcept nogil
 
+# Restrict-qualified pointers for the elementwise row functions. Their loops read and
+# write a dozen rows through raw pointers; declared restrict, the rows are known not to
+# overlap and GCC vectorises the loops as they are. Through plain pointers it guards each
+# loop with pairwise overlap checks, run on every call: at H = 64 a third of the forward's
+# cell time went to them.
+cdef extern from *:
+    ctypedef float * float_rp "float * __restrict__"
+    ctypedef double * double_rp "double * __restrict__"
+
+ctypedef fused floating_rp:
+    float_rp
+    double_rp
+
+
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
@@ -467,61 +481,51 @@ cdef void _forward_split_half_rows(
 
 
 cdef inline void _forward_cell_row(
-        Py_ssize_t w, Py_ssize_t gs, floating *act, const floating *bias, floating *c_row,
-        floating *h_row, floating *y_row, floating *ci, floating *cf, floating *cg,
-        floating *co, floating *cc, floating *ctc, floating *ch,
+        Py_ssize_t w, Py_ssize_t gs, floating_rp act, const floating *bias, floating_rp c_row,
+        floating_rp h_row, floating_rp y_row, floating_rp ci, floating_rp cf, floating_rp cg,
+        floating_rp co, floating_rp cc, floating_rp ctc, floating_rp ch,
         bint store_cache) noexcept nogil:
     """One row of ``w`` units: ``act`` holds their pre-activations ``[i f g o]`` (gate q at
     ``act + q*gs``, likewise ``bias``); ``c_row``/``h_row`` go from step t-1 to t. Two
     loops over the units rather than one short loop per quantity, which cost more in
     set-up than in work at the widths of a split step (32 units: two AVX-512 vectors).
-    Raw pointers, since indexing the memoryviews inside the loops keeps GCC from
-    vectorising them (extensions build without strict aliasing); the many pointers need
-    runtime alias checks, allowed for by ``--param vect-max-version-for-alias-checks`` in
-    setup.py."""
+    The rows written are distinct arrays (restrict), except that ``h_row`` may be ``ch``
+    (h kept in the cache), in which case only ``ch`` is used. Without the cache the
+    activations go back into ``act``, through ``act`` itself."""
     cdef Py_ssize_t j
-    cdef floating c, tc, h
-    cdef const floating *a_i = act
-    cdef const floating *a_f = act + gs
-    cdef const floating *a_g = act + 2 * gs
-    cdef const floating *a_o = act + 3 * gs
-    cdef const floating *b_i = bias
-    cdef const floating *b_f = bias + gs
-    cdef const floating *b_g = bias + 2 * gs
-    cdef const floating *b_o = bias + 3 * gs
-    # Without a cache the activations go back into ``act``.
-    cdef floating *g_i = ci if store_cache else act
-    cdef floating *g_f = cf if store_cache else act + gs
-    cdef floating *g_g = cg if store_cache else act + 2 * gs
-    cdef floating *g_o = co if store_cache else act + 3 * gs
-    # Two loops: the four gate activations, then the state update. One loop with all of
-    # it runs out of vector registers.
-    for j in range(w):
-        g_i[j] = fast_sigmoid(a_i[j] + b_i[j])
-        g_f[j] = fast_sigmoid(a_f[j] + b_f[j])
-        g_g[j] = fast_tanh(a_g[j] + b_g[j])
-        g_o[j] = fast_sigmoid(a_o[j] + b_o[j])
-    if store_cache:
+    cdef floating c, h
+    if not store_cache:
         for j in range(w):
-            # c = f * c_prev + i * g, as PyTorch: (f * c_prev) + (i * g).
-            c = g_f[j] * c_row[j] + g_i[j] * g_g[j]
-            tc = fast_tanh(c)
-            h = g_o[j] * tc
-            cc[j] = c
-            ctc[j] = tc
-            ch[j] = h
-            c_row[j] = c
-            y_row[j] = h
-        if h_row != ch:  # h_t goes to a separate state buffer (not read from the cache)
-            for j in range(w):
-                h_row[j] = ch[j]
-    else:
+            act[j] = fast_sigmoid(act[j] + bias[j])
+            act[gs + j] = fast_sigmoid(act[gs + j] + bias[gs + j])
+            act[2 * gs + j] = fast_tanh(act[2 * gs + j] + bias[2 * gs + j])
+            act[3 * gs + j] = fast_sigmoid(act[3 * gs + j] + bias[3 * gs + j])
         for j in range(w):
-            c = g_f[j] * c_row[j] + g_i[j] * g_g[j]
-            h = g_o[j] * fast_tanh(c)
+            c = act[gs + j] * c_row[j] + act[j] * act[2 * gs + j]
+            h = act[3 * gs + j] * fast_tanh(c)
             c_row[j] = c
             h_row[j] = h
             y_row[j] = h
+        return
+    # Two loops: the four gate activations, then the state update. One loop with all of
+    # it runs out of vector registers.
+    for j in range(w):
+        ci[j] = fast_sigmoid(act[j] + bias[j])
+        cf[j] = fast_sigmoid(act[gs + j] + bias[gs + j])
+        cg[j] = fast_tanh(act[2 * gs + j] + bias[2 * gs + j])
+        co[j] = fast_sigmoid(act[3 * gs + j] + bias[3 * gs + j])
+    for j in range(w):
+        # c = f * c_prev + i * g, as PyTorch: (f * c_prev) + (i * g).
+        c = cf[j] * c_row[j] + ci[j] * cg[j]
+        ctc[j] = fast_tanh(c)
+        h = co[j] * ctc[j]
+        cc[j] = c
+        ch[j] = h
+        c_row[j] = c
+        y_row[j] = h
+    if h_row != ch:  # h_t goes to a separate state buffer (not read from the cache)
+        for j in range(w):
+            h_row[j] = ch[j]
 
 
 cdef void _forward_elementwise(
@@ -880,6 +884,36 @@ def forward_direction_split(
 
 # ---------------------------------------------------------------------------- backward
 
+cdef inline void _backward_cell_row(
+        Py_ssize_t H, const floating *dy_row, const floating *c_prev, const floating *i_row,
+        const floating *f_row, const floating *g_row, const floating *o_row,
+        const floating *tc_row, floating_rp dh_row, floating_rp dc_row,
+        floating_rp dg) noexcept nogil:
+    """The backward's elementwise pass over one row: the four gate gradients into ``dg``
+    (``[i f g o]``, ``4H``) and ``dc_row`` from dc_t to dc_{t-1}; ``dh_row`` (free until
+    the GEMM overwrites it) takes dh_t. The rows written are restrict: they overlap
+    nothing else here. Short loops with few pointers each (one fused loop ran slower in
+    float64). Multiplication order follows PyTorch's autograd formulas (tanh_backward,
+    sigmoid_backward, mul_backward), so that overflow and NaN appear exactly where float64
+    autograd has them."""
+    cdef Py_ssize_t j
+    cdef floating one = 1
+    for j in range(H):  # dh = dy + dh_next
+        dh_row[j] = dy_row[j] + dh_row[j]
+    for j in range(H):  # dc = dh * o * (1 - tanh(c)^2) + dc_next
+        dc_row[j] = (dh_row[j] * o_row[j]) * (one - tc_row[j] * tc_row[j]) + dc_row[j]
+    for j in range(H):  # do
+        dg[3 * H + j] = (dh_row[j] * tc_row[j]) * (one - o_row[j]) * o_row[j]
+    for j in range(H):  # di
+        dg[j] = (dc_row[j] * g_row[j]) * (one - i_row[j]) * i_row[j]
+    for j in range(H):  # dg
+        dg[2 * H + j] = (dc_row[j] * i_row[j]) * (one - g_row[j] * g_row[j])
+    for j in range(H):  # df
+        dg[H + j] = (dc_row[j] * c_prev[j]) * (one - f_row[j]) * f_row[j]
+    for j in range(H):  # dc_next = dc * f
+        dc_row[j] = dc_row[j] * f_row[j]
+
+
 cdef void _backward_recurrence(
         const floating[:, ::1] dy, const Py_ssize_t[::1] dy_step_row, Py_ssize_t dy_batch_stride,
         Py_ssize_t dy_col,
@@ -898,8 +932,7 @@ cdef void _backward_recurrence(
     cdef Py_ssize_t B = dh_state.shape[0]
     cdef Py_ssize_t H = dh_state.shape[1]
     cdef Py_ssize_t G = 4 * H
-    cdef Py_ssize_t s, t, b, j, n, n0, nb, row, prev_t, dyr
-    cdef floating one = 1
+    cdef Py_ssize_t s, t, b, n, n0, nb, row, prev_t, dyr
     cdef const floating *c_prev
     cdef const floating *dy_row
     cdef const floating *i_row
@@ -935,24 +968,8 @@ cdef void _backward_recurrence(
             dh_row = &dh_state[b, 0]
             dc_row = &dc_state[b, 0]
             dg = &dgates[n, 0]
-            # The fused pass, split in short loops over one row with few pointers each, so
-            # that the compiler vectorises them. Multiplication order follows PyTorch's
-            # autograd formulas (tanh_backward, sigmoid_backward, mul_backward), so that
-            # overflow and NaN appear exactly where float64 autograd has them.
-            for j in range(H):  # dh = dy + dh_next (dh_state's row is free until the GEMM)
-                dh_row[j] = dy_row[j] + dh_row[j]
-            for j in range(H):  # dc = dh * o * (1 - tanh(c)^2) + dc_next
-                dc_row[j] = (dh_row[j] * o_row[j]) * (one - tc_row[j] * tc_row[j]) + dc_row[j]
-            for j in range(H):  # do
-                dg[3 * H + j] = (dh_row[j] * tc_row[j]) * (one - o_row[j]) * o_row[j]
-            for j in range(H):  # di
-                dg[j] = (dc_row[j] * g_row[j]) * (one - i_row[j]) * i_row[j]
-            for j in range(H):  # dg
-                dg[2 * H + j] = (dc_row[j] * i_row[j]) * (one - g_row[j] * g_row[j])
-            for j in range(H):  # df
-                dg[H + j] = (dc_row[j] * c_prev[j]) * (one - f_row[j]) * f_row[j]
-            for j in range(H):  # dc_next = dc * f
-                dc_row[j] = dc_row[j] * f_row[j]
+            _backward_cell_row(H, dy_row, c_prev, i_row, f_row, g_row, o_row, tc_row, dh_row,
+                               dc_row, dg)
         # dh for the previous step: dgates_t @ w_hh.
         _packed_gemm(nb, H, G, &dgates[n0, 0], G, &w_packed[0], &dh_state[0, 0], H, False)
         if s + 1 == done_end:
@@ -962,37 +979,65 @@ cdef void _backward_recurrence(
 
 
 cdef void _backward_weights(
-        const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
-        const floating[:, ::1] h0, const floating[:, ::1] cache_h,
+        int role, const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row,
+        Py_ssize_t x_batch_stride, const floating[:, ::1] h0, const floating[:, ::1] cache_h,
         const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start, bint reverse,
-        const floating[:, ::1] dgates, Py_ssize_t c_begin, Py_ssize_t c_end,
-        floating[:, ::1] z, floating[:, ::1] dw, double[::1] db_acc,
-        Py_ssize_t first, Py_ssize_t chunk, Py_ssize_t dx_group, Py_ssize_t *progress,
+        const floating[:, ::1] dgates, floating[:, ::1] z, floating[:, ::1] dw,
+        double[::1] db_acc, Py_ssize_t first, Py_ssize_t chunk, Py_ssize_t dx_group,
+        Py_ssize_t *progress, Py_ssize_t *next_task, Py_ssize_t *finished,
         bint help_dx, const floating[:, ::1] w_ih, floating[:, ::1] dx,
         Py_ssize_t *dx_claimed) noexcept nogil:
-    """``dw = sum over chunks [c_begin, c_end) of dgates^T [x | h_prev]`` (one GEMM per
-    chunk) and ``db_acc = sum(dgates)`` over their rows, taking the chunks in order as the
-    recurrence finishes them (fixed order: bitwise reproducible). ``db`` is summed over up
-    to T*B rows, in double: float32 would drift by ~1e-5 at a million rows. With
-    ``help_dx``, waits for the next chunk are spent on ``dx`` chunks (``_backward_dx``)."""
+    """``dw = sum over chunks of dgates^T [x | h_prev]`` and ``db_acc = sum(dgates)``, as
+    tasks ``(half, chunk)``: half 0 is the rows of gates i and f of ``dw`` (``2H`` rows),
+    half 1 those of g and o. A task is one GEMM over the chunk's rows, added to its half
+    (the first chunk's overwrites it). Each half's tasks run in chunk order, whichever
+    thread runs them (``next_task[h]``: the next chunk to claim; ``finished[h]``: chunks
+    done), so results do not depend on threads. ``db`` is summed over up to T*B rows, in
+    double: float32 would drift by ~1e-5 at a million rows.
+
+    Claims go to the half with fewer tasks taken, ties to half 0 (``role`` 0, 2) or half 1
+    (``role`` 1). So one thread alone takes both halves of each chunk in turn (one copy of
+    its ``[x | h_prev]`` rows into ``z``), and two threads settle on one half each: the
+    helper (role 2) starts as soon as the recurrence finishes a chunk, the recurrence
+    thread (role 1) joins once it is done, and they finish together however fast each one
+    runs. With ``help_dx``, waits for the next chunk are spent on ``dx`` pieces
+    (``_backward_dx``)."""
     cdef Py_ssize_t T = batch_sizes.shape[0]
     cdef Py_ssize_t B = h0.shape[0]
     cdef Py_ssize_t H = h0.shape[1]
     cdef Py_ssize_t G = dw.shape[0]
     cdef Py_ssize_t K = dw.shape[1]
     cdef Py_ssize_t I = K - H
-    cdef Py_ssize_t c, t, b, j, k, n, t_lo, t_hi, r0, r1, xr, prev_t
+    cdef Py_ssize_t G2 = G // 2
+    cdef Py_ssize_t n_chunks = _bwd_n_chunks(T, first, chunk)
+    cdef Py_ssize_t c, c0, c1, t, b, j, k, n, t_lo, t_hi, r0, r1, xr, prev_t, k0
+    cdef Py_ssize_t z_chunk = -1
+    cdef int half
     cdef const floating *h_prev
     cdef const floating *x_row
     cdef floating *z_row
     cdef const floating *dg
     cdef floating one = 1
-    cdef floating beta = 0  # the first GEMM overwrites dw: no pass to zero it first
+    cdef floating beta
     if G == 0:
         return
-    for k in range(G):
-        db_acc[k] = 0
-    for c in range(c_begin, c_end):
+    while True:
+        if help_dx:
+            # Ready dx pieces first: they are large and independent, while the weight
+            # gradients come in small tasks that two threads share evenly at the end.
+            while _backward_dx(dgates, w_ih, dx, T, first, chunk, dx_group, reverse, batch_sizes,
+                               packed_start, progress, dx_claimed, False):
+                pass
+        c0 = load_acquire(&next_task[0])
+        c1 = load_acquire(&next_task[1])
+        if c0 >= n_chunks and c1 >= n_chunks:
+            return
+        if c1 >= n_chunks or c0 < c1 or (c0 == c1 and role != 1):
+            half, c = 0, c0
+        else:
+            half, c = 1, c1
+        if not compare_exchange(&next_task[half], c, c + 1):
+            continue  # the other thread took it
         if help_dx:
             while (load_acquire(progress) < c + 1
                    and _backward_dx(dgates, w_ih, dx, T, first, chunk, dx_group, reverse, batch_sizes,
@@ -1001,31 +1046,38 @@ cdef void _backward_weights(
         _wait_for(progress, c + 1)
         _bwd_chunk_rows(c, T, first, chunk, reverse, batch_sizes, packed_start,
                         &t_lo, &t_hi, &r0, &r1)
-        if r1 == r0:
-            continue
-        for t in range(t_lo, t_hi):
-            for b in range(batch_sizes[t]):
-                z_row = &z[packed_start[t] + b - r0, 0]
-                xr = x_step_row[t] + b * x_batch_stride
-                if I > 0:
-                    x_row = &x[xr, 0]
-                    for j in range(I):
-                        z_row[j] = x_row[j]
-                prev_t = _prev_step(t, b, T, batch_sizes, reverse)
-                h_prev = &cache_h[prev_t * B + b, 0] if prev_t >= 0 else &h0[b, 0]
-                for j in range(H):
-                    z_row[I + j] = h_prev[j]
-        gemm(Trans, NoTrans, <int>G, <int>K, <int>(r1 - r0), one, &dgates[r0, 0], <int>G,
-             &z[0, 0], <int>K, beta, &dw[0, 0], <int>K)
-        beta = 1
-        for n in range(r0, r1):
-            dg = &dgates[n, 0]
-            for k in range(G):
-                db_acc[k] += dg[k]
-    if beta == 0:  # no rows at all
-        for k in range(G):
-            for j in range(K):
-                dw[k, j] = 0
+        if z_chunk != c and r1 > r0:
+            for t in range(t_lo, t_hi):
+                for b in range(batch_sizes[t]):
+                    z_row = &z[packed_start[t] + b - r0, 0]
+                    xr = x_step_row[t] + b * x_batch_stride
+                    if I > 0:
+                        x_row = &x[xr, 0]
+                        for j in range(I):
+                            z_row[j] = x_row[j]
+                    prev_t = _prev_step(t, b, T, batch_sizes, reverse)
+                    h_prev = &cache_h[prev_t * B + b, 0] if prev_t >= 0 else &h0[b, 0]
+                    for j in range(H):
+                        z_row[I + j] = h_prev[j]
+            z_chunk = c
+        k0 = half * G2
+        _wait_for(&finished[half], c)  # the half's previous chunk, maybe on the other thread
+        if c == 0:
+            for k in range(k0, k0 + G2):
+                db_acc[k] = 0
+        if r1 > r0:
+            beta = 0 if c == 0 else 1
+            gemm(Trans, NoTrans, <int>G2, <int>K, <int>(r1 - r0), one, &dgates[r0, k0], <int>G,
+                 &z[0, 0], <int>K, beta, &dw[k0, 0], <int>K)
+            for n in range(r0, r1):
+                dg = &dgates[n, 0]
+                for k in range(k0, k0 + G2):
+                    db_acc[k] += dg[k]
+        elif c == 0:  # no rows (B == 0): nothing to add, ever
+            for k in range(k0, k0 + G2):
+                for j in range(K):
+                    dw[k, j] = 0
+        store_release(&finished[half], c + 1)
 
 
 cdef bint _backward_dx(
@@ -1082,40 +1134,32 @@ cdef void _backward_direction(
         const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
         floating[:, :, ::1] dh_state, floating[:, :, ::1] dc_state,
         bint want_dx, floating[:, ::1] dx_target,
-        bint want_dparams, floating[:, :, ::1] dgates, floating[:, :, ::1] z,
+        bint want_dparams, floating[:, :, ::1] dgates, floating[:, ::1] z,
         floating[:, :, ::1] dw, double[:, ::1] db_acc, floating[:, ::1] w_packed,
-        Py_ssize_t first, Py_ssize_t chunk, Py_ssize_t tail, Py_ssize_t dx_group,
-        Py_ssize_t *progress, Py_ssize_t *dx_claimed) noexcept nogil:
+        Py_ssize_t first, Py_ssize_t chunk, Py_ssize_t dx_group,
+        Py_ssize_t *progress, Py_ssize_t *next_task, Py_ssize_t *finished,
+        Py_ssize_t *dx_claimed) noexcept nogil:
     """Direction ``d``. ``part`` 0: all of it. With two threads on one direction, ``part``
-    1 (thread 0) is the recurrence, then the weight gradients of the last ``tail`` chunks,
-    then ``dx`` chunks; ``part`` 2 (thread 1) the weight gradients of the other chunks as
-    the recurrence finishes them, then ``dx`` chunks, and ``dx`` chunks while it would
-    otherwise wait. The weight gradients of the tail chunks go to their own accumulators
-    (``dw[D + d]``, ``db_acc[D + d]``), added to the others' in ``backward_layer``."""
+    1 (thread 0) is the recurrence, then weight-gradient tasks, then ``dx`` pieces;
+    ``part`` 2 (thread 1) weight-gradient tasks as the recurrence finishes their chunks
+    (``dx`` pieces while it would otherwise wait), then ``dx`` pieces. ``z``: this
+    thread's ``[x | h_prev]`` rows. ``next_task``/``finished``: the direction's two
+    counters each (see ``_backward_weights``)."""
     cdef bint reverse = d == 1
-    cdef Py_ssize_t D = w_ih.shape[0]
-    cdef Py_ssize_t T = batch_sizes.shape[0]
-    cdef Py_ssize_t n_chunks = _bwd_n_chunks(T, first, chunk)
-    cdef Py_ssize_t t_tail = (tail if tail < n_chunks else n_chunks) if want_dparams else 0
     if part != 2:
         _backward_recurrence(dy, dy_step_row, dy_batch_stride, d * dh_state.shape[2],
                              w_hh[d], c0[d], cache_i[d], cache_f[d], cache_g[d], cache_o[d],
                              cache_c[d], cache_tanhc[d], batch_sizes, packed_start, reverse,
                              dh_state[d], dc_state[d], dgates[d], w_packed[d], first, chunk,
                              progress)
-    if part != 1 and want_dparams:
-        _backward_weights(x, x_step_row, x_batch_stride, h0[d], cache_h[d], batch_sizes,
-                          packed_start, reverse, dgates[d], 0, n_chunks - t_tail, z[d], dw[d],
-                          db_acc[d], first, chunk, dx_group, progress, part == 2 and want_dx, w_ih[d],
-                          dx_target, dx_claimed)
-    if part != 2 and t_tail > 0:
-        _backward_weights(x, x_step_row, x_batch_stride, h0[d], cache_h[d], batch_sizes,
-                          packed_start, reverse, dgates[d], n_chunks - t_tail, n_chunks,
-                          z[D + d], dw[D + d], db_acc[D + d], first, chunk, dx_group, progress, False,
+    if want_dparams:
+        _backward_weights(part, x, x_step_row, x_batch_stride, h0[d], cache_h[d], batch_sizes,
+                          packed_start, reverse, dgates[d], z, dw[d], db_acc[d], first, chunk,
+                          dx_group, progress, next_task, finished, part == 2 and want_dx,
                           w_ih[d], dx_target, dx_claimed)
     if want_dx:
-        _backward_dx(dgates[d], w_ih[d], dx_target, T, first, chunk, dx_group, reverse, batch_sizes,
-                     packed_start, progress, dx_claimed, True)
+        _backward_dx(dgates[d], w_ih[d], dx_target, batch_sizes.shape[0], first, chunk,
+                     dx_group, reverse, batch_sizes, packed_start, progress, dx_claimed, True)
 
 
 def backward_layer(
@@ -1135,8 +1179,7 @@ def backward_layer(
         bint want_dparams,
         floating[:, :, ::1] dgates, floating[:, :, ::1] z, floating[:, :, ::1] dw,
         double[:, ::1] db_acc, floating[:, :, ::1] dx_packed, floating[:, ::1] w_packed,
-        Py_ssize_t first, Py_ssize_t chunk, Py_ssize_t tail, Py_ssize_t dx_group,
-        int n_threads):
+        Py_ssize_t first, Py_ssize_t chunk, Py_ssize_t dx_group, int n_threads):
     """Backpropagate through both directions of one layer.
 
     Parameters
@@ -1159,9 +1202,11 @@ def backward_layer(
         Parameter gradients, written when ``want_dparams``.
     dgates : ndarray [D, N, 4H]
         Workspace: the gate gradients.
-    z, dw, db_acc : ndarray [D2, chunk rows, I + H], [D2, 4H, I + H], [D2, 4H]
-        Workspaces of the weight gradients (``db_acc`` is float64 whatever the dtype);
-        ``D2 = 2 * D`` when ``tail`` > 0 (the tail chunks' own), else ``D``.
+    z : ndarray [max(D, 2), chunk rows, I + H]
+        Each thread's ``[x | h_prev]`` rows of a chunk (two threads share one direction's
+        weight gradients when D is 1).
+    dw, db_acc : ndarray [D, 4H, I + H], [D, 4H]
+        Accumulators of the weight gradients (``db_acc`` is float64 whatever the dtype).
     dx_packed : ndarray [D, N, I]
         Each direction's dx in packed order, summed into ``dx`` at the end; with one
         direction and packed rows, the caller passes ``dx`` itself (as ``[1, N, I]``).
@@ -1170,9 +1215,6 @@ def backward_layer(
     first, chunk : int
         Steps of the first chunk and of the others (fixed by the shape: a short first
         chunk lets the weight gradients start early).
-    tail : int
-        How many of the last chunks' weight gradients the recurrence thread takes on once
-        it is done (fixed by the shape, so that both threads finish together).
     dx_group : int
         Chunks per piece of ``dx`` (fixed by the shape).
     n_threads : int
@@ -1185,24 +1227,27 @@ def backward_layer(
     cdef Py_ssize_t G = 4 * H
     cdef Py_ssize_t progress[2]
     cdef Py_ssize_t dx_claimed[2]
+    cdef Py_ssize_t next_task[4]  # per direction, per half of dw (see _backward_weights)
+    cdef Py_ssize_t finished[4]
     cdef Py_ssize_t d, t, b, j, k, n, xr
     cdef int tid, nt
-    # The tail is capped by the chunks there are (none when T == 0), as in _backward_direction.
-    cdef bint has_tail = want_dparams and tail > 0 and _bwd_n_chunks(T, first, chunk) > 0
     # With one direction and packed rows, dx_packed is dx itself; otherwise each direction
     # writes its own part, summed into dx in a fixed order below.
     cdef bint direct_dx = D == 1 and x_rows_packed
-    if first < 1 or chunk < 1 or dx_group < 1 or tail < 0:
-        raise ValueError(f"bad schedule: first={first}, chunk={chunk}, tail={tail}, "
-                         f"dx_group={dx_group}")
-    if want_dparams and z.shape[1] < (first if first > chunk else chunk) * h0.shape[1]:
-        raise ValueError("z must have room for the rows of the longest chunk")
-    if has_tail and (z.shape[0] < 2 * D or dw.shape[0] < 2 * D or db_acc.shape[0] < 2 * D):
-        raise ValueError("tail > 0 needs 2*D weight-gradient workspaces")
+    if first < 1 or chunk < 1 or dx_group < 1:
+        raise ValueError(f"bad schedule: first={first}, chunk={chunk}, dx_group={dx_group}")
+    if want_dparams and (z.shape[0] < 2 or z.shape[1] < (first if first > chunk else chunk) * h0.shape[1]):
+        raise ValueError("z must hold two workspaces with room for the rows of the longest chunk")
+    for k in range(4):
+        next_task[k] = 0
+        finished[k] = 0
     progress[0] = 0
     progress[1] = 0
     dx_claimed[0] = 0
     dx_claimed[1] = 0
+    if want_dparams and _bwd_n_chunks(T, first, chunk) == 0:  # no steps: no task writes them
+        dw[...] = 0
+        db_acc[...] = 0
     with nogil:
         if n_threads < 2:
             for d in range(D):
@@ -1210,8 +1255,9 @@ def backward_layer(
                                     dy_batch_stride, w_ih, w_hh, h0, c0, cache_i, cache_f, cache_g,
                                     cache_o, cache_c, cache_tanhc, cache_h, batch_sizes,
                                     packed_start, dh_state, dc_state, want_dx, dx_packed[d],
-                                    want_dparams, dgates, z, dw, db_acc, w_packed,
-                                    first, chunk, tail, dx_group, &progress[d], &dx_claimed[d])
+                                    want_dparams, dgates, z[d], dw, db_acc, w_packed,
+                                    first, chunk, dx_group, &progress[d], &next_task[2 * d],
+                                    &finished[2 * d], &dx_claimed[d])
         else:
             with parallel(num_threads=2):
                 tid = threadid()
@@ -1223,42 +1269,34 @@ def backward_layer(
                                             cache_f, cache_g, cache_o, cache_c, cache_tanhc,
                                             cache_h, batch_sizes, packed_start, dh_state,
                                             dc_state, want_dx, dx_packed[d], want_dparams,
-                                            dgates, z, dw, db_acc, w_packed, first, chunk, tail,
-                                            dx_group, &progress[d], &dx_claimed[d])
+                                            dgates, z[d], dw, db_acc, w_packed, first, chunk,
+                                            dx_group, &progress[d], &next_task[2 * d],
+                                            &finished[2 * d], &dx_claimed[d])
                 elif D == 2:
                     _backward_direction(0, tid, x, x_step_row, x_batch_stride, dy, dy_step_row,
                                         dy_batch_stride, w_ih, w_hh, h0, c0, cache_i, cache_f,
                                         cache_g, cache_o, cache_c, cache_tanhc, cache_h,
                                         batch_sizes, packed_start, dh_state, dc_state, want_dx,
-                                        dx_packed[tid], want_dparams, dgates, z, dw, db_acc,
-                                        w_packed, first, chunk, tail, dx_group, &progress[tid],
-                                        &dx_claimed[tid])
+                                        dx_packed[tid], want_dparams, dgates, z[tid], dw, db_acc,
+                                        w_packed, first, chunk, dx_group, &progress[tid],
+                                        &next_task[2 * tid], &finished[2 * tid], &dx_claimed[tid])
                 else:
                     _backward_direction(tid + 1, 0, x, x_step_row, x_batch_stride, dy,
                                         dy_step_row, dy_batch_stride, w_ih, w_hh, h0, c0,
                                         cache_i, cache_f, cache_g, cache_o, cache_c, cache_tanhc,
                                         cache_h, batch_sizes, packed_start, dh_state, dc_state,
-                                        want_dx, dx_packed[0], want_dparams, dgates, z, dw,
-                                        db_acc, w_packed, first, chunk, tail, dx_group, &progress[0],
-                                        &dx_claimed[0])
+                                        want_dx, dx_packed[0], want_dparams, dgates, z[tid], dw,
+                                        db_acc, w_packed, first, chunk, dx_group, &progress[0],
+                                        &next_task[0], &finished[0], &dx_claimed[0])
         if want_dparams and G > 0:
-            # The weight gradients: the chunks' sum, plus the tail chunks' own sum (fixed
-            # order), split into dW_ih and dW_hh.
+            # Split into dW_ih and dW_hh.
             for d in range(D):
-                if has_tail:
-                    for k in range(G):
-                        db[d, k] = <floating>(db_acc[d, k] + db_acc[D + d, k])
-                        for j in range(I):
-                            dw_ih[d, k, j] = dw[d, k, j] + dw[D + d, k, j]
-                        for j in range(H):
-                            dw_hh[d, k, j] = dw[d, k, I + j] + dw[D + d, k, I + j]
-                else:
-                    for k in range(G):
-                        db[d, k] = <floating>db_acc[d, k]
-                        for j in range(I):
-                            dw_ih[d, k, j] = dw[d, k, j]
-                        for j in range(H):
-                            dw_hh[d, k, j] = dw[d, k, I + j]
+                for k in range(G):
+                    db[d, k] = <floating>db_acc[d, k]
+                    for j in range(I):
+                        dw_ih[d, k, j] = dw[d, k, j]
+                    for j in range(H):
+                        dw_hh[d, k, j] = dw[d, k, I + j]
         if want_dx and not direct_dx and I > 0:
             for t in range(T):
                 for b in range(batch_sizes[t]):
