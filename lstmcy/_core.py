@@ -305,11 +305,17 @@ class LSTMPlan:
         p = check_problem(input, hx, params, has_bias=has_bias, num_layers=num_layers,
                           bidirectional=bidirectional, batch_first=batch_first,
                           batch_sizes=batch_sizes)
+        masks = _draw_masks(p, dropout, rng) if (train and dropout > 0 and p.L > 1) else None
+        return self._run_forward(p, train, masks)
+
+    def _run_forward(self, p, train, masks):
+        """:meth:`forward` of a checked :class:`~lstmcy._validation.Problem` (``masks``: the
+        dropout masks, or None). Callers that build ``p`` themselves (``lstmcy.torch``)
+        vouch for its arrays as :func:`~lstmcy._validation.check_problem` would."""
         T, B, H, L, D, N = p.T, p.B, p.H, p.L, p.D, p.N
         cdt = p.compute_dtype
         alloc = self._results.empty if p.uniform else self._results.zeros
         chunk = _chunk_steps(T, B)
-        masks = _draw_masks(p, dropout, rng) if (train and dropout > 0 and L > 1) else None
 
         y = alloc(p.output_shape(D * H), dtype=cdt)
         y_rows = _as_rows(y)
@@ -400,10 +406,16 @@ class LSTMPlan:
             has_bias=has_bias, num_layers=num_layers, dropout=dropout, train=train,
             bidirectional=bidirectional, batch_first=batch_first, dropout_masks=dropout_masks)
         output_mask = check_output_mask(output_mask)
+        return self._run_backward(p, dict(zip(SAVED_NAMES, (i, g, f, o, h, c, tanhc))), arrays,
+                                  output_mask)
+
+    def _run_backward(self, p, given, arrays, output_mask):
+        """:meth:`backward` of checked arguments: ``p`` and ``arrays`` as
+        :func:`~lstmcy._validation.check_backward` returns them, ``given`` the caller's
+        saved lists by name, ``output_mask`` a tuple of four bools."""
         want_dx, want_dh, want_dc, want_dparams = output_mask
         if not any(output_mask):
             return None, None, None, None
-        given = dict(zip(SAVED_NAMES, (i, g, f, o, h, c, tanhc)))
         T, B, H, L, D, N = p.T, p.B, p.H, p.L, p.D, p.N
         cdt = p.compute_dtype
         masks = None

@@ -456,6 +456,30 @@ def _problem_fast(input, hx, params, has_bias, num_layers, bidirectional, batch_
                          "batch_first" if batch_first else "time_major", None)
 
 
+def trusted_problem(input, h0, c0, params, *, has_bias, num_layers, bidirectional, batch_first):
+    """The :class:`Problem` of a padded call whose caller has checked its arguments itself.
+
+    For :mod:`lstmcy.torch`, whose module checks its tensors as ``torch.nn.LSTM`` does
+    (dimensions, sizes, devices, one float32/float64 dtype) before every call: ``input`` is
+    a 3-D ndarray, ``h0``/``c0`` None or ``[L*D, B, H]`` ndarrays, ``params`` the ndarrays
+    of an ``nn.LSTM``. Only what a kernel could run past is checked again (the parameter
+    shapes, the BLAS size limit), and without :func:`check_problem`'s per-argument
+    messages, which such a caller never needs.
+    """
+    L, D = num_layers, 2 if bidirectional else 1
+    if batch_first:
+        B, T, I = input.shape
+    else:
+        T, B, I = input.shape
+    H = params[1].shape[1]
+    for k, (value, shape) in enumerate(zip(params, _param_shapes(I, H, L, D, has_bias))):
+        if value.shape != shape:
+            raise ValueError(f"params[{k}] has shape {value.shape}, expected {shape}")
+    check_blas_limits(T, B, I, H, L, D)
+    return _make_problem(input, h0, c0, params, T, B, I, H, L, D, has_bias,
+                         "batch_first" if batch_first else "time_major", None)
+
+
 def _batch_from_hx(hx, n_states):
     if hx is not None and isinstance(hx, (list, tuple)) and len(hx) == 2 and hasattr(hx[0], "shape") \
             and len(hx[0].shape) == 3:

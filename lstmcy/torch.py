@@ -29,7 +29,8 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.nn.utils.rnn import PackedSequence
 
-from lstmcy._core import lstm_backward, lstm_forward
+from lstmcy._core import _thread_plan, lstm_backward, lstm_forward
+from lstmcy._validation import SAVED_NAMES, trusted_problem
 
 __all__ = ["LSTM", "params_from_state_dict", "config_from_state_dict", "params_to_state_dict"]
 
@@ -90,6 +91,17 @@ def _forward(x, hx, params, cfg, masks, train):
     a layer's output. Returns ``y, h_n, c_n, saved`` where ``saved`` is what
     :func:`_backward` needs (None when ``train`` is False).
     """
+    if masks is None and cfg.batch_sizes is None:
+        # The module has checked every tensor as nn.LSTM does: skip lstmcy's argument
+        # checks (tens of microseconds a step at small shapes) and keep the problem for
+        # the backward, which then needs no checks either (autograd's version counters
+        # guard the tensors it views).
+        h0, c0 = hx if hx is not None else (None, None)
+        problem = trusted_problem(x, h0, c0, params, has_bias=cfg.has_bias,
+                                  num_layers=cfg.num_layers, bidirectional=cfg.bidirectional,
+                                  batch_first=cfg.batch_first)
+        y, h_n, c_n, cache = _thread_plan()._run_forward(problem, train, None)
+        return y, h_n, c_n, (problem, cache) if train else None
     if masks is None:
         y, h_n, c_n, cache = lstm_forward(x, hx, params, train=train, **cfg.kwargs())
         return y, h_n, c_n, cache
@@ -114,6 +126,15 @@ def _forward(x, hx, params, cfg, masks, train):
 
 def _backward(x, hx, params, cfg, masks, saved, dy, dh, dc, output_mask):
     """Gradients for :func:`_forward`'s outputs; ``dh``/``dc`` may be None (zeros)."""
+    if masks is None and cfg.batch_sizes is None:
+        problem, cache = saved
+        lists = dict(zip(SAVED_NAMES, cache.saved()))
+        arrays = {"dy": dy, **lists}
+        if dh is not None:
+            arrays["dh"] = dh
+        if dc is not None:
+            arrays["dc"] = dc
+        return _thread_plan()._run_backward(problem, lists, arrays, output_mask)
     if masks is None:
         return lstm_backward(x, hx, params, dy, dh, dc, *saved.saved(),
                              output_mask=output_mask, **cfg.kwargs())
