@@ -456,7 +456,8 @@ def _problem_fast(input, hx, params, has_bias, num_layers, bidirectional, batch_
                          "batch_first" if batch_first else "time_major", None)
 
 
-def trusted_problem(input, h0, c0, params, *, has_bias, num_layers, bidirectional, batch_first):
+def trusted_problem(input, h0, c0, params, *, hidden_size, has_bias, num_layers, bidirectional,
+                    batch_first):
     """The :class:`Problem` of a padded call whose caller has checked its arguments itself.
 
     For :mod:`lstmcy.torch`, whose module checks its tensors as ``torch.nn.LSTM`` does
@@ -471,7 +472,7 @@ def trusted_problem(input, h0, c0, params, *, has_bias, num_layers, bidirectiona
         B, T, I = input.shape
     else:
         T, B, I = input.shape
-    H = params[1].shape[1]
+    H = hidden_size
     for k, (value, shape) in enumerate(zip(params, _param_shapes(I, H, L, D, has_bias))):
         if value.shape != shape:
             raise ValueError(f"params[{k}] has shape {value.shape}, expected {shape}")

@@ -45,10 +45,11 @@ _GATE_KEYS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
 class _Config:
     """The static arguments of one call (shared by forward and backward)."""
 
-    __slots__ = ("num_layers", "bidirectional", "has_bias", "batch_first", "batch_sizes",
-                 "num_directions", "per_direction")
+    __slots__ = ("hidden_size", "num_layers", "bidirectional", "has_bias", "batch_first",
+                 "batch_sizes", "num_directions", "per_direction")
 
-    def __init__(self, num_layers, bidirectional, has_bias, batch_first, batch_sizes):
+    def __init__(self, hidden_size, num_layers, bidirectional, has_bias, batch_first, batch_sizes):
+        self.hidden_size = hidden_size
         self.num_layers = num_layers
         self.bidirectional = bidirectional
         self.has_bias = has_bias
@@ -97,7 +98,8 @@ def _forward(x, hx, params, cfg, masks, train):
         # the backward, which then needs no checks either (autograd's version counters
         # guard the tensors it views).
         h0, c0 = hx if hx is not None else (None, None)
-        problem = trusted_problem(x, h0, c0, params, has_bias=cfg.has_bias,
+        problem = trusted_problem(x, h0, c0, params, hidden_size=cfg.hidden_size,
+                                  has_bias=cfg.has_bias,
                                   num_layers=cfg.num_layers, bidirectional=cfg.bidirectional,
                                   batch_first=cfg.batch_first)
         y, h_n, c_n, cache = _thread_plan()._run_forward(problem, train, None)
@@ -381,7 +383,7 @@ class LSTM(nn.LSTM):
         return output, (h_n, c_n)
 
     def _run(self, data, batch_sizes, hx, weights):
-        cfg = _Config(self.num_layers, self.bidirectional, self.bias,
+        cfg = _Config(self.hidden_size, self.num_layers, self.bidirectional, self.bias,
                       self.batch_first and batch_sizes is None,
                       None if batch_sizes is None else batch_sizes.numpy())
         masks = None

@@ -146,3 +146,68 @@ def test_split_forward_by_rows_and_by_units_give_the_same_bits(cfg, monkeypatch)
         rtol = 1e-10 if cfg.dtype == np.float64 else 2e-5
         np.testing.assert_allclose(a, e, rtol=rtol, atol=rtol * float(np.max(np.abs(e))),
                                    err_msg=f"output {k}")
+
+
+# The backward's weight gradients are (half, chunk) tasks that either thread may run, in
+# chunk order per half, and its dx pieces go to whichever thread is free. A thread that
+# starts late finds some or all of them done by the other one (a late helper: the
+# recurrence thread takes every weight-gradient task; a late recurrence: the helper waits,
+# then both share the tasks). The bits must not change, with or without dx, and with one
+# direction or two.
+BACKWARD_CONFIGS = [
+    Config(T=13, B=16, I=20, H=40, L=1, layout="time_major", dtype=np.dtype(np.float64),
+           with_hx=True, with_dhdc=True),
+    Config(T=11, B=14, I=3, H=33, L=2, layout="packed", dtype=np.dtype(np.float64),
+           with_hx=True, with_dhdc=False, lengths_seed=3),
+    Config(T=9, B=24, I=33, H=48, L=1, layout="batch_first", dtype=np.dtype(np.float32),
+           with_hx=False, with_dhdc=True),
+    Config(T=8, B=12, I=10, H=24, L=1, bidirectional=True, layout="padded_3d",
+           dtype=np.dtype(np.float64), with_hx=True, with_dhdc=True, lengths_seed=4),
+]
+
+
+@pytest.fixture
+def backward_start_delay():
+    from lstmcy._dispatch import kernels
+
+    yield kernels._set_backward_start_delay
+    kernels._set_backward_start_delay(0, 0)
+    kernels._set_backward_start_delay(1, 0)
+
+
+@pytest.mark.parametrize("late_thread", [0, 1])
+@pytest.mark.parametrize("delay_us", [200, 3000])
+@pytest.mark.parametrize("cfg", BACKWARD_CONFIGS,
+                         ids=[f"{c.layout}-L{c.L}{'-bi' if c.bidirectional else ''}" for c in BACKWARD_CONFIGS])
+def test_backward_same_bits_when_one_thread_starts_late(cfg, delay_us, late_thread,
+                                                         backward_start_delay):
+    import lstmcy
+
+    call = make_call(cfg, np.random.default_rng(cfg.lengths_seed), seed=13)
+    one, (args, kwargs) = run_with_threads(call, 1)
+    backward_start_delay(late_thread, delay_us)
+    for mask in [(True, True, True, True), (False, False, False, True), (True, False, False, False)]:
+        lstmcy.set_num_threads(1)
+        try:
+            expected = lstmcy.lstm_backward(*args, **dict(kwargs, output_mask=mask))
+        finally:
+            lstmcy.set_num_threads(None)
+        lstmcy.set_num_threads(2)
+        try:
+            got = lstmcy.lstm_backward(*args, **dict(kwargs, output_mask=mask))
+        finally:
+            lstmcy.set_num_threads(None)
+        for k, (a, b) in enumerate(zip(expected, got)):
+            if k == 3:
+                a, b = (a or []), (b or [])
+                assert len(a) == len(b)
+                for j, (p, q) in enumerate(zip(a, b)):
+                    assert p.tobytes() == q.tobytes(), f"dparams[{j}], mask {mask}"
+            else:
+                assert (a is None) == (b is None), f"output {k}, mask {mask}"
+                if a is not None:
+                    assert a.tobytes() == b.tobytes(), f"output {k}, mask {mask}"
+    # The full backward with two threads also equals the one-thread run of the sweep.
+    two, _ = run_with_threads(call, 2)
+    for k, (a, b) in enumerate(zip(one, two)):
+        assert a.tobytes() == b.tobytes(), f"output {k}: 1 and 2 threads differ"

@@ -486,6 +486,30 @@ def test_unsupported_dtypes_devices_and_options():
         ours(torch.randn(2, 1, 3), (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)))
 
 
+def test_replaced_parameter_of_wrong_shape_is_refused():
+    # The module skips lstmcy's argument checks on padded input (it checks its tensors as
+    # nn.LSTM does), but a parameter swapped for one of another shape must still be
+    # refused before the kernels read past it.
+    ours = LSTM(3, 4)
+    x = torch.randn(5, 2, 3)
+    ours.weight_hh_l0 = nn.Parameter(torch.randn(16, 3))
+    with pytest.raises(ValueError, match=r"params\[1\] has shape \(16, 3\), expected \(16, 4\)"):
+        ours(x)
+    with torch.no_grad(), pytest.raises(ValueError, match="params"):
+        ours(x)
+
+
+def test_weights_changed_in_place_before_backward_are_refused():
+    # The backward reuses the forward's arrays (views of the tensors): autograd's version
+    # counters must refuse a backward after an in-place change, as for nn.LSTM.
+    for module in (LSTM(3, 4), nn.LSTM(3, 4)):
+        out, _ = module(torch.randn(5, 2, 3))
+        with torch.no_grad():
+            module.weight_ih_l0.add_(1.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+
+
 def test_import_lstmcy_does_not_import_torch():
     code = "import sys, lstmcy; assert 'torch' not in sys.modules, 'torch imported'; print('ok')"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -914,6 +914,19 @@ cdef inline void _backward_cell_row(
         dc_row[j] = dc_row[j] * f_row[j]
 
 
+# Test hook: how long (ns) each thread of the two-thread backward sleeps before it starts,
+# so that tests can make the other thread take its weight-gradient tasks and dx pieces.
+cdef long long _backward_start_delay_ns[2]
+
+
+def _set_backward_start_delay(int thread, long long delay_us):
+    """Test hook: make ``thread`` (0 or 1) of the two-thread backward start ``delay_us``
+    late."""
+    if thread != 0 and thread != 1:
+        raise ValueError(f"thread must be 0 or 1, got {thread}")
+    _backward_start_delay_ns[thread] = delay_us * 1000
+
+
 cdef void _backward_recurrence(
         const floating[:, ::1] dy, const Py_ssize_t[::1] dy_step_row, Py_ssize_t dy_batch_stride,
         Py_ssize_t dy_col,
@@ -1262,6 +1275,8 @@ def backward_layer(
             with parallel(num_threads=2):
                 tid = threadid()
                 nt = openmp.omp_get_num_threads()
+                if _backward_start_delay_ns[tid] > 0:
+                    _sleep_ns(_backward_start_delay_ns[tid])
                 if nt < 2:
                     for d in range(D):
                         _backward_direction(0, d, x, x_step_row, x_batch_stride, dy, dy_step_row,
