@@ -154,13 +154,7 @@ def test_split_forward_by_rows_and_by_units_give_the_same_bits(cfg, monkeypatch)
 # recurrence thread takes every weight-gradient task; a late recurrence: the helper waits,
 # then both share the tasks). The bits must not change, with or without dx, and with one
 # direction or two.
-BACKWARD_CONFIGS = [
-    Config(T=13, B=16, I=20, H=40, L=1, layout="time_major", dtype=np.dtype(np.float64),
-           with_hx=True, with_dhdc=True),
-    Config(T=11, B=14, I=3, H=33, L=2, layout="packed", dtype=np.dtype(np.float64),
-           with_hx=True, with_dhdc=False, lengths_seed=3),
-    Config(T=9, B=24, I=33, H=48, L=1, layout="batch_first", dtype=np.dtype(np.float32),
-           with_hx=False, with_dhdc=True),
+BACKWARD_CONFIGS = SPLIT_CONFIGS + [
     Config(T=8, B=12, I=10, H=24, L=1, bidirectional=True, layout="padded_3d",
            dtype=np.dtype(np.float64), with_hx=True, with_dhdc=True, lengths_seed=4),
 ]
