@@ -222,8 +222,9 @@ class LSTMPlan:
         input is not in packed order, a packed copy of the input (gradient), plus a
         panel-packed copy of ``w_hh`` per direction for the recurrent products (and a second
         ``[B, H]`` h buffer for the split forward); the backward
-        adds one chunk of ``[x_t, h_{t-1}]`` rows, a ``[4H, I + H]`` weight-gradient
-        accumulator and a float64 bias accumulator. An upper bound of what
+        adds a chunk of ``[x_t, h_{t-1}]`` rows per thread (two), and per direction a
+        ``[4H, I + H]`` weight-gradient accumulator and a float64 bias accumulator. An
+        upper bound of what
         :attr:`workspace_size` reaches after such calls.
         """
         D = 2 if bidirectional else 1

@@ -199,11 +199,6 @@ cdef inline Py_ssize_t _bwd_n_chunks(Py_ssize_t T, Py_ssize_t first, Py_ssize_t 
     return 1 + (T - first + chunk - 1) // chunk
 
 
-def backward_chunk_count(Py_ssize_t T, Py_ssize_t first, Py_ssize_t chunk):
-    """``_bwd_n_chunks`` for the Python side (``_core._backward_schedule``)."""
-    return _bwd_n_chunks(T, first, chunk)
-
-
 cdef inline Py_ssize_t _bwd_chunk_end(Py_ssize_t c, Py_ssize_t T, Py_ssize_t first,
                                       Py_ssize_t chunk) noexcept nogil:
     """Steps (in processing order) done once the backward's chunk ``c`` is finished."""
@@ -481,34 +476,20 @@ cdef void _forward_split_half_rows(
 
 
 cdef inline void _forward_cell_row(
-        Py_ssize_t w, Py_ssize_t gs, floating_rp act, const floating *bias, floating_rp c_row,
-        floating_rp h_row, floating_rp y_row, floating_rp ci, floating_rp cf, floating_rp cg,
-        floating_rp co, floating_rp cc, floating_rp ctc, floating_rp ch,
-        bint store_cache) noexcept nogil:
-    """One row of ``w`` units: ``act`` holds their pre-activations ``[i f g o]`` (gate q at
-    ``act + q*gs``, likewise ``bias``); ``c_row``/``h_row`` go from step t-1 to t. Two
-    loops over the units rather than one short loop per quantity, which cost more in
-    set-up than in work at the widths of a split step (32 units: two AVX-512 vectors).
-    The rows written are distinct arrays (restrict), except that ``h_row`` may be ``ch``
-    (h kept in the cache), in which case only ``ch`` is used. Without the cache the
-    activations go back into ``act``, through ``act`` itself."""
+        Py_ssize_t w, Py_ssize_t gs, const floating *act, const floating *bias,
+        floating_rp c_row, floating_rp h_row, floating_rp y_row, floating_rp ci,
+        floating_rp cf, floating_rp cg, floating_rp co, floating_rp cc, floating_rp ctc,
+        floating_rp ch) noexcept nogil:
+    """One row of ``w`` units, training: ``act`` holds their pre-activations ``[i f g o]``
+    (gate q at ``act + q*gs``, likewise ``bias``); ``c_row``/``h_row`` go from step t-1 to
+    t, and the activations, c, tanh(c) and h go to the cache rows ``ci .. ch``. Two loops
+    over the units rather than one short loop per quantity, which cost more in set-up than
+    in work at the widths of a split step (32 units: two AVX-512 vectors), and rather than
+    one loop with all of it, which runs out of vector registers. The rows written are
+    distinct arrays (restrict), except that ``h_row`` may be ``ch`` (h kept in the cache),
+    in which case only ``ch`` is used."""
     cdef Py_ssize_t j
     cdef floating c, h
-    if not store_cache:
-        for j in range(w):
-            act[j] = fast_sigmoid(act[j] + bias[j])
-            act[gs + j] = fast_sigmoid(act[gs + j] + bias[gs + j])
-            act[2 * gs + j] = fast_tanh(act[2 * gs + j] + bias[2 * gs + j])
-            act[3 * gs + j] = fast_sigmoid(act[3 * gs + j] + bias[3 * gs + j])
-        for j in range(w):
-            c = act[gs + j] * c_row[j] + act[j] * act[2 * gs + j]
-            h = act[3 * gs + j] * fast_tanh(c)
-            c_row[j] = c
-            h_row[j] = h
-            y_row[j] = h
-        return
-    # Two loops: the four gate activations, then the state update. One loop with all of
-    # it runs out of vector registers.
     for j in range(w):
         ci[j] = fast_sigmoid(act[j] + bias[j])
         cf[j] = fast_sigmoid(act[gs + j] + bias[gs + j])
@@ -526,6 +507,25 @@ cdef inline void _forward_cell_row(
     if h_row != ch:  # h_t goes to a separate state buffer (not read from the cache)
         for j in range(w):
             h_row[j] = ch[j]
+
+
+cdef inline void _forward_cell_row_inference(
+        Py_ssize_t w, Py_ssize_t gs, floating_rp act, const floating *bias,
+        floating_rp c_row, floating_rp h_row, floating_rp y_row) noexcept nogil:
+    """:func:`_forward_cell_row` without a cache: the activations go back into ``act``."""
+    cdef Py_ssize_t j
+    cdef floating c, h
+    for j in range(w):
+        act[j] = fast_sigmoid(act[j] + bias[j])
+        act[gs + j] = fast_sigmoid(act[gs + j] + bias[gs + j])
+        act[2 * gs + j] = fast_tanh(act[2 * gs + j] + bias[2 * gs + j])
+        act[3 * gs + j] = fast_sigmoid(act[3 * gs + j] + bias[3 * gs + j])
+    for j in range(w):
+        c = act[gs + j] * c_row[j] + act[j] * act[2 * gs + j]
+        h = act[3 * gs + j] * fast_tanh(c)
+        c_row[j] = c
+        h_row[j] = h
+        y_row[j] = h
 
 
 cdef void _forward_elementwise(
@@ -547,7 +547,6 @@ cdef void _forward_elementwise(
     cdef Py_ssize_t nb = batch_sizes[t]
     cdef Py_ssize_t n0 = packed_start[t]
     cdef Py_ssize_t b, row
-    cdef floating *none = NULL
     if w == 0:
         return
     b = b_first
@@ -558,11 +557,11 @@ cdef void _forward_elementwise(
                               h + b * H + u0, &y[y_step_row[t] + b * y_batch_stride, y_col + u0],
                               &cache_i[row, u0], &cache_f[row, u0], &cache_g[row, u0],
                               &cache_o[row, u0], &cache_c[row, u0], &cache_tanhc[row, u0],
-                              &cache_h[row, u0], True)
+                              &cache_h[row, u0])
         else:
-            _forward_cell_row(w, H, &gates[n0 + b, u0], &bias[u0], &c_state[b, u0],
-                              h + b * H + u0, &y[y_step_row[t] + b * y_batch_stride, y_col + u0],
-                              none, none, none, none, none, none, none, False)
+            _forward_cell_row_inference(w, H, &gates[n0 + b, u0], &bias[u0], &c_state[b, u0],
+                                        h + b * H + u0,
+                                        &y[y_step_row[t] + b * y_batch_stride, y_col + u0])
         b += b_step
 
 
@@ -1249,8 +1248,13 @@ def backward_layer(
     cdef bint direct_dx = D == 1 and x_rows_packed
     if first < 1 or chunk < 1 or dx_group < 1:
         raise ValueError(f"bad schedule: first={first}, chunk={chunk}, dx_group={dx_group}")
-    if want_dparams and (z.shape[0] < 2 or z.shape[1] < (first if first > chunk else chunk) * h0.shape[1]):
-        raise ValueError("z must hold two workspaces with room for the rows of the longest chunk")
+    if want_dparams and (z.shape[0] < 2 or z.shape[1] < (first if first > chunk else chunk) * h0.shape[1]
+                         or z.shape[2] != I + H):
+        raise ValueError("z must hold two workspaces of I + H columns with room for the rows of "
+                         "the longest chunk")
+    if want_dparams and (dw.shape[0] < D or dw.shape[1] != G or dw.shape[2] != I + H
+                         or db_acc.shape[0] < D or db_acc.shape[1] != G):
+        raise ValueError("dw and db_acc must be [D, 4H, I + H] and [D, 4H]")
     for k in range(4):
         next_task[k] = 0
         finished[k] = 0
