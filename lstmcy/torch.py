@@ -85,6 +85,12 @@ def _mask_in_output_layout(mask, cfg):
     return m
 
 
+def _trusted(cfg, masks):
+    """Whether a call takes the path without lstmcy's argument checks (padded input, no
+    dropout masks): the module has checked every tensor as nn.LSTM does."""
+    return masks is None and cfg.batch_sizes is None
+
+
 def _forward(x, hx, params, cfg, masks, train):
     """Run the LSTM on numpy arrays.
 
@@ -92,7 +98,7 @@ def _forward(x, hx, params, cfg, masks, train):
     a layer's output. Returns ``y, h_n, c_n, saved`` where ``saved`` is what
     :func:`_backward` needs (None when ``train`` is False).
     """
-    if masks is None and cfg.batch_sizes is None:
+    if _trusted(cfg, masks):
         # The module has checked every tensor as nn.LSTM does: skip lstmcy's argument
         # checks (tens of microseconds a step at small shapes) and keep the problem for
         # the backward, which then needs no checks either (autograd's version counters
@@ -127,8 +133,10 @@ def _forward(x, hx, params, cfg, masks, train):
 
 
 def _backward(x, hx, params, cfg, masks, saved, dy, dh, dc, output_mask):
-    """Gradients for :func:`_forward`'s outputs; ``dh``/``dc`` may be None (zeros)."""
-    if masks is None and cfg.batch_sizes is None:
+    """Gradients for :func:`_forward`'s outputs; ``dh``/``dc`` may be None (zeros). On the
+    trusted path ``x``, ``hx`` and ``params`` are unused (the forward's problem holds
+    them) and may be None."""
+    if _trusted(cfg, masks):
         problem, cache = saved
         lists = dict(zip(SAVED_NAMES, cache.saved()))
         arrays = {"dy": dy, **lists}
@@ -203,6 +211,7 @@ class _LSTMFunction(torch.autograd.Function):
         ctx.masks = masks
         ctx.saved = saved
         ctx.y_shape = y.shape
+        ctx.y_dtype = y.dtype
         return torch.from_numpy(y), torch.from_numpy(h_n), torch.from_numpy(c_n)
 
     @staticmethod
@@ -216,13 +225,13 @@ class _LSTMFunction(torch.autograd.Function):
         want_dparams = any(needs[5:])
         if not (want_dx or want_dh or want_dc or want_dparams):
             return (None,) * len(needs)
-        x_np = _np(x)
-        params = [_np(w) for w in weights]
-        hx = None if h0 is None else (_np(h0), _np(c0))
-        if dy is None:
-            dy_np = _zeros(ctx.y_shape, x_np.dtype)
+        if _trusted(ctx.cfg, ctx.masks):
+            x_np = hx = params = None  # in the forward's problem (saved_tensors checked them)
         else:
-            dy_np = _np(dy)
+            x_np = _np(x)
+            params = [_np(w) for w in weights]
+            hx = None if h0 is None else (_np(h0), _np(c0))
+        dy_np = _zeros(ctx.y_shape, ctx.y_dtype) if dy is None else _np(dy)
         dx, dh0, dc0, dparams = _backward(
             x_np, hx, params, ctx.cfg, ctx.masks, ctx.saved, dy_np, _np(dh), _np(dc),
             (want_dx, want_dh, want_dc, want_dparams))
