@@ -1012,8 +1012,8 @@ cdef void _backward_weights(
     its ``[x | h_prev]`` rows into ``z``), and two threads settle on one half each: the
     helper (role 2) starts as soon as the recurrence finishes a chunk, the recurrence
     thread (role 1) joins once it is done, and they finish together however fast each one
-    runs. With ``help_dx``, waits for the next chunk are spent on ``dx`` pieces
-    (``_backward_dx``)."""
+    runs. With ``help_dx`` (the helper, when dx is wanted), ready ``dx`` pieces
+    (``_backward_dx``) come before the next task, and waits for a chunk go to them too."""
     cdef Py_ssize_t T = batch_sizes.shape[0]
     cdef Py_ssize_t B = h0.shape[0]
     cdef Py_ssize_t H = h0.shape[1]
@@ -1153,8 +1153,8 @@ cdef void _backward_direction(
         Py_ssize_t *dx_claimed) noexcept nogil:
     """Direction ``d``. ``part`` 0: all of it. With two threads on one direction, ``part``
     1 (thread 0) is the recurrence, then weight-gradient tasks, then ``dx`` pieces;
-    ``part`` 2 (thread 1) weight-gradient tasks as the recurrence finishes their chunks
-    (``dx`` pieces while it would otherwise wait), then ``dx`` pieces. ``z``: this
+    ``part`` 2 (thread 1) weight-gradient tasks as the recurrence finishes their chunks,
+    taking ready ``dx`` pieces first, then the remaining ``dx`` pieces. ``z``: this
     thread's ``[x | h_prev]`` rows. ``next_task``/``finished``: the direction's two
     counters each (see ``_backward_weights``)."""
     cdef bint reverse = d == 1
