@@ -26,8 +26,14 @@ __all__ = ["lstm_forward", "lstm_backward", "LSTMPlan", "release_workspaces"]
 # OpenBLAS runs a GEMM on one thread when m*n*k <= 65536 * GEMM_MULTITHREAD_THRESHOLD (4):
 # a call whose largest GEMM is that small needs no cap on BLAS threads.
 _SINGLE_THREADED_GEMM = 65536 * 4
-# Target number of rows (time steps x batch) of one chunk of the batched GEMMs.
-_CHUNK_ROWS = 128
+# Target number of rows (time steps x batch) of one chunk of the batched GEMMs. Since the
+# backward's weight gradients became tasks shared by both threads, smaller chunks let the
+# helper start sooner and the two threads finish closer together: 64 rather than 128 made
+# the small backwards 5-19 % faster ((32,16,32,64), (50,8,64,64), (50,4,32,32), float32
+# and float64, one and two directions, with and without dx) and left ptb-medium (100
+# instead of 140 rows) within +-1 %; chunks of T/8 steps or more (_MAX_CHUNKS) decide the
+# other large shapes.
+_CHUNK_ROWS = 64
 # The one-direction forward splits each step over two threads when 8*B*H^2 reaches this
 # (and the layer has enough work at all, see threads_for).
 _SPLIT_FORWARD_MIN = 2e5
