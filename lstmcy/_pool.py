@@ -13,9 +13,9 @@ reference count says so exactly. The caller sees ordinary arrays (views of a poo
 """
 import math
 import sys
-from collections import deque
 import sysconfig
 import threading
+from collections import deque
 
 import numpy as np
 
