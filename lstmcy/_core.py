@@ -136,6 +136,20 @@ def _stacked(given, arrays, layer, D, shape, dtype):
     return out
 
 
+# The forward kernels take the saved activations in this order (indices into SAVED_NAMES).
+_KERNEL_SAVED_ORDER = tuple(SAVED_NAMES.index(name) for name in ("i", "f", "g", "o", "c", "tanhc", "h"))
+_SAVED_INDEX = {name: k for k, name in enumerate(SAVED_NAMES)}
+
+
+def _block_reader(block, D):
+    """``saved_of`` for :meth:`LSTMPlan._run_backward` from the block
+    :meth:`LSTMPlan._run_forward` returns: views, no copies or checks (for callers that
+    hand back the forward's own block, as ``lstmcy.torch`` does)."""
+    def saved_of(name, layer):
+        return block[_SAVED_INDEX[name], layer * D:(layer + 1) * D]
+    return saved_of
+
+
 def _layer_weights(problem, layer):
     """``w_ih [D, 4H, I_l]``, ``w_hh [D, 4H, H]`` and ``b_ih + b_hh [D, 4H]`` of one layer."""
     D = problem.D
@@ -313,12 +327,23 @@ class LSTMPlan:
                           bidirectional=bidirectional, batch_first=batch_first,
                           batch_sizes=batch_sizes)
         masks = _draw_masks(p, dropout, rng) if (train and dropout > 0 and p.L > 1) else None
-        return self._run_forward(p, train, masks)
+        y, h_n, c_n, saved_block = self._run_forward(p, train, masks)
+        if not train:
+            return y, h_n, c_n, None
+        # [7, L*D, T, B, H] in SAVED_NAMES order, which is LSTMCache's argument order.
+        blocks = _out_dtype(saved_block, p.dtype).reshape(len(SAVED_NAMES), p.L * p.D, p.T, p.B, p.H)
+        cache = LSTMCache(*[_BlockViews(block) for block in blocks], dropout_masks=masks)
+        return y, h_n, c_n, cache
 
     def _run_forward(self, p, train, masks):
         """:meth:`forward` of a checked :class:`~lstmcy._validation.Problem` (``masks``: the
         dropout masks, or None). Callers that build ``p`` themselves (``lstmcy.torch``)
-        vouch for its arrays as :func:`~lstmcy._validation.check_problem` would."""
+        vouch for its arrays as :func:`~lstmcy._validation.check_problem` would.
+
+        Returns ``y, h_n, c_n`` in the caller's dtype and, when ``train``, the saved
+        activations as one compute-dtype block ``[7, L*D, T*B, H]`` in ``SAVED_NAMES``
+        order (else None): :meth:`forward` wraps it in an :class:`LSTMCache`, and
+        :meth:`_run_backward` reads it through :func:`_block_reader`."""
         T, B, H, L, D, N = p.T, p.B, p.H, p.L, p.D, p.N
         cdt = p.compute_dtype
         alloc = self._results.empty if p.uniform else self._results.zeros
@@ -345,7 +370,6 @@ class LSTMPlan:
         if train:
             # One request for all seven (they live and die together, in the cache).
             saved_block = alloc((len(SAVED_NAMES), L * D, T * B, H), dtype=cdt)
-            saved = dict(zip(SAVED_NAMES, saved_block))
         else:
             no_cache = np.empty((1, 0, H), dtype=cdt)
         internal_step_row, _, internal_packed = p.time_major_map
@@ -362,7 +386,7 @@ class LSTMPlan:
                 in_size = layer_in.shape[1]
                 w_ih, w_hh, bias = _layer_weights(p, layer)
                 ks = slice(layer * D, (layer + 1) * D)
-                cache = ([saved[name][ks] for name in ("i", "f", "g", "o", "c", "tanhc", "h")]
+                cache = ([saved_block[k, ks] for k in _KERNEL_SAVED_ORDER]
                          if train else [no_cache] * 7)
                 gates = self._take("gates", (D, N, 4 * H), cdt)
                 x_packed = self._take("packed_rows", (D, 0 if in_packed else N, in_size), cdt)
@@ -397,12 +421,7 @@ class LSTMPlan:
 
         dtype = p.dtype
         y, h_n, c_n = (_out_dtype(a, dtype) for a in (y, h_n, c_n))
-        if not train:
-            return y, h_n, c_n, None
-        # [7, L*D, T, B, H] in SAVED_NAMES order, which is LSTMCache's argument order.
-        blocks = _out_dtype(saved_block, dtype).reshape(len(SAVED_NAMES), L * D, T, B, H)
-        cache = LSTMCache(*[_BlockViews(block) for block in blocks], dropout_masks=masks)
-        return y, h_n, c_n, cache
+        return y, h_n, c_n, saved_block if train else None
 
     def backward(self, input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, batch_sizes=None,
                  has_bias=True, num_layers=1, dropout=0.0, train=True, bidirectional=False,
@@ -413,13 +432,21 @@ class LSTMPlan:
             has_bias=has_bias, num_layers=num_layers, dropout=dropout, train=train,
             bidirectional=bidirectional, batch_first=batch_first, dropout_masks=dropout_masks)
         output_mask = check_output_mask(output_mask)
-        return self._run_backward(p, dict(zip(SAVED_NAMES, (i, g, f, o, h, c, tanhc))), arrays,
-                                  output_mask)
+        given = dict(zip(SAVED_NAMES, (i, g, f, o, h, c, tanhc)))
+        cdt = p.compute_dtype
+        TB = (p.T * p.B, p.H)
 
-    def _run_backward(self, p, given, arrays, output_mask):
+        def saved_of(name, layer):
+            return _stacked(given[name], arrays[name], layer, p.D, TB, cdt)
+
+        return self._run_backward(p, saved_of, arrays, output_mask)
+
+    def _run_backward(self, p, saved_of, arrays, output_mask):
         """:meth:`backward` of checked arguments: ``p`` and ``arrays`` as
-        :func:`~lstmcy._validation.check_backward` returns them, ``given`` the caller's
-        saved lists by name, ``output_mask`` a tuple of four bools."""
+        :func:`~lstmcy._validation.check_backward` returns them (only ``dy``, ``dh``,
+        ``dc`` and ``dropout_masks`` are read from ``arrays``), ``saved_of(name, layer)``
+        the saved activation ``name`` of ``layer``'s directions as a C-contiguous
+        ``[D, T*B, H]`` compute-dtype array, ``output_mask`` a tuple of four bools."""
         want_dx, want_dh, want_dc, want_dparams = output_mask
         if not any(output_mask):
             return None, None, None, None
@@ -444,14 +471,12 @@ class LSTMPlan:
         with self._blas_cap(p):
             for layer in reversed(range(L)):
                 ks = slice(layer * D, (layer + 1) * D)
-                saved = {name: _stacked(given[name], arrays[name], layer, D, (T * B, H), cdt)
-                         for name in SAVED_NAMES}
+                saved = {name: saved_of(name, layer) for name in SAVED_NAMES}
                 if layer == 0:
                     layer_in, in_step_row, in_stride, in_packed = p.x_rows, p.step_row, p.batch_stride, p.rows_packed
                     layer_dx_needed = want_dx
                 else:
-                    below = _stacked(given["h"], arrays["h"], layer - 1, D, (T * B, H), cdt)
-                    below = list(below)
+                    below = list(saved_of("h", layer - 1))
                     layer_in = self._results.empty((T * B, D * H), cdt)
                     np.concatenate(below, axis=-1, out=layer_in)
                     if masks is not None:

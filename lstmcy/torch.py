@@ -29,8 +29,8 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.nn.utils.rnn import PackedSequence
 
-from lstmcy._core import _thread_plan, lstm_backward, lstm_forward
-from lstmcy._validation import SAVED_NAMES, trusted_problem
+from lstmcy._core import _block_reader, _thread_plan, lstm_backward, lstm_forward
+from lstmcy._validation import trusted_problem
 
 __all__ = ["LSTM", "params_from_state_dict", "config_from_state_dict", "params_to_state_dict"]
 
@@ -108,8 +108,8 @@ def _forward(x, hx, params, cfg, masks, train):
                                   has_bias=cfg.has_bias,
                                   num_layers=cfg.num_layers, bidirectional=cfg.bidirectional,
                                   batch_first=cfg.batch_first)
-        y, h_n, c_n, cache = _thread_plan()._run_forward(problem, train, None)
-        return y, h_n, c_n, (problem, cache) if train else None
+        y, h_n, c_n, saved_block = _thread_plan()._run_forward(problem, train, None)
+        return y, h_n, c_n, (problem, saved_block) if train else None
     if masks is None:
         y, h_n, c_n, cache = lstm_forward(x, hx, params, train=train, **cfg.kwargs())
         return y, h_n, c_n, cache
@@ -137,14 +137,14 @@ def _backward(x, hx, params, cfg, masks, saved, dy, dh, dc, output_mask):
     trusted path ``x``, ``hx`` and ``params`` are unused (the forward's problem holds
     them) and may be None."""
     if _trusted(cfg, masks):
-        problem, cache = saved
-        lists = dict(zip(SAVED_NAMES, cache.saved()))
-        arrays = {"dy": dy, **lists}
+        problem, saved_block = saved
+        arrays = {"dy": dy}
         if dh is not None:
             arrays["dh"] = dh
         if dc is not None:
             arrays["dc"] = dc
-        return _thread_plan()._run_backward(problem, lists, arrays, output_mask)
+        return _thread_plan()._run_backward(problem, _block_reader(saved_block, problem.D),
+                                            arrays, output_mask)
     if masks is None:
         return lstm_backward(x, hx, params, dy, dh, dc, *saved.saved(),
                              output_mask=output_mask, **cfg.kwargs())
