@@ -153,6 +153,15 @@ def run_with_threads(call, threads):
     return [np.array(a) for a in (y, h_n, c_n, dx, dh, dc, *dparams)], (args, kwargs)
 
 
+def force_split(monkeypatch, cfg, split_by):
+    """Make the split forward give the threads half of the batch rows each (``"rows"``) or
+    half of every step's hidden units (``"units"``); ``monkeypatch`` is pytest's fixture."""
+    from lstmcy import _core
+
+    monkeypatch.setattr(_core, "_ROW_SPLIT_MIN_B", 0 if split_by == "rows" else cfg.B + 1)
+    assert _core._split_by_rows(cfg.B) == (split_by == "rows")
+
+
 def random_config(rng, max_size=4, allow_zero=True, dtypes=FLOAT_DTYPES):
     """A random valid :class:`Config` (small sizes, every option)."""
     low = 0 if allow_zero else 1

@@ -16,7 +16,7 @@ import pytest
 threadpoolctl = pytest.importorskip("threadpoolctl")
 
 import lstmcy  # noqa: E402
-from hostile import Config, make_call  # noqa: E402
+from hostile import Config, force_split, make_call  # noqa: E402
 
 # Large enough that the kernels use two threads and every GEMM is well above OpenBLAS's
 # threading threshold; with dropout and variable lengths.
@@ -151,9 +151,7 @@ def test_split_forward_same_bits_for_threads_and_with_or_without_cache(cfg, spli
     from lstmcy import _core
 
     assert 8.0 * cfg.B * cfg.H ** 2 >= _core._SPLIT_FORWARD_MIN  # the split path runs
-    # The threads take half of the batch rows each, or half of every step's hidden units.
-    monkeypatch.setattr(_core, "_ROW_SPLIT_MIN_B", 0 if split_by == "rows" else cfg.B + 1)
-    assert _core._split_by_rows(cfg.B) == (split_by == "rows")
+    force_split(monkeypatch, cfg, split_by)
     call = get_call(cfg)
     saved = lstmcy.get_num_threads()
     results = {}

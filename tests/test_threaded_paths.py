@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from lstmcy import _core, reference
-from hostile import Config, make_call, run_with_threads
+from hostile import Config, force_split, make_call, run_with_threads
 
 LAYOUTS = ["time_major", "batch_first", "packed", "padded_2d", "padded_3d"]
 
@@ -80,13 +80,6 @@ def split_start_delay():
     yield set_delay
     kernels._set_split_start_delay(0, 0)
     kernels._set_split_start_delay(1, 0)
-
-
-def force_split(monkeypatch, cfg, split_by):
-    """Make the split forward give the threads half of the batch rows each (``"rows"``) or
-    half of every step's hidden units (``"units"``)."""
-    monkeypatch.setattr(_core, "_ROW_SPLIT_MIN_B", 0 if split_by == "rows" else cfg.B + 1)
-    assert _core._split_by_rows(cfg.B) == (split_by == "rows")
 
 
 @pytest.mark.parametrize("split_by", ["rows", "units"])
