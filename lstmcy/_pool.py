@@ -127,7 +127,12 @@ class ResultPool:
             self._offsets.append(offset)
             used = self._total - free_bytes
             self._recent_use.append(used)
-            if len(buffers) > _MAX_BUFFERS or free_bytes > used + _MAX_FREE_EXTRA_BYTES:
+            # The same bound as _trim's (the window's peak use), so that a loop whose results
+            # pass the allowance does not run a trim that drops nothing at every step; the
+            # cheap test first, as the window's peak is never below the use now.
+            if len(buffers) > _MAX_BUFFERS or (
+                    free_bytes > used + _MAX_FREE_EXTRA_BYTES
+                    and free_bytes > max(self._recent_use) + _MAX_FREE_EXTRA_BYTES):
                 self._trim()
         return np.ndarray(shape, dtype, buffer, offset)  # a view: its base is the buffer
 
