@@ -565,16 +565,33 @@ cdef void _forward_elementwise(
         b += b_step
 
 
-# Test hook: how long (ns) each thread of the split forward sleeps before it starts, so
-# that tests can make the other thread take its tasks.
+# Test hooks: how long (ns) each thread of a two-thread kernel sleeps before it starts, so
+# that tests can make the other thread take its tasks (the split forward's; the backward's
+# weight-gradient tasks and dx pieces).
 cdef long long _split_start_delay_ns[2]
+cdef long long _backward_start_delay_ns[2]
+
+
+cdef _set_start_delay(long long *delays_ns, int thread, long long delay_us):
+    if thread != 0 and thread != 1:
+        raise ValueError(f"thread must be 0 or 1, got {thread}")
+    delays_ns[thread] = delay_us * 1000
+
+
+cdef inline void _start_delay(const long long *delays_ns, int thread) noexcept nogil:
+    if delays_ns[thread] > 0:
+        _sleep_ns(delays_ns[thread])
 
 
 def _set_split_start_delay(int thread, long long delay_us):
     """Test hook: make ``thread`` (0 or 1) of the split forward start ``delay_us`` late."""
-    if thread != 0 and thread != 1:
-        raise ValueError(f"thread must be 0 or 1, got {thread}")
-    _split_start_delay_ns[thread] = delay_us * 1000
+    _set_start_delay(_split_start_delay_ns, thread, delay_us)
+
+
+def _set_backward_start_delay(int thread, long long delay_us):
+    """Test hook: make ``thread`` (0 or 1) of the two-thread backward start ``delay_us``
+    late."""
+    _set_start_delay(_backward_start_delay_ns, thread, delay_us)
 
 
 cdef inline bint _claim(Py_ssize_t *flag) noexcept nogil:
@@ -868,8 +885,7 @@ def forward_direction_split(
             else:
                 with parallel(num_threads=2):
                     tid = threadid()
-                    if _split_start_delay_ns[tid] > 0:
-                        _sleep_ns(_split_start_delay_ns[tid])
+                    _start_delay(_split_start_delay_ns, tid)
                     # With one thread granted (an OpenMP limit), it takes every task.
                     _forward_split(tid, tasks, &done, openmp.omp_get_num_threads() > 1,
                                    reverse, split, by_rows, x, x_step_row, x_batch_stride,
@@ -911,19 +927,6 @@ cdef inline void _backward_cell_row(
         dg[H + j] = (dc_row[j] * c_prev[j]) * (one - f_row[j]) * f_row[j]
     for j in range(H):  # dc_next = dc * f
         dc_row[j] = dc_row[j] * f_row[j]
-
-
-# Test hook: how long (ns) each thread of the two-thread backward sleeps before it starts,
-# so that tests can make the other thread take its weight-gradient tasks and dx pieces.
-cdef long long _backward_start_delay_ns[2]
-
-
-def _set_backward_start_delay(int thread, long long delay_us):
-    """Test hook: make ``thread`` (0 or 1) of the two-thread backward start ``delay_us``
-    late."""
-    if thread != 0 and thread != 1:
-        raise ValueError(f"thread must be 0 or 1, got {thread}")
-    _backward_start_delay_ns[thread] = delay_us * 1000
 
 
 cdef void _backward_recurrence(
@@ -1279,8 +1282,7 @@ def backward_layer(
             with parallel(num_threads=2):
                 tid = threadid()
                 nt = openmp.omp_get_num_threads()
-                if _backward_start_delay_ns[tid] > 0:
-                    _sleep_ns(_backward_start_delay_ns[tid])
+                _start_delay(_backward_start_delay_ns, tid)
                 if nt < 2:
                     for d in range(D):
                         _backward_direction(0, d, x, x_step_row, x_batch_stride, dy, dy_step_row,
