@@ -1,0 +1,184 @@
+"""The one entry point from :mod:`lstmcy.torch` into lstmcy's kernels, tensors in and out.
+
+:func:`forward` and :func:`backward` take and return CPU tensors (float32 or float64, in
+``aten::lstm``'s layouts) and run :class:`lstmcy._core.LSTMPlan`'s checked-problem methods
+on numpy views of them: no copies on the way in or out. Both the module's eager autograd
+``Function`` and the registered custom operators (:mod:`lstmcy._torch_ops`) call only
+these two functions, so the engine behind them can change in one place.
+
+The module has checked every tensor as ``torch.nn.LSTM`` does, so padded input skips
+lstmcy's argument checks (:func:`~lstmcy._validation.trusted_problem`); packed input
+goes through :func:`~lstmcy._validation.check_problem`, which also checks the
+``batch_sizes``.
+"""
+import functools
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from lstmcy._core import _block_reader, _thread_plan
+from lstmcy._validation import SAVED_NAMES, check_problem, trusted_problem
+
+__all__ = ["Config", "forward", "backward", "problem_for"]
+
+
+class Config(NamedTuple):
+    """The static layout of one call, shared by the forward and the backward."""
+
+    hidden_size: int
+    num_layers: int
+    bidirectional: bool
+    has_bias: bool
+    batch_first: bool   # padded input only; packed input is time-ordered rows
+    proj_size: int = 0
+
+    @property
+    def num_directions(self):
+        return 2 if self.bidirectional else 1
+
+
+def _np(tensor):
+    """Zero-copy numpy view of a CPU tensor (None stays None)."""
+    return None if tensor is None else tensor.detach().numpy()
+
+
+def problem_for(input, batch_sizes, h0, c0, weights, cfg):
+    """The checked :class:`~lstmcy._validation.Problem` of one call (numpy views of the
+    tensors; the backward of a call rebuilds the forward's from the same tensors)."""
+    if cfg.proj_size:
+        raise NotImplementedError("lstmcy's kernels have no projections (proj_size > 0)")
+    x = _np(input)
+    params = [_np(w) for w in weights]
+    if batch_sizes is None:
+        return trusted_problem(x, _np(h0), _np(c0), params, hidden_size=cfg.hidden_size,
+                               has_bias=cfg.has_bias, num_layers=cfg.num_layers,
+                               bidirectional=cfg.bidirectional, batch_first=cfg.batch_first)
+    hx = None if h0 is None else (_np(h0), _np(c0))
+    return check_problem(x, hx, params, has_bias=cfg.has_bias, num_layers=cfg.num_layers,
+                         bidirectional=cfg.bidirectional, batch_first=False,
+                         batch_sizes=_np(batch_sizes))
+
+
+def _engine_masks(masks, problem):
+    """Dropout multipliers in ``aten::lstm``'s layer-output layout (time-major
+    ``[T, B, F]``, or packed ``[N, F]``) as the ``[T, B, F]`` arrays the plan applies to its
+    internal time-major layer outputs (padded rows get 0: they hold zeros anyway)."""
+    if not masks:
+        return None
+    if problem.layout != "packed":
+        return [_np(m) for m in masks]
+    T, B = problem.T, problem.B
+    rows = _packed_rows(problem)
+    engine = []
+    for mask in masks:
+        values = _np(mask)
+        padded = np.zeros((T * B, values.shape[1]), dtype=values.dtype)
+        padded[rows] = values
+        engine.append(padded.reshape(T, B, -1))
+    return engine
+
+
+def _packed_rows(problem):
+    """Row ``t * B + b`` of each packed row ``packed_start[t] + b``."""
+    sizes = problem.batch_sizes
+    steps = np.repeat(np.arange(problem.T), sizes)
+    within = np.arange(problem.N) - np.repeat(problem.packed_start, sizes)
+    return steps * problem.B + within
+
+
+def forward(input, batch_sizes, h0, c0, weights, masks, cfg, train):
+    """Run the LSTM.
+
+    Parameters
+    ----------
+    input : Tensor
+        ``[T, B, I]`` (``[B, T, I]`` if ``cfg.batch_first``), or packed ``[N, I]`` with
+        ``batch_sizes``.
+    batch_sizes : Tensor or None
+        int64 ``PackedSequence.batch_sizes``.
+    h0, c0 : Tensor or None
+        ``[L*D, B, H]``; None means zeros.
+    weights : sequence of Tensor
+        ``nn.LSTM._flat_weights``.
+    masks : sequence of Tensor or None
+        ``L - 1`` dropout multipliers in ``aten::lstm``'s layer-output layout.
+    cfg : Config
+    train : bool
+        Keep what the backward needs.
+
+    Returns
+    -------
+    y, h_n, c_n : Tensor
+    saved : Tensor
+        The saved activations ``[7, L*D, T, B, H]`` (empty unless ``train``).
+    problem : Problem
+        The checked call, which :func:`backward` may reuse.
+    """
+    problem = problem_for(input, batch_sizes, h0, c0, weights, cfg)
+    if problem.T == 0:
+        # As aten::lstm (lstmcy's numpy API accepts T = 0).
+        raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
+    y, h_n, c_n, block = _thread_plan()._run_forward(problem, train, _engine_masks(masks, problem))
+    if train:
+        saved = torch.from_numpy(block).view(
+            len(SAVED_NAMES), problem.L * problem.D, problem.T, problem.B, problem.H)
+    else:
+        saved = torch.empty(0, dtype=input.dtype)
+    return torch.from_numpy(y), torch.from_numpy(h_n), torch.from_numpy(c_n), saved, problem
+
+
+@functools.lru_cache(maxsize=2)  # the last shapes only: a large model's y is megabytes
+def _zeros(shape, dtype):
+    """A read-only zero gradient (the loss did not use ``y``): shared between calls, since
+    a fresh one of this size costs page faults on every step, and the backward only
+    reads it."""
+    zeros = np.zeros(shape, dtype=dtype)
+    zeros.flags.writeable = False
+    return zeros
+
+
+def backward(problem, saved, masks, grad_y, grad_h_n, grad_c_n, output_mask):
+    """Gradients of :func:`forward`'s ``y, h_n, c_n``.
+
+    Parameters
+    ----------
+    problem : Problem
+        :func:`forward`'s (or :func:`problem_for`'s on the same tensors).
+    saved : Tensor
+        :func:`forward`'s saved activations.
+    masks : sequence of Tensor or None
+        The forward's dropout multipliers.
+    grad_y, grad_h_n, grad_c_n : Tensor or None
+        Gradients of the outputs; None means zeros.
+    output_mask : tuple of 4 bool
+        Which of ``(dx, dh0, dc0, dweights)`` to compute.
+
+    Returns
+    -------
+    dx, dh0, dc0 : Tensor or None
+    dweights : list of Tensor or None
+        In ``weights`` order.
+    """
+    if not any(output_mask):
+        return None, None, None, None
+    block = _np(saved.contiguous()).reshape(len(SAVED_NAMES), problem.L * problem.D,
+                                            problem.T * problem.B, problem.H)
+    if grad_y is None:
+        dy = _zeros(problem.output_shape(problem.D * problem.H), problem.dtype)
+    else:
+        dy = _np(grad_y)
+    arrays = {"dy": dy}
+    if grad_h_n is not None:
+        arrays["dh"] = _np(grad_h_n)
+    if grad_c_n is not None:
+        arrays["dc"] = _np(grad_c_n)
+    engine_masks = _engine_masks(masks, problem)
+    if engine_masks is not None:
+        arrays["dropout_masks"] = engine_masks
+    dx, dh0, dc0, dparams = _thread_plan()._run_backward(
+        problem, _block_reader(block, problem.D), arrays, tuple(output_mask))
+    return (None if dx is None else torch.from_numpy(dx),
+            None if dh0 is None else torch.from_numpy(dh0),
+            None if dc0 is None else torch.from_numpy(dc0),
+            None if dparams is None else [torch.from_numpy(g) for g in dparams])

@@ -1,0 +1,341 @@
+"""lstmcy's forward and backward as PyTorch custom operators (``torch.ops.lstmcy``).
+
+``lstmcy::lstm_forward`` and ``lstmcy::lstm_backward`` are registered with
+:func:`torch.library.custom_op` (Python only), each with
+
+- a fake (meta) implementation, so that ``torch.compile``, ``torch.export`` and
+  ``make_fx`` trace them as opaque operations of known output shapes;
+- an autograd formula: the forward's backward is ``lstm_backward``; the backward's own
+  backward (second derivatives: ``create_graph=True``, ``torch.func.hessian``) re-derives
+  the first derivatives through the differentiable reference
+  (:mod:`lstmcy._torch_reference`) and differentiates those;
+- a vmap rule, so that ``torch.func.vmap`` (and per-sample gradients,
+  ``vmap(grad(loss))``) maps over them: vmapped sequences with shared weights join the
+  batch of one kernel call; anything else runs one call per vmapped slice.
+
+:class:`lstmcy.torch.LSTM` calls them whenever PyTorch is tracing or transforming the
+module (compile, ``jit.trace``, ``torch.func``, fake tensors, dispatch modes); in plain
+eager mode it calls :mod:`lstmcy._torch_engine` directly through a lighter
+``torch.autograd.Function``. Both run the same engine calls.
+"""
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from lstmcy import _torch_engine as engine
+from lstmcy._torch_reference import lstm as reference_lstm
+
+__all__ = ["lstm_forward", "lstm_backward"]
+
+# Activations saved per layer and direction (i, g, f, o, h, c, tanh c).
+_NUM_SAVED = 7
+
+
+def _config(hidden_size, num_layers, bidirectional, has_bias, batch_first, proj_size):
+    return engine.Config(hidden_size, num_layers, bidirectional, has_bias, batch_first, proj_size)
+
+
+# ---------------------------------------------------------------------------
+# the operators
+# ---------------------------------------------------------------------------
+
+@torch.library.custom_op("lstmcy::lstm_forward", mutates_args=(), device_types="cpu")
+def lstm_forward(input: Tensor, batch_sizes: Optional[Tensor], h0: Optional[Tensor],
+                 c0: Optional[Tensor], weights: List[Tensor], masks: List[Tensor],
+                 hidden_size: int, num_layers: int, bidirectional: bool, has_bias: bool,
+                 batch_first: bool, proj_size: int, train: bool
+                 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(y, h_n, c_n, saved)`` of :func:`lstmcy._torch_engine.forward` (``saved`` is empty
+    unless ``train``); ``masks`` is empty without dropout."""
+    cfg = _config(hidden_size, num_layers, bidirectional, has_bias, batch_first, proj_size)
+    y, h_n, c_n, saved, _ = engine.forward(input, batch_sizes, h0, c0, weights, masks or None,
+                                           cfg, train)
+    return y, h_n, c_n, saved
+
+
+@torch.library.custom_op("lstmcy::lstm_backward", mutates_args=(), device_types="cpu")
+def lstm_backward(input: Tensor, batch_sizes: Optional[Tensor], h0: Optional[Tensor],
+                  c0: Optional[Tensor], weights: List[Tensor], masks: List[Tensor],
+                  saved: Tensor, grad_y: Optional[Tensor], grad_h_n: Optional[Tensor],
+                  grad_c_n: Optional[Tensor], hidden_size: int, num_layers: int,
+                  bidirectional: bool, has_bias: bool, batch_first: bool, proj_size: int,
+                  output_mask: List[bool]) -> Tuple[Tensor, Tensor, Tensor, List[Tensor]]:
+    """``(dx, dh0, dc0, dweights)`` of :func:`lstmcy._torch_engine.backward`; an output
+    that ``output_mask`` does not ask for is an empty tensor (an empty list for
+    ``dweights``)."""
+    cfg = _config(hidden_size, num_layers, bidirectional, has_bias, batch_first, proj_size)
+    problem = engine.problem_for(input, batch_sizes, h0, c0, weights, cfg)
+    dx, dh0, dc0, dweights = engine.backward(problem, saved, masks or None, grad_y, grad_h_n,
+                                             grad_c_n, tuple(output_mask))
+    # A distinct empty tensor for each output not asked for (outputs may not alias).
+    return (input.new_empty(0) if dx is None else dx, input.new_empty(0) if dh0 is None else dh0,
+            input.new_empty(0) if dc0 is None else dc0, [] if dweights is None else dweights)
+
+
+# ---------------------------------------------------------------------------
+# fake implementations: output shapes and dtypes
+# ---------------------------------------------------------------------------
+
+def _sizes(input, batch_sizes, h0, batch_first):
+    """``(T, B)`` of a call; with packed input and no ``h0``, B is data-dependent."""
+    if batch_sizes is not None:
+        B = h0.shape[1] if h0 is not None else torch.library.get_ctx().new_dynamic_size()
+        return batch_sizes.shape[0], B
+    if batch_first:
+        return input.shape[1], input.shape[0]
+    return input.shape[0], input.shape[1]
+
+
+@lstm_forward.register_fake
+def _lstm_forward_fake(input, batch_sizes, h0, c0, weights, masks, hidden_size, num_layers,
+                       bidirectional, has_bias, batch_first, proj_size, train):
+    D = 2 if bidirectional else 1
+    out_size = proj_size if proj_size > 0 else hidden_size
+    T, B = _sizes(input, batch_sizes, h0, batch_first)
+    y = input.new_empty(tuple(input.shape[:-1]) + (D * out_size,))
+    h_n = input.new_empty((num_layers * D, B, out_size))
+    c_n = input.new_empty((num_layers * D, B, hidden_size))
+    saved = (input.new_empty((_NUM_SAVED, num_layers * D, T, B, hidden_size)) if train
+             else input.new_empty(0))
+    return y, h_n, c_n, saved
+
+
+@lstm_backward.register_fake
+def _lstm_backward_fake(input, batch_sizes, h0, c0, weights, masks, saved, grad_y, grad_h_n,
+                        grad_c_n, hidden_size, num_layers, bidirectional, has_bias, batch_first,
+                        proj_size, output_mask):
+    want_dx, want_dh, want_dc, want_dw = output_mask
+    D = 2 if bidirectional else 1
+    out_size = proj_size if proj_size > 0 else hidden_size
+    if want_dh or want_dc:  # (asked for only when h0 is given: B is known)
+        _, B = _sizes(input, batch_sizes, h0, batch_first)
+    return (torch.empty_like(input) if want_dx else input.new_empty(0),
+            input.new_empty((num_layers * D, B, out_size)) if want_dh else input.new_empty(0),
+            input.new_empty((num_layers * D, B, hidden_size)) if want_dc else input.new_empty(0),
+            [torch.empty_like(w) for w in weights] if want_dw else [])
+
+
+# ---------------------------------------------------------------------------
+# autograd
+# ---------------------------------------------------------------------------
+
+def _forward_setup_context(ctx, inputs, output):
+    input, batch_sizes, h0, c0, weights, masks, *static = inputs
+    ctx.static = tuple(static[:-1])  # hidden_size ... proj_size (not train)
+    ctx.num_weights = len(weights)
+    ctx.num_masks = len(masks)
+    ctx.save_for_backward(input, batch_sizes, h0, c0, *weights, *masks, output[3])
+    ctx.mark_non_differentiable(output[3])
+    ctx.set_materialize_grads(False)
+
+
+def _forward_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_saved):
+    input, batch_sizes, h0, c0, *rest = ctx.saved_tensors
+    weights = rest[:ctx.num_weights]
+    masks = rest[ctx.num_weights:ctx.num_weights + ctx.num_masks]
+    saved = rest[-1]
+    needs = ctx.needs_input_grad  # (input, batch_sizes, h0, c0, [weights], [masks], ...)
+    weight_needs = list(needs[4])
+    output_mask = [bool(needs[0]), h0 is not None and bool(needs[2]),
+                   c0 is not None and bool(needs[3]), any(weight_needs)]
+    no_weights = [None] * len(weights)
+    if not any(output_mask):
+        return (None, None, None, None, no_weights, [None] * len(masks)) + (None,) * 7
+    dx, dh0, dc0, dweights = lstm_backward(input, batch_sizes, h0, c0, weights, masks, saved,
+                                           grad_y, grad_h_n, grad_c_n, *ctx.static, output_mask)
+    dweights = ([g if need else None for g, need in zip(dweights, weight_needs)]
+                if output_mask[3] else no_weights)
+    return ((dx if output_mask[0] else None), None, (dh0 if output_mask[1] else None),
+            (dc0 if output_mask[2] else None), dweights, [None] * len(masks)) + (None,) * 7
+
+
+lstm_forward.register_autograd(_forward_backward, setup_context=_forward_setup_context)
+
+
+def _reference_outputs(cfg, batch_sizes, masks, input, h0, c0, weights):
+    """``(y, h_n, c_n)`` of the differentiable reference."""
+    return reference_lstm(input, (h0, c0), weights, hidden_size=cfg.hidden_size,
+                          num_layers=cfg.num_layers, bidirectional=cfg.bidirectional,
+                          has_bias=cfg.has_bias, batch_first=cfg.batch_first,
+                          batch_sizes=batch_sizes, masks=list(masks) or None,
+                          proj_size=cfg.proj_size)
+
+
+def _initial_states(input, batch_sizes, h0, c0, cfg):
+    """``h0``, ``c0`` as given, or zeros of the right shape when None."""
+    if h0 is not None:
+        return h0, c0
+    D = cfg.num_directions
+    if batch_sizes is not None:
+        B = int(batch_sizes[0])
+    else:
+        B = input.shape[0] if cfg.batch_first else input.shape[1]
+    out_size = cfg.proj_size if cfg.proj_size > 0 else cfg.hidden_size
+    return (input.new_zeros((cfg.num_layers * D, B, out_size)),
+            input.new_zeros((cfg.num_layers * D, B, cfg.hidden_size)))
+
+
+def second_derivatives(cfg, output_mask, input, batch_sizes, h0, c0, weights, masks, grad_y,
+                       grad_h_n, grad_c_n, incoming):
+    """The backward of ``lstm_backward``: the vjp of the first derivatives (computed by
+    the differentiable reference) with ``incoming``, the cotangents of ``(dx, dh0, dc0,
+    *dweights)`` (None, or empty for outputs not computed, means zero).
+
+    Returns the gradients of ``(input, h0, c0, weights, grad_y, grad_h_n, grad_c_n)``
+    (None for ``h0``/``c0`` when they were None, for absent output gradients, and for
+    what the result does not depend on). When the result must be differentiable again
+    (grad mode on: third derivatives) or under ``torch.func`` transforms, it uses
+    ``torch.func.vjp``, whose levels keep each input's own history apart; else autograd
+    on detached copies of the inputs, whose graphs are much cheaper to build.
+    """
+    had_h0 = h0 is not None
+    h0, c0 = _initial_states(input, batch_sizes, h0, c0, cfg)
+    primals = [input, h0, c0, *weights]
+    given = [grad_y, grad_h_n, grad_c_n]
+    present = [k for k, g in enumerate(given) if g is not None]
+    n_primals = len(primals)
+    want_dx, want_dh, want_dc, want_dw = output_mask
+    wanted = [want_dx, want_dh, want_dc] + [want_dw] * len(weights)
+    used = [k for k, (g, w) in enumerate(zip(incoming, wanted)) if w and g is not None and g.numel()]
+
+    def first_derivatives(*args):
+        """``(dx, dh0, dc0, *dweights)`` at ``(*primals, *given output gradients)``."""
+        xs = args[:n_primals]
+        outputs = _reference_outputs(cfg, batch_sizes, masks, *xs[:3], xs[3:])
+        grads = list(given)
+        for k, value in zip(present, args[n_primals:]):
+            grads[k] = value
+        cotangents = [torch.zeros_like(out) if g is None else g for g, out in zip(grads, outputs)]
+        if use_func:
+            _, vjp = torch.func.vjp(
+                lambda *p: _reference_outputs(cfg, batch_sizes, masks, *p[:3], p[3:]), *xs)
+            return vjp(tuple(cotangents))
+        return torch.autograd.grad(outputs, xs, cotangents, create_graph=True)
+
+    args = primals + [given[k] for k in present]
+    use_func = torch.is_grad_enabled() or torch._C._functorch.peek_interpreter_stack() is not None
+    if use_func:
+        outputs, vjp = torch.func.vjp(first_derivatives, *args)
+        grads = vjp(tuple(incoming[k] if k in used else torch.zeros_like(out)
+                          for k, out in enumerate(outputs)))
+    elif used:
+        with torch.enable_grad():
+            leaves = [a.detach().requires_grad_() for a in args]
+            firsts = first_derivatives(*leaves)
+            grads = torch.autograd.grad([firsts[k] for k in used], leaves,
+                                        [incoming[k] for k in used], allow_unused=True)
+    else:
+        grads = [None] * len(args)
+    d_output = [None, None, None]
+    for k, g in zip(present, grads[n_primals:]):
+        d_output[k] = g
+    d_h0, d_c0 = grads[1:3] if had_h0 else (None, None)
+    return (grads[0], d_h0, d_c0, list(grads[3:n_primals]), *d_output)
+
+
+def _backward_setup_context(ctx, inputs, output):
+    (input, batch_sizes, h0, c0, weights, masks, saved, grad_y, grad_h_n, grad_c_n,
+     *static) = inputs
+    ctx.cfg = _config(*static[:-1])
+    ctx.output_mask = tuple(static[-1])
+    ctx.num_weights = len(weights)
+    ctx.save_for_backward(input, batch_sizes, h0, c0, grad_y, grad_h_n, grad_c_n, *weights,
+                          *masks)
+    ctx.set_materialize_grads(False)
+
+
+def _backward_backward(ctx, grad_dx, grad_dh0, grad_dc0, grad_dweights):
+    input, batch_sizes, h0, c0, grad_y, grad_h_n, grad_c_n, *rest = ctx.saved_tensors
+    weights, masks = rest[:ctx.num_weights], rest[ctx.num_weights:]
+    grad_dweights = list(grad_dweights) if ctx.output_mask[3] else [None] * len(weights)
+    d_input, d_h0, d_c0, d_weights, d_y, d_h_n, d_c_n = second_derivatives(
+        ctx.cfg, ctx.output_mask, input, batch_sizes, h0, c0, weights, masks, grad_y, grad_h_n,
+        grad_c_n, [grad_dx, grad_dh0, grad_dc0, *grad_dweights])
+    return (d_input, None, d_h0, d_c0, d_weights, [None] * len(masks), None,
+            d_y, d_h_n, d_c_n) + (None,) * 7
+
+
+lstm_backward.register_autograd(_backward_backward, setup_context=_backward_setup_context)
+
+
+# ---------------------------------------------------------------------------
+# vmap
+# ---------------------------------------------------------------------------
+
+def _slice(value, dim, index):
+    """``value``'s slice ``index`` along its vmapped ``dim`` (lists element-wise)."""
+    if isinstance(value, (list, tuple)):
+        dims = dim if isinstance(dim, (list, tuple)) else [dim] * len(value)
+        return [_slice(v, d, index) for v, d in zip(value, dims)]
+    if dim is None or not isinstance(value, Tensor):
+        return value
+    return value.select(dim, index)
+
+
+def _stack(results):
+    """Stack per-slice results (tuples of tensors and lists of tensors) along dim 0."""
+    first = results[0]
+    if isinstance(first, (list, tuple)):
+        stacked = [_stack([r[k] for r in results]) for k in range(len(first))]
+        return type(first)(stacked) if isinstance(first, tuple) else stacked
+    return torch.stack(results)
+
+
+def _out_dims_zero(result):
+    if isinstance(result, (list, tuple)):
+        dims = [_out_dims_zero(r) for r in result]
+        return tuple(dims) if isinstance(result, tuple) else dims
+    return 0
+
+
+def _vmap_by_slices(op, info, in_dims, args):
+    """Run ``op`` once per vmapped slice and stack the results (out_dims 0)."""
+    results = [op(*[_slice(a, d, n) for a, d in zip(args, in_dims)])
+               for n in range(info.batch_size)]
+    stacked = _stack(results)
+    return stacked, _out_dims_zero(stacked)
+
+
+def _join_batch(tensor, dim, axis, size):
+    """Physical ``tensor`` with the vmapped dimension ``dim`` (None: not vmapped, so
+    broadcast to ``size``) moved before logical axis ``axis`` and merged into it."""
+    if dim is None:
+        tensor = tensor.unsqueeze(axis).expand(*tensor.shape[:axis], size, *tensor.shape[axis:])
+    else:
+        tensor = tensor.movedim(dim, axis)
+    shape = tensor.shape
+    return tensor.reshape(*shape[:axis], shape[axis] * shape[axis + 1], *shape[axis + 2:])
+
+
+@lstm_forward.register_vmap
+def _lstm_forward_vmap(info, in_dims, input, batch_sizes, h0, c0, weights, masks, hidden_size,
+                       num_layers, bidirectional, has_bias, batch_first, proj_size, train):
+    args = (input, batch_sizes, h0, c0, weights, masks, hidden_size, num_layers, bidirectional,
+            has_bias, batch_first, proj_size, train)
+    x_dim, bs_dim, h_dim, c_dim, w_dims, m_dims = in_dims[:6]
+    shared_weights = all(d is None for d in w_dims)
+    if batch_sizes is not None or bs_dim is not None or not shared_weights:
+        return _vmap_by_slices(lstm_forward, info, in_dims, args)
+    # Sequences vmapped with shared weights: one call on a batch of N * B sequences.
+    N = info.batch_size
+    batch_axis = 0 if batch_first else 1
+    x = _join_batch(input, x_dim, batch_axis, N)
+    if h0 is not None:
+        h0 = _join_batch(h0, h_dim, 1, N)
+        c0 = _join_batch(c0, c_dim, 1, N)
+    masks = [_join_batch(m, d, 1, N) for m, d in zip(masks, m_dims or [None] * len(masks))]
+    y, h_n, c_n, saved = lstm_forward(x, None, h0, c0, weights, masks, hidden_size, num_layers,
+                                      bidirectional, has_bias, batch_first, proj_size, train)
+
+    def split(tensor, axis):
+        return tensor.unflatten(axis, (N, tensor.shape[axis] // N))
+    out = (split(y, batch_axis), split(h_n, 1), split(c_n, 1),
+           split(saved, 3) if train else saved)
+    return out, (batch_axis, 1, 1, 3 if train else None)
+
+
+@lstm_backward.register_vmap
+def _lstm_backward_vmap(info, in_dims, *args):
+    # Per-sample weight gradients are separate sums: one backward per vmapped slice.
+    return _vmap_by_slices(lstm_backward, info, in_dims, args)
