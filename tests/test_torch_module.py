@@ -3,11 +3,13 @@
 Every comparison is against ``torch.nn.LSTM`` itself (float64 autograd) with the same
 weights: outputs, final states and the gradients of the input, the initial states and
 every parameter, for 1-3 layers, both directions, batch-first input, packed sequences
-with unsorted lengths, with and without initial states, and dropout.
+with unsorted lengths, with and without initial states, and dropout for every p in
+[0, 1]; by each of the module's routes (eager, custom operator, torch.func, reference).
 """
 import copy
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -17,60 +19,28 @@ from torch import nn  # noqa: E402
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence  # noqa: E402
 
 import lstmcy  # noqa: E402
+import lstmcy.torch  # noqa: E402
 from lstmcy.torch import (LSTM, config_from_state_dict, params_from_state_dict,  # noqa: E402
                           params_to_state_dict)
+from torch_oracle import assert_close, module_pair, random_states  # noqa: E402
+from torch_oracle import single_torch_thread  # noqa: E402,F401  (autouse fixture)
 
 RTOL = 1e-10
 F64 = torch.float64
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_torch_thread():
-    """Tiny problems: torch's thread pool only adds start-up (and, on a busy machine,
-    oversubscription) cost, which made these tests slow and erratic."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # ---------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------
 
-def assert_close(actual, desired, rtol=RTOL, what=""):
-    """Max-norm relative comparison: |a - d| <= rtol * max|d| elementwise."""
-    assert actual is not None and desired is not None, what
-    actual = actual.detach().double().numpy()
-    desired = desired.detach().double().numpy()
-    assert actual.shape == desired.shape, (what, actual.shape, desired.shape)
-    scale = float(np.max(np.abs(desired))) if desired.size else 0.0
-    np.testing.assert_allclose(actual, desired, rtol=0, atol=rtol * max(scale, 1e-300),
-                               err_msg=what)
-
-
-def make_pair(input_size=3, hidden_size=4, dtype=F64, seed=0, **kwargs):
-    """An lstmcy LSTM and an nn.LSTM holding the same (random) weights."""
-    torch.manual_seed(seed)
-    ours = LSTM(input_size, hidden_size, dtype=dtype, **kwargs)
-    ref = nn.LSTM(input_size, hidden_size, dtype=dtype, **kwargs)
-    ref.load_state_dict(ours.state_dict())
-    return ours, ref
-
-
-def make_states(module, batch, seed=1, requires_grad=True):
-    gen = torch.Generator().manual_seed(seed)
-    shape = (module.num_layers * (2 if module.bidirectional else 1), batch, module.hidden_size)
-    return tuple(torch.randn(shape, generator=gen, dtype=F64).requires_grad_(requires_grad)
-                 for _ in range(2))
-
-
 def compare(ours, ref, make_inputs, hx_seed=None, batch=None):
-    """Compare outputs and all gradients of ``ours`` and ``ref`` on the same inputs."""
+    """Compare outputs and all gradients of ``ours`` and ``ref`` on the same inputs (and,
+    with dropout, the same masks: torch's generator is seeded alike before each)."""
     results = []
     for module in (ours, ref):
         x, inputs = make_inputs()
-        hx = None if hx_seed is None else make_states(module, batch, seed=hx_seed)
+        hx = None if hx_seed is None else random_states(module, batch, seed=hx_seed)
+        torch.manual_seed(99)
         out, (h_n, c_n) = module(inputs, hx)
         y = out.data if isinstance(out, PackedSequence) else out
         if isinstance(out, PackedSequence):
@@ -124,7 +94,7 @@ def packed_input(lengths, I, batch_first, seed=4):
 @pytest.mark.parametrize("batch_first", [False, True])
 @pytest.mark.parametrize("with_hx", [False, True])
 def test_matches_nn_lstm(num_layers, bidirectional, batch_first, with_hx):
-    ours, ref = make_pair(3, 4, num_layers=num_layers, bidirectional=bidirectional,
+    ours, ref = module_pair(3, 4, num_layers=num_layers, bidirectional=bidirectional,
                           batch_first=batch_first)
     compare(ours, ref, padded_input(5, 3, 3, batch_first), hx_seed=11 if with_hx else None, batch=3)
 
@@ -132,7 +102,7 @@ def test_matches_nn_lstm(num_layers, bidirectional, batch_first, with_hx):
 @pytest.mark.parametrize("num_layers", [1, 2, 3])
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_matches_nn_lstm_without_bias(num_layers, bidirectional):
-    ours, ref = make_pair(2, 5, num_layers=num_layers, bidirectional=bidirectional, bias=False)
+    ours, ref = module_pair(2, 5, num_layers=num_layers, bidirectional=bidirectional, bias=False)
     compare(ours, ref, padded_input(4, 2, 2, False), hx_seed=5, batch=2)
 
 
@@ -142,7 +112,7 @@ def test_matches_nn_lstm_without_bias(num_layers, bidirectional):
 @pytest.mark.parametrize("with_hx", [False, True])
 def test_packed_unsorted_matches_nn_lstm(num_layers, bidirectional, batch_first, with_hx):
     lengths = [3, 6, 1, 6, 4]  # unsorted, with ties: exercises sorted/unsorted_indices
-    ours, ref = make_pair(3, 4, num_layers=num_layers, bidirectional=bidirectional,
+    ours, ref = module_pair(3, 4, num_layers=num_layers, bidirectional=bidirectional,
                           batch_first=batch_first)
     compare(ours, ref, packed_input(lengths, 3, batch_first), hx_seed=12 if with_hx else None,
             batch=len(lengths))
@@ -150,9 +120,9 @@ def test_packed_unsorted_matches_nn_lstm(num_layers, bidirectional, batch_first,
 
 def test_packed_output_keeps_permutation():
     lengths = [2, 5, 3]
-    ours, ref = make_pair(3, 4, bidirectional=True)
+    ours, ref = module_pair(3, 4, bidirectional=True)
     _, packed = packed_input(lengths, 3, False)()
-    hx = make_states(ours, 3, requires_grad=False)
+    hx = random_states(ours, 3, requires_grad=False)
     out, (h_n, c_n) = ours(packed, hx)
     out_ref, (h_ref, c_ref) = ref(packed, hx)
     assert isinstance(out, PackedSequence)
@@ -167,8 +137,62 @@ def test_packed_output_keeps_permutation():
     assert not torch.allclose(h_n[:, 1], h_n[:, 0])
 
 
+ROUTES = ["eager", "operator", "func", "reference"]
+
+
+@pytest.fixture
+def force_route(monkeypatch):
+    """Run the module by the given route, whatever the context."""
+    def force(route):
+        monkeypatch.setattr(lstmcy.torch, "_route", lambda tensors: route)
+    return force
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_every_route_matches_nn_lstm(route, force_route):
+    force_route(route)
+    ours, ref = module_pair(3, 4, num_layers=2, bidirectional=True, batch_first=True)
+    compare(ours, ref, padded_input(5, 3, 3, True), hx_seed=11, batch=3)
+    ours, ref = module_pair(3, 4, num_layers=2, bidirectional=True, dropout=0.5)
+    compare(ours, ref, packed_input([3, 6, 1, 4], 3, False), hx_seed=12, batch=4)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_every_route_without_grad_matches_nn_lstm(route, force_route):
+    force_route(route)
+    ours, ref = module_pair(3, 4, num_layers=2, bias=False)
+    x = torch.randn(5, 2, 3, dtype=F64)
+    with torch.no_grad():
+        for a, b in zip(*[(out, *states) for out, states in (ours(x), ref(x))]):
+            assert_close(a, b)
+
+
+@pytest.mark.parametrize("shape", [(0, 2, 3), (0, 3)])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_zero_length_sequence_raises_as_nn_lstm(shape, batch_first):
+    ours, ref = module_pair(3, 4, batch_first=batch_first)
+    x = torch.randn(shape[1], 0, 3, dtype=F64) if batch_first and len(shape) == 3 else \
+        torch.randn(shape, dtype=F64)
+    message = "Expected sequence length to be larger than 0"
+    for module in (ref, ours):
+        with pytest.raises(RuntimeError, match=message):
+            module(x)
+        with torch.no_grad(), pytest.raises(RuntimeError, match=message):
+            module(x)
+
+
+def test_empty_batch_matches_nn_lstm():
+    ours, ref = module_pair(3, 4, num_layers=2, bidirectional=True)
+    x = torch.randn(5, 0, 3, dtype=F64, requires_grad=True)
+    for a, b in zip(*[(out, *states) for out, states in (ours(x), ref(x))]):
+        assert a.shape == b.shape and a.shape[-2] == 0
+    y, (h_n, _) = ours(x)
+    (grad,) = torch.autograd.grad(y.sum() + h_n.sum(), x)
+    assert grad.shape == x.shape
+
+
 def test_unbatched_input_matches_nn_lstm():
-    ours, ref = make_pair(3, 4, num_layers=2, bidirectional=True)
+    ours, ref = module_pair(3, 4, num_layers=2, bidirectional=True)
     results = []
     for module in (ours, ref):
         x = torch.randn(6, 3, dtype=F64, generator=torch.Generator().manual_seed(0),
@@ -187,7 +211,7 @@ def test_unbatched_input_matches_nn_lstm():
 
 def test_partial_requires_grad_and_unused_outputs():
     """Loss on h_n only (y and c_n unused), input without grad, h0 but not c0 with grad."""
-    ours, ref = make_pair(3, 5, num_layers=2)
+    ours, ref = module_pair(3, 5, num_layers=2)
     x = torch.randn(7, 2, 3, dtype=F64)
     grads = []
     for module in (ours, ref):
@@ -200,7 +224,7 @@ def test_partial_requires_grad_and_unused_outputs():
 
 
 def test_matches_nn_lstm_float32():
-    ours, ref = make_pair(8, 16, dtype=torch.float32, num_layers=2, bidirectional=True)
+    ours, ref = module_pair(8, 16, dtype=torch.float32, num_layers=2, bidirectional=True)
     x = torch.randn(10, 4, 8)
     outs = []
     for module in (ours, ref):
@@ -213,7 +237,7 @@ def test_matches_nn_lstm_float32():
 
 
 def test_no_grad_and_eval_paths():
-    ours, ref = make_pair(3, 4, num_layers=2, dropout=0.5)
+    ours, ref = module_pair(3, 4, num_layers=2, dropout=0.5)
     x = torch.randn(5, 2, 3, dtype=F64)
     ours.eval()
     ref.eval()
@@ -233,11 +257,13 @@ def test_no_grad_and_eval_paths():
 # dropout
 # ---------------------------------------------------------------------------
 
+@pytest.mark.parametrize("p", [0.4, 1.0])
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("batch_first", [False, True])
-def test_dropout_equals_nn_lstm_under_same_seed(packed, batch_first):
-    """The masks are drawn from torch's generator exactly as aten::lstm draws them."""
-    ours, ref = make_pair(3, 4, num_layers=3, bidirectional=True, dropout=0.4,
+def test_dropout_equals_nn_lstm_under_same_seed(p, packed, batch_first):
+    """The masks are drawn from torch's generator exactly as aten::lstm draws them (and
+    p = 1 zeroes every layer output but the last, drawing nothing)."""
+    ours, ref = module_pair(3, 4, num_layers=3, bidirectional=True, dropout=p,
                           batch_first=batch_first)
     make = packed_input([5, 2, 4], 3, batch_first) if packed else padded_input(5, 3, 3, batch_first)
     results = []
@@ -248,12 +274,18 @@ def test_dropout_equals_nn_lstm_under_same_seed(packed, batch_first):
         y = out.data if packed else out
         loss = (y * torch.linspace(-1, 1, y.numel(), dtype=F64).reshape(y.shape)).sum() + h_n.sum()
         results.append((y, h_n, c_n) + torch.autograd.grad(loss, [x] + list(module.parameters())))
+        results[-1] += (torch.randn(1),)  # where torch's generator is afterwards
     for a, b in zip(*results):
         assert_close(a, b)
+    if p == 1.0:  # the layers above the first get zero inputs
+        grads = dict(zip([name for name, _ in ours.named_parameters()], results[0][4:]))
+        for name in ("weight_ih_l1", "weight_ih_l2_reverse"):
+            assert torch.all(grads[name] == 0), name
+        assert not torch.all(grads["weight_ih_l0"] == 0)
 
 
 def test_dropout_reproducible_and_active():
-    ours, _ = make_pair(3, 6, num_layers=2, dropout=0.5)
+    ours, _ = module_pair(3, 6, num_layers=2, dropout=0.5)
     no_dropout = copy.deepcopy(ours)
     no_dropout.dropout = 0.0
     x = torch.randn(6, 4, 3, dtype=F64)
@@ -267,14 +299,14 @@ def test_dropout_reproducible_and_active():
     assert not torch.equal(y1, y3)
     assert not torch.allclose(y1, y_plain)
     # Single layer: nothing to drop (as nn.LSTM).
-    single, ref_single = make_pair(3, 6, num_layers=1)
+    single, ref_single = module_pair(3, 6, num_layers=1)
     single.dropout = ref_single.dropout = 0.5
     assert_close(single(x)[0], ref_single(x)[0])
 
 
 def test_dropout_without_grad_matches_nn_lstm():
     """Training mode under no_grad still drops (as nn.LSTM), through the inference path."""
-    ours, ref = make_pair(3, 4, num_layers=2, dropout=0.3)
+    ours, ref = module_pair(3, 4, num_layers=2, dropout=0.3)
     x = torch.randn(5, 2, 3, dtype=F64)
     outs = []
     for module in (ours, ref):
@@ -288,7 +320,7 @@ def test_dropout_without_grad_matches_nn_lstm():
 
 
 def test_non_contiguous_input_and_states():
-    ours, ref = make_pair(3, 4, num_layers=2, bidirectional=True)
+    ours, ref = module_pair(3, 4, num_layers=2, bidirectional=True)
     base = torch.randn(3, 5, 3, dtype=F64)  # [B, T, I]; the module is time-major
     state_base = torch.randn(3, 4, 4, dtype=F64)
     results = []
@@ -324,7 +356,7 @@ def test_gradcheck_padded():
     ours = LSTM(2, 3, num_layers=2, bidirectional=True, batch_first=True, dtype=F64)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 2, dtype=F64, generator=gen, requires_grad=True)
-    h0, c0 = make_states(ours, 2)
+    h0, c0 = random_states(ours, 2)
     weights = [p.detach().clone().requires_grad_() for p in ours.parameters()]
     assert torch.autograd.gradcheck(_functional(ours), (x, h0, c0, *weights))
 
@@ -334,7 +366,7 @@ def test_gradcheck_packed():
     lengths = torch.tensor([2, 4, 1])
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(4, 3, 2, dtype=F64, generator=gen, requires_grad=True)
-    h0, c0 = make_states(ours, 3)
+    h0, c0 = random_states(ours, 3)
     weights = [p.detach().clone().requires_grad_() for p in ours.parameters()]
     run = _functional(ours)
 
@@ -343,22 +375,13 @@ def test_gradcheck_packed():
     assert torch.autograd.gradcheck(packed_run, (x, h0, c0, *weights))
 
 
-def test_double_backward_is_refused():
-    ours = LSTM(2, 3, dtype=F64)
-    x = torch.randn(3, 1, 2, dtype=F64, requires_grad=True)
-    y, _ = ours(x)
-    (g,) = torch.autograd.grad(y.sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError):
-        g.sum().backward()
-
-
 # ---------------------------------------------------------------------------
 # training
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_optimizer_steps_match_nn_lstm(optimizer):
-    ours, ref = make_pair(3, 5, num_layers=2, bidirectional=True, batch_first=True)
+    ours, ref = module_pair(3, 5, num_layers=2, bidirectional=True, batch_first=True)
     heads = []
     for module in (ours, ref):
         torch.manual_seed(9)
@@ -376,7 +399,7 @@ def test_optimizer_steps_match_nn_lstm(optimizer):
             nn.functional.cross_entropy(logits, target).backward()
             opt.step()
         heads.append(head)
-    start = make_pair(3, 5, num_layers=2, bidirectional=True, batch_first=True)[0]
+    start = module_pair(3, 5, num_layers=2, bidirectional=True, batch_first=True)[0]
     for (name, a), b, s in zip(ours.named_parameters(), ref.parameters(), start.parameters()):
         assert not torch.allclose(a, s), f"{name} did not move"
         assert_close(a, b, what=name)
@@ -471,9 +494,11 @@ def test_params_helpers_without_bias_and_errors():
 def test_unsupported_dtypes_devices_and_options():
     with pytest.raises(ValueError, match="proj_size"):
         LSTM(3, 4, proj_size=2)
-    half = LSTM(3, 4).to(torch.bfloat16)
-    with pytest.raises(TypeError, match="bfloat16"):
-        half(torch.randn(2, 1, 3, dtype=torch.bfloat16))
+    with warnings.catch_warnings():  # torch: "Complex modules are a new feature"
+        warnings.simplefilter("ignore", UserWarning)
+        complex_lstm = LSTM(3, 4).to(torch.complex64)
+    with pytest.raises(TypeError, match="complex64"):
+        complex_lstm(torch.randn(2, 1, 3, dtype=torch.complex64))
     ours = LSTM(3, 4)
     with pytest.raises(ValueError, match="dtype"):  # nn.LSTM's own input check
         ours(torch.randn(2, 1, 3, dtype=F64))
@@ -525,7 +550,7 @@ def test_import_lstmcy_does_not_import_torch():
 def test_functional_call_uses_the_given_weights():
     """``torch.func.functional_call`` swaps tensors in for the parameters: the forward
     must use those, not the module's own (as nn.LSTM does), and differentiate them."""
-    ours, ref = make_pair(3, 4, num_layers=2)
+    ours, ref = module_pair(3, 4, num_layers=2)
     torch.manual_seed(1)
     swapped = {name: (p.detach() * 1.5 + 0.01).requires_grad_()
                for name, p in ours.named_parameters()}
@@ -547,7 +572,7 @@ def test_parametrized_weight_is_used_and_differentiated():
     """A parametrization (weight norm) replaces a parameter by a computed attribute."""
     from torch.nn.utils import parametrizations
 
-    ours, ref = make_pair(3, 4)
+    ours, ref = module_pair(3, 4)
     parametrizations.weight_norm(ours, "weight_hh_l0")
     parametrizations.weight_norm(ref, "weight_hh_l0")
     ref.load_state_dict(ours.state_dict())

@@ -9,17 +9,23 @@ mask before entering the next one.
 
 :func:`make_case` draws a random problem (input, states, parameters and output
 gradients) in any of the four layouts lstmcy accepts.
+
+For the tests of :mod:`lstmcy.torch`: :func:`module_pair` builds an
+``lstmcy.torch.LSTM`` and a ``torch.nn.LSTM`` with the same weights,
+:func:`random_states` initial states for them and :func:`assert_close` compares tensors.
 """
 
 import contextlib
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 import torch
 
 __all__ = ["LAYOUTS", "Case", "OracleResult", "make_case", "make_params", "param_names",
            "lengths_to_batch_sizes", "packed_index", "torch_lstm", "run_lstmcy",
-           "output_names", "as_f64"]
+           "output_names", "as_f64", "assert_close", "module_pair", "random_states",
+           "single_torch_thread"]
 
 #: Layouts of the sequence tensors (input, y, dy, dx).
 LAYOUTS = ("time_major", "batch_first", "packed", "padded")
@@ -375,3 +381,51 @@ def run_lstmcy(module, case, *, dtype=None, output_mask=(True, True, True, True)
                         None if dc_prev is None else as_f64(dc_prev),
                         None if dparams is None else [as_f64(p) for p in dparams])
     return conv, cache, raw
+
+
+# ---------------------------------------------------------------------------
+# module pairs: lstmcy.torch.LSTM against torch.nn.LSTM on the same weights
+# ---------------------------------------------------------------------------
+
+def assert_close(actual, desired, rtol=1e-10, what=""):
+    """Max-norm relative comparison of two tensors: ``|a - d| <= rtol * max|d|``."""
+    assert actual is not None and desired is not None, what
+    actual = actual.detach().double().numpy()
+    desired = desired.detach().double().numpy()
+    assert actual.shape == desired.shape, (what, actual.shape, desired.shape)
+    scale = float(np.max(np.abs(desired))) if desired.size else 0.0
+    np.testing.assert_allclose(actual, desired, rtol=0, atol=rtol * max(scale, 1e-300),
+                               err_msg=what)
+
+
+def module_pair(input_size=3, hidden_size=4, dtype=torch.float64, seed=0, **kwargs):
+    """An ``lstmcy.torch.LSTM`` and a ``torch.nn.LSTM`` holding the same random weights."""
+    from lstmcy.torch import LSTM
+
+    torch.manual_seed(seed)
+    ours = LSTM(input_size, hidden_size, dtype=dtype, **kwargs)
+    ref = torch.nn.LSTM(input_size, hidden_size, dtype=dtype, **kwargs)
+    ref.load_state_dict(ours.state_dict())
+    return ours, ref
+
+
+def random_states(module, batch, seed=1, requires_grad=True, dtype=torch.float64):
+    """Random ``(h0, c0)`` for ``module`` and a batch of ``batch`` sequences."""
+    gen = torch.Generator().manual_seed(seed)
+    layers = module.num_layers * (2 if module.bidirectional else 1)
+    h_size = module.proj_size or module.hidden_size
+    return (torch.randn((layers, batch, h_size), generator=gen, dtype=dtype)
+            .requires_grad_(requires_grad),
+            torch.randn((layers, batch, module.hidden_size), generator=gen, dtype=dtype)
+            .requires_grad_(requires_grad))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_torch_thread():
+    """Tiny problems: torch's thread pool only adds start-up (and, on a busy machine,
+    oversubscription) cost, which made these tests slow and erratic. (Autouse in every
+    test module that imports it.)"""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
