@@ -20,6 +20,17 @@ Run::
     python benchmarks/bench_torch_module.py --threads 1     # both libraries single-threaded
     python benchmarks/bench_torch_module.py --breakdown     # and where the step's time goes
     python benchmarks/bench_torch_module.py --block 1       # alternate single steps
+    python benchmarks/bench_torch_module.py --shape 32,16,32,64,1,0,1  # packed sequences
+    git show main:lstmcy/torch.py > /tmp/torch_main.py
+    python benchmarks/bench_torch_module.py --baseline /tmp/torch_main.py   # A/B of two versions
+
+A shape's optional seventh field (1) feeds ``PackedSequence`` batches of random lengths
+in ``[T/2, T]`` (unsorted, ``enforce_sorted=False``) instead of padded tensors.
+
+``--baseline FILE`` loads another version of ``lstmcy/torch.py`` (it must work with the
+installed lstmcy) and times its ``LSTM`` as a third model in the same rounds, so that two
+versions of the module are compared side by side, on the same kernels, under the same
+machine load.
 
 ``--breakdown`` also times, in the same interleaved rounds, each module's LSTM alone
 (forward and backward of ``h_n``, no head, loss or optimiser), so that the rest of the
@@ -28,6 +39,7 @@ difference; and it measures this machine's GEMM peak, to show how fast lstmcy's 
 would have to be for a given speed-up and what its FLOPs cost at that peak.
 """
 import argparse
+import importlib.util
 import os
 import statistics
 import sys
@@ -42,16 +54,18 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
+from torch.nn.utils.rnn import pack_padded_sequence  # noqa: E402
 
 import lstmcy  # noqa: E402
 import lstmcy.torch as lstmcy_torch  # noqa: E402
 
 DEFAULT_SHAPES = [
-    # T, B, I, H, num_layers, bidirectional
-    (32, 16, 32, 64, 1, False),     # the target case
-    (32, 16, 32, 64, 2, True),
-    (64, 32, 64, 128, 1, False),
-    (128, 64, 128, 256, 1, False),
+    # T, B, I, H, num_layers, bidirectional, packed
+    (32, 16, 32, 64, 1, False, False),     # the target case
+    (32, 16, 32, 64, 2, True, False),
+    (32, 16, 32, 64, 1, False, True),
+    (64, 32, 64, 128, 1, False, False),
+    (128, 64, 128, 256, 1, False, False),
 ]
 NUM_CLASSES = 10
 # Steps at the start of each block that are run but not timed (see the module docstring).
@@ -118,8 +132,9 @@ def make_lstm_only(model, seed=1):
 def step_flops(shape):
     """FLOPs of the LSTM's forward and backward in a training step: 8 T B H (I_l + H) per
     layer-direction forward, twice that backward, less the input gradient of layer 0
-    (8 T B H I per direction), which a step does not need."""
-    T, B, I, H, L, bidir = shape
+    (8 T B H I per direction), which a step does not need. (Packed batches count all
+    T B positions: an upper bound.)"""
+    T, B, I, H, L, bidir = shape[:6]
     D = 2 if bidir else 1
     total = 0.0
     for layer in range(L):
@@ -128,18 +143,45 @@ def step_flops(shape):
     return total - D * 8.0 * T * B * H * I
 
 
-def bench_shape(shape, dtype, optim_name, repeats, warmup, seed=0, breakdown=False, block=10):
-    T, B, I, H, L, bidir = shape
+def load_baseline(path):
+    """The ``LSTM`` class of another version of ``lstmcy/torch.py``."""
+    spec = importlib.util.spec_from_file_location("lstmcy_torch_baseline", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.LSTM
+
+
+def make_batches(shape, dtype, count=8, seed=0):
+    """``count`` (input, target) pairs: padded ``[T, B, I]`` tensors, or PackedSequences."""
+    T, B, I, H, L, bidir, packed = shape
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(count):
+        x = torch.randn(T, B, I, dtype=dtype, generator=generator)
+        if packed:
+            lengths = torch.randint(max(T // 2, 1), T + 1, (B,), generator=generator)
+            lengths[0] = T
+            x = pack_padded_sequence(x, lengths, enforce_sorted=False)
+        batches.append((x, torch.randint(NUM_CLASSES, (B,), generator=generator)))
+    return batches
+
+
+def bench_shape(shape, dtype, optim_name, repeats, warmup, seed=0, breakdown=False, block=10,
+                baseline=None):
+    T, B, I, H, L, bidir, packed = shape
     torch.manual_seed(seed)
     ours = Classifier(lstmcy_torch.LSTM, T, B, I, H, L, bidir, dtype)
     ref = Classifier(nn.LSTM, T, B, I, H, L, bidir, dtype)
     ref.load_state_dict(ours.state_dict())
     steps = {"lstmcy": make_step(ours, optim_name), "torch": make_step(ref, optim_name)}
+    if baseline is not None:
+        before = Classifier(baseline, T, B, I, H, L, bidir, dtype)
+        before.load_state_dict(ours.state_dict())
+        steps["baseline"] = make_step(before, optim_name)
     if breakdown:
         steps["lstmcy_lstm"] = make_lstm_only(ours)
         steps["torch_lstm"] = make_lstm_only(ref)
-    batches = [(torch.randn(T, B, I, dtype=dtype), torch.randint(NUM_CLASSES, (B,)))
-               for _ in range(8)]
+    batches = make_batches(shape, dtype)
     for name in steps:  # warm-up, not timed
         for k in range(warmup):
             steps[name](*batches[k % len(batches)])
@@ -163,9 +205,10 @@ def bench_shape(shape, dtype, optim_name, repeats, warmup, seed=0, breakdown=Fal
 
 def parse_shape(text):
     values = [int(v) for v in text.split(",")]
-    if len(values) != 6:
-        raise argparse.ArgumentTypeError("shape is T,B,I,H,num_layers,bidirectional(0/1)")
-    return (*values[:5], bool(values[5]))
+    if len(values) not in (6, 7):
+        raise argparse.ArgumentTypeError(
+            "shape is T,B,I,H,num_layers,bidirectional(0/1)[,packed(0/1)]")
+    return (*values[:5], bool(values[5]), len(values) == 7 and bool(values[6]))
 
 
 def main(argv=None):
@@ -180,7 +223,9 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=None,
                         help="threads for both torch and lstmcy (default: each library's own)")
     parser.add_argument("--shape", type=parse_shape, action="append",
-                        help="T,B,I,H,num_layers,bidirectional(0/1); repeatable")
+                        help="T,B,I,H,num_layers,bidirectional(0/1)[,packed(0/1)]; repeatable")
+    parser.add_argument("--baseline", metavar="FILE",
+                        help="another version of lstmcy/torch.py, timed as a third model")
     parser.add_argument("--breakdown", action="store_true",
                         help="also time each LSTM alone and report the rest of the step, "
                              "with the GEMM peak")
@@ -194,24 +239,34 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
         set_lstmcy_threads(args.threads)
     shapes = args.shape or DEFAULT_SHAPES
+    baseline = load_baseline(args.baseline) if args.baseline else None
     print(f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, "
           f"lstmcy threads {get_lstmcy_threads() or 'auto'}, "
           f"mkldnn {'on' if torch.backends.mkldnn.is_available() else 'off'}; "
           f"{args.dtype}, {args.optim}, median of {args.repeats} steps (after {args.warmup} warm-up; "
           f"blocks of {args.block})")
-    print(f"{'T':>4} {'B':>4} {'I':>4} {'H':>4} {'L':>2} {'bi':>3} | "
-          f"{'lstmcy ms':>10} {'torch ms':>10} {'speed-up':>9}")
+    extra = f" | {'baseline ms':>11} {'baseline/lstmcy':>15}" if baseline else ""
+    print(f"{'T':>4} {'B':>4} {'I':>4} {'H':>4} {'L':>2} {'bi':>3} {'pk':>3} | "
+          f"{'lstmcy ms':>10} {'torch ms':>10} {'speed-up':>9}{extra}")
     results = []
     for shape in shapes:
         result = bench_shape(shape, dtype, args.optim, args.repeats, args.warmup,
-                             breakdown=args.breakdown, block=args.block)
+                             breakdown=args.breakdown, block=args.block, baseline=baseline)
         results.append(result)
-        T, B, I, H, L, bidir = shape
         ours, ref = result["lstmcy"] * 1e3, result["torch"] * 1e3
-        print(f"{T:>4} {B:>4} {I:>4} {H:>4} {L:>2} {('yes' if bidir else 'no'):>3} | "
-              f"{ours:>10.3f} {ref:>10.3f} {ref / ours:>8.2f}x", flush=True)
+        line = f"{shape_label(shape)} | {ours:>10.3f} {ref:>10.3f} {ref / ours:>8.2f}x"
+        if baseline:
+            before = result["baseline"] * 1e3
+            line += f" | {before:>11.3f} {before / ours:>14.2f}x"
+        print(line, flush=True)
     if args.breakdown:
         print_breakdown(shapes, results, args.dtype, args.target, args.threads)
+
+
+def shape_label(shape):
+    T, B, I, H, L, bidir, packed = shape
+    return (f"{T:>4} {B:>4} {I:>4} {H:>4} {L:>2} {('yes' if bidir else 'no'):>3} "
+            f"{('yes' if packed else 'no'):>3}")
 
 
 def print_breakdown(shapes, results, dtype, target, threads=None):
@@ -224,18 +279,17 @@ def print_breakdown(shapes, results, dtype, target, threads=None):
         peak = gemm_peak(dtype)["peak_gflops"]
     print(f"\nWhere the step goes (ms; rest = step - LSTM alone; GEMM peak {peak:.0f} GF/s "
           f"{dtype}, measured now):")
-    print(f"{'T':>4} {'B':>4} {'I':>4} {'H':>4} {'L':>2} {'bi':>3} | {'LSTM lstmcy':>11} "
+    print(f"{'T':>4} {'B':>4} {'I':>4} {'H':>4} {'L':>2} {'bi':>3} {'pk':>3} | {'LSTM lstmcy':>11} "
           f"{'LSTM torch':>10} {'ratio':>6} | {'rest lstmcy':>11} {'rest torch':>10} | "
           f"{'LSTM for ' + format(target, 'g') + 'x':>12} {'FLOPs at peak':>13}")
     for shape, result in zip(shapes, results):
-        T, B, I, H, L, bidir = shape
         ms = {name: value * 1e3 for name, value in result.items()}
         rest_ours = ms["lstmcy"] - ms["lstmcy_lstm"]
         rest_ref = ms["torch"] - ms["torch_lstm"]
         # The LSTM part lstmcy's step could spend and still be `target` times faster.
         needed = ms["torch"] / target - rest_ours
         at_peak = step_flops(shape) / (peak * 1e9) * 1e3
-        print(f"{T:>4} {B:>4} {I:>4} {H:>4} {L:>2} {('yes' if bidir else 'no'):>3} | "
+        print(f"{shape_label(shape)} | "
               f"{ms['lstmcy_lstm']:>11.3f} {ms['torch_lstm']:>10.3f} "
               f"{ms['torch_lstm'] / ms['lstmcy_lstm']:>5.2f}x | {rest_ours:>11.3f} "
               f"{rest_ref:>10.3f} | {needed:>12.3f} {at_peak:>13.3f}", flush=True)
