@@ -162,6 +162,24 @@ def _reference_outputs(cfg, batch_sizes, masks, input, h0, c0, weights):
                           proj_size=cfg.proj_size)
 
 
+def reference_gradients(cfg, input, batch_sizes, h0, c0, weights, masks, grad_y, grad_h_n,
+                        grad_c_n):
+    """``(dx, dh0, dc0, dweights)`` of the differentiable reference by autograd on
+    detached copies of the inputs (None for ``dh0``/``dc0`` when ``h0`` is None): for
+    gradients that the operators cannot take, such as those of the legacy vmap
+    (``torch.autograd.functional``'s ``vectorize=True``)."""
+    had_h0 = h0 is not None
+    h0, c0 = _initial_states(input, batch_sizes, h0, c0, cfg)
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() for t in (input, h0, c0, *weights)]
+        outputs = _reference_outputs(cfg, batch_sizes, masks, *leaves[:3], leaves[3:])
+        pairs = [(out, g) for out, g in zip(outputs, (grad_y, grad_h_n, grad_c_n)) if g is not None]
+        grads = torch.autograd.grad([out for out, _ in pairs], leaves, [g for _, g in pairs],
+                                    allow_unused=True)
+    grads = [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(grads, leaves)]
+    return grads[0], grads[1] if had_h0 else None, grads[2] if had_h0 else None, grads[3:]
+
+
 def _initial_states(input, batch_sizes, h0, c0, cfg):
     """``h0``, ``c0`` as given, or zeros of the right shape when None."""
     if h0 is not None:

@@ -87,11 +87,17 @@ class _LSTMFunction(torch.autograd.Function):
                        any(needs[6:]))
         if not any(output_mask):
             return (None,) * len(needs)
-        if torch.is_grad_enabled():
-            # create_graph=True: the custom operator's backward is itself differentiable.
+        if torch.is_grad_enabled() or torch._C._functorch.peek_interpreter_stack() is not None:
+            # create_graph=True: the custom operator's backward is itself differentiable;
+            # gradients vmapped by torch.func (is_grads_batched): it has a vmap rule.
             dx, dh0, dc0, dweights = _torch_ops.lstm_backward(
                 x, batch_sizes, h0, c0, list(weights), list(masks), saved, dy, dh, dc,
                 *ctx.cfg, list(output_mask))
+        elif _legacy_batched(dy, dh, dc):
+            # The legacy vmap (autograd.functional's vectorize=True) batches only torch's
+            # own operations: differentiate the reference.
+            dx, dh0, dc0, dweights = _torch_ops.reference_gradients(
+                ctx.cfg, x, batch_sizes, h0, c0, weights, masks, dy, dh, dc)
         else:
             if problem is None:
                 problem = engine.problem_for(x, batch_sizes, h0, c0, weights, ctx.cfg)
@@ -106,6 +112,11 @@ class _LSTMFunction(torch.autograd.Function):
         else:
             grads += [None] * len(weights)
         return tuple(grads)
+
+
+def _legacy_batched(*grads):
+    """Whether a gradient is vmapped by the legacy vmap (``torch._vmap_internals``)."""
+    return any(g is not None and torch._C._functorch.is_legacy_batchedtensor(g) for g in grads)
 
 
 @torch.compiler.disable  # numpy and the kernels: never traced by dynamo
