@@ -158,6 +158,7 @@ def test_inductor_fullgraph():
     assert result.stdout.strip().endswith("ok")
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::torch.jit.TracerWarning")
 @pytest.mark.parametrize("grad_mode", [False, True])
 def test_jit_trace_records_the_operator(grad_mode):
     """Traced (also under no_grad), saved and reloaded, the module computes new inputs

@@ -87,6 +87,7 @@ def test_jacrev_matches_nn_lstm():
     _assert_trees_close(jacrev(lambda x: ours(x)[0])(x), jacrev(lambda x: ref(x)[0])(x))
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 def test_forward_mode_matches_nn_lstm():
     ours, ref = module_pair(2, 3, num_layers=2)
     x, tangent = _randn(4, 2), _randn(4, 2, seed=1)
@@ -118,3 +119,17 @@ def test_vmap_with_dropout_shares_one_mask():
         torch.manual_seed(7)
         want.append(ref(x)[0])
     assert_close(got, torch.stack(want))
+
+
+def test_batched_gradients_match_nn_lstm():
+    """autograd.grad(..., is_grads_batched=True) (torch.func's vmap) and
+    autograd.functional.jacobian(vectorize=True) (the legacy vmap)."""
+    ours, ref = module_pair(2, 3, num_layers=2)
+    x = _randn(4, 1, 2).requires_grad_()
+    cotangents = _randn(3, 4, 1, 3, seed=1)
+    got, want = [torch.autograd.grad(module(x)[0], x, cotangents, is_grads_batched=True)[0]
+                 for module in (ours, ref)]
+    assert_close(got, want)
+    got, want = [torch.autograd.functional.jacobian(lambda x: module(x)[0], x, vectorize=True)
+                 for module in (ours, ref)]
+    assert_close(got, want)
