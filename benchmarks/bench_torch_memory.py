@@ -13,6 +13,10 @@ Run::
 
     python benchmarks/bench_torch_memory.py                    # 30 steps, vocabulary 33278
     python benchmarks/bench_torch_memory.py --steps 50 --vocab 10000 --hidden 650
+    python benchmarks/bench_torch_memory.py --baseline /tmp/torch_main.py  # + another version
+
+``--baseline FILE`` also runs the loop with the ``LSTM`` of another version of
+``lstmcy/torch.py`` (as in ``bench_torch_module.py``).
 """
 import argparse
 import json
@@ -32,7 +36,7 @@ def _status_mib(field):
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def train(kind, steps, vocab, hidden, layers, bptt, batch, threads):
+def train(kind, steps, vocab, hidden, layers, bptt, batch, threads, baseline=None):
     """One training loop in this process; returns the memory figures."""
     import torch
     from torch import nn
@@ -42,7 +46,11 @@ def train(kind, steps, vocab, hidden, layers, bptt, batch, threads):
     if threads:
         torch.set_num_threads(threads)
         lstmcy.set_num_threads(threads)
-    lstm_class = nn.LSTM if kind == "torch" else lstmcy.torch.LSTM
+    if kind == "baseline":
+        from bench_torch_module import load_baseline
+        lstm_class = load_baseline(baseline)
+    else:
+        lstm_class = nn.LSTM if kind == "torch" else lstmcy.torch.LSTM
     torch.manual_seed(0)
 
     class LanguageModel(nn.Module):
@@ -87,25 +95,27 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=20)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=2, help="processes per model")
-    parser.add_argument("--child", choices=("torch", "lstmcy"), help=argparse.SUPPRESS)
+    parser.add_argument("--baseline", metavar="FILE",
+                        help="another version of lstmcy/torch.py, run as a third model")
+    parser.add_argument("--child", choices=("torch", "lstmcy", "baseline"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sizes = (args.steps, args.vocab, args.hidden, args.layers, args.bptt, args.batch,
              args.threads)
     if args.child:
-        print(json.dumps(train(args.child, *sizes)))
+        print(json.dumps(train(args.child, *sizes, baseline=args.baseline)))
         return
     print(f"language model: vocabulary {args.vocab}, {args.layers} layers of {args.hidden}, "
           f"bptt {args.bptt}, batch {args.batch}, {args.steps} steps; MiB, one process each")
-    print(f"{'model':>7} | {'before':>8} {'peak':>8} {'growth':>8}")
+    print(f"{'model':>8} | {'before':>8} {'peak':>8} {'growth':>8}")
     base = [sys.executable, os.path.abspath(__file__)] + [
         f"--{name}={value}" for name, value in vars(args).items()
         if name not in ("child", "repeats") and value is not None]
     for _ in range(args.repeats):
-        for kind in ("torch", "lstmcy"):  # alternate, so that drift hits both
+        for kind in ("torch", "lstmcy") + (("baseline",) if args.baseline else ()):
             out = subprocess.run(base + [f"--child={kind}"], capture_output=True, text=True,
                                  check=True).stdout
             figures = json.loads(out.strip().splitlines()[-1])
-            print(f"{kind:>7} | {figures['before']:>8.1f} {figures['peak']:>8.1f} "
+            print(f"{kind:>8} | {figures['before']:>8.1f} {figures['peak']:>8.1f} "
                   f"{figures['growth']:>8.1f}", flush=True)
 
 
