@@ -8,7 +8,7 @@ function pair around the same operators:
 - :class:`_Forward` runs ``lstm_forward``; its backward is :class:`_Backward`;
 - :class:`_Backward` runs ``lstm_backward``; its backward (second derivatives, e.g.
   ``grad(grad(f))``, ``hessian`` of a scalar) is
-  :func:`lstmcy._torch_ops.second_derivatives`, through the differentiable reference.
+  :func:`lstmcy._torch_reference.second_derivatives`, through the differentiable reference.
 
 Both generate their vmap rule (``generate_vmap_rule``): under ``vmap`` their
 ``forward`` runs on batched tensors, which the operators' vmap rules handle, so
@@ -17,6 +17,7 @@ Both generate their vmap rule (``generate_vmap_rule``): under ``vmap`` their
 import torch
 
 from lstmcy import _torch_ops
+from lstmcy._torch_reference import second_derivatives
 
 __all__ = ["lstm"]
 
@@ -94,7 +95,7 @@ class _Backward(torch.autograd.Function):
         masks, weights = rest[:ctx.num_masks], rest[ctx.num_masks:]
         if not ctx.output_mask[3]:
             grad_dweights = [None] * len(weights)
-        d_input, d_h0, d_c0, d_weights, d_y, d_h_n, d_c_n = _torch_ops.second_derivatives(
+        d_input, d_h0, d_c0, d_weights, d_y, d_h_n, d_c_n = second_derivatives(
             ctx.cfg, ctx.output_mask, input, batch_sizes, h0, c0, weights, masks, grad_y,
             grad_h_n, grad_c_n, [grad_dx, grad_dh0, grad_dc0, *grad_dweights])
         return (None, None, None, d_input, None, d_h0, d_c0, None, d_y, d_h_n, d_c_n,

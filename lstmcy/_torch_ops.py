@@ -6,9 +6,8 @@
 - a fake (meta) implementation, so that ``torch.compile``, ``torch.export`` and
   ``make_fx`` trace them as opaque operations of known output shapes;
 - an autograd formula: the forward's backward is ``lstm_backward``; the backward's own
-  backward (second derivatives: ``create_graph=True``, ``torch.func.hessian``) re-derives
-  the first derivatives through the differentiable reference
-  (:mod:`lstmcy._torch_reference`) and differentiates those;
+  backward (second derivatives: ``create_graph=True``, ``torch.func.hessian``) is
+  :func:`lstmcy._torch_reference.second_derivatives`;
 - a vmap rule, so that ``torch.func.vmap`` (and per-sample gradients,
   ``vmap(grad(loss))``) maps over them: vmapped sequences with shared weights join the
   batch of one kernel call; anything else runs one call per vmapped slice.
@@ -24,7 +23,7 @@ import torch
 from torch import Tensor
 
 from lstmcy import _torch_engine as engine
-from lstmcy._torch_reference import lstm as reference_lstm
+from lstmcy._torch_reference import second_derivatives
 
 __all__ = ["lstm_forward", "lstm_backward"]
 
@@ -151,105 +150,6 @@ def _forward_backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_saved):
 
 
 lstm_forward.register_autograd(_forward_backward, setup_context=_forward_setup_context)
-
-
-def _reference_outputs(cfg, batch_sizes, masks, input, h0, c0, weights):
-    """``(y, h_n, c_n)`` of the differentiable reference."""
-    return reference_lstm(input, (h0, c0), weights, hidden_size=cfg.hidden_size,
-                          num_layers=cfg.num_layers, bidirectional=cfg.bidirectional,
-                          has_bias=cfg.has_bias, batch_first=cfg.batch_first,
-                          batch_sizes=batch_sizes, masks=list(masks) or None,
-                          proj_size=cfg.proj_size)
-
-
-def reference_gradients(cfg, input, batch_sizes, h0, c0, weights, masks, grad_y, grad_h_n,
-                        grad_c_n):
-    """``(dx, dh0, dc0, dweights)`` of the differentiable reference by autograd on
-    detached copies of the inputs (None for ``dh0``/``dc0`` when ``h0`` is None): for
-    gradients that the operators cannot take, such as those of the legacy vmap
-    (``torch.autograd.functional``'s ``vectorize=True``)."""
-    had_h0 = h0 is not None
-    h0, c0 = _initial_states(input, batch_sizes, h0, c0, cfg)
-    with torch.enable_grad():
-        leaves = [t.detach().requires_grad_() for t in (input, h0, c0, *weights)]
-        outputs = _reference_outputs(cfg, batch_sizes, masks, *leaves[:3], leaves[3:])
-        pairs = [(out, g) for out, g in zip(outputs, (grad_y, grad_h_n, grad_c_n)) if g is not None]
-        grads = torch.autograd.grad([out for out, _ in pairs], leaves, [g for _, g in pairs],
-                                    allow_unused=True)
-    grads = [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(grads, leaves)]
-    return grads[0], grads[1] if had_h0 else None, grads[2] if had_h0 else None, grads[3:]
-
-
-def _initial_states(input, batch_sizes, h0, c0, cfg):
-    """``h0``, ``c0`` as given, or zeros of the right shape when None."""
-    if h0 is not None:
-        return h0, c0
-    D = cfg.num_directions
-    if batch_sizes is not None:
-        B = int(batch_sizes[0])
-    else:
-        B = input.shape[0] if cfg.batch_first else input.shape[1]
-    out_size = cfg.proj_size if cfg.proj_size > 0 else cfg.hidden_size
-    return (input.new_zeros((cfg.num_layers * D, B, out_size)),
-            input.new_zeros((cfg.num_layers * D, B, cfg.hidden_size)))
-
-
-def second_derivatives(cfg, output_mask, input, batch_sizes, h0, c0, weights, masks, grad_y,
-                       grad_h_n, grad_c_n, incoming):
-    """The backward of ``lstm_backward``: the vjp of the first derivatives (computed by
-    the differentiable reference) with ``incoming``, the cotangents of ``(dx, dh0, dc0,
-    *dweights)`` (None, or empty for outputs not computed, means zero).
-
-    Returns the gradients of ``(input, h0, c0, weights, grad_y, grad_h_n, grad_c_n)``
-    (None for ``h0``/``c0`` when they were None, for absent output gradients, and for
-    what the result does not depend on). When the result must be differentiable again
-    (grad mode on: third derivatives) or under ``torch.func`` transforms, it uses
-    ``torch.func.vjp``, whose levels keep each input's own history apart; else autograd
-    on detached copies of the inputs, whose graphs are much cheaper to build.
-    """
-    had_h0 = h0 is not None
-    h0, c0 = _initial_states(input, batch_sizes, h0, c0, cfg)
-    primals = [input, h0, c0, *weights]
-    given = [grad_y, grad_h_n, grad_c_n]
-    present = [k for k, g in enumerate(given) if g is not None]
-    n_primals = len(primals)
-    want_dx, want_dh, want_dc, want_dw = output_mask
-    wanted = [want_dx, want_dh, want_dc] + [want_dw] * len(weights)
-    used = [k for k, (g, w) in enumerate(zip(incoming, wanted)) if w and g is not None and g.numel()]
-
-    def first_derivatives(*args):
-        """``(dx, dh0, dc0, *dweights)`` at ``(*primals, *given output gradients)``."""
-        xs = args[:n_primals]
-        outputs = _reference_outputs(cfg, batch_sizes, masks, *xs[:3], xs[3:])
-        grads = list(given)
-        for k, value in zip(present, args[n_primals:]):
-            grads[k] = value
-        cotangents = [torch.zeros_like(out) if g is None else g for g, out in zip(grads, outputs)]
-        if use_func:
-            _, vjp = torch.func.vjp(
-                lambda *p: _reference_outputs(cfg, batch_sizes, masks, *p[:3], p[3:]), *xs)
-            return vjp(tuple(cotangents))
-        return torch.autograd.grad(outputs, xs, cotangents, create_graph=True)
-
-    args = primals + [given[k] for k in present]
-    use_func = torch.is_grad_enabled() or torch._C._functorch.peek_interpreter_stack() is not None
-    if use_func:
-        outputs, vjp = torch.func.vjp(first_derivatives, *args)
-        grads = vjp(tuple(incoming[k] if k in used else torch.zeros_like(out)
-                          for k, out in enumerate(outputs)))
-    elif used:
-        with torch.enable_grad():
-            leaves = [a.detach().requires_grad_() for a in args]
-            firsts = first_derivatives(*leaves)
-            grads = torch.autograd.grad([firsts[k] for k in used], leaves,
-                                        [incoming[k] for k in used], allow_unused=True)
-    else:
-        grads = [None] * len(args)
-    d_output = [None, None, None]
-    for k, g in zip(present, grads[n_primals:]):
-        d_output[k] = g
-    d_h0, d_c0 = grads[1:3] if had_h0 else (None, None)
-    return (grads[0], d_h0, d_c0, list(grads[3:n_primals]), *d_output)
 
 
 def _backward_setup_context(ctx, inputs, output):

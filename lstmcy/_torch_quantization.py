@@ -61,7 +61,8 @@ def _wrap_propagate(propagate):
 def register_for_dynamic_quantization(cls):
     """Let ``quantize_dynamic`` convert ``cls`` (a subclass of ``nn.LSTM``) as ``nn.LSTM``."""
     _registered.add(cls)
-    quantization_mappings.DEFAULT_DYNAMIC_QUANT_MODULE_MAPPINGS.setdefault(cls, _DynamicQuantizedLSTM)
+    mappings = quantization_mappings.DEFAULT_DYNAMIC_QUANT_MODULE_MAPPINGS
+    mappings.setdefault(cls, _DynamicQuantizedLSTM)
     # quantize_dynamic (and prepare) call this module-level name at call time.
     if not hasattr(_quantize_module.propagate_qconfig_, "_lstmcy_wraps"):
         _quantize_module.propagate_qconfig_ = _wrap_propagate(_quantize_module.propagate_qconfig_)

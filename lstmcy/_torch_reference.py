@@ -4,13 +4,18 @@
 order; packed sequences; dropout masks between layers; projections), one time step at a
 time with ordinary torch operations, so autograd, forward-mode AD and every ``torch.func``
 transform can differentiate it to any order. :mod:`lstmcy.torch` uses it where the
-kernels give no derivative: gradients of gradients (``create_graph=True``), and
-forward-mode AD (``torch.func.jvp``, ``jacfwd``). It is slower than the kernels (a Python
-loop over steps), which those uses accept.
+kernels give no derivative: gradients of gradients (``create_graph=True``,
+:func:`second_derivatives`), forward-mode AD (``torch.func.jvp``, ``jacfwd``), and output
+gradients batched by the legacy vmap (:func:`gradients`). It is slower than the kernels
+(a Python loop over steps), which those uses accept.
+
+:func:`gradients` and :func:`second_derivatives` take the call's layout as ``cfg``, an
+:class:`lstmcy._torch_engine.Config` (``hidden_size``, ``num_layers``, ``bidirectional``,
+``has_bias``, ``batch_first``, ``proj_size``).
 """
 import torch
 
-__all__ = ["lstm"]
+__all__ = ["lstm", "gradients", "second_derivatives"]
 
 
 def _split_weights(weights, num_layers, num_directions, has_bias, proj_size):
@@ -135,3 +140,110 @@ def lstm(input, hx, weights, *, hidden_size, num_layers=1, bidirectional=False, 
     if not packed and batch_first:
         output = output.transpose(0, 1)
     return output, torch.stack(h_n), torch.stack(c_n)
+
+
+def _outputs(cfg, batch_sizes, masks, input, h0, c0, weights):
+    """``(y, h_n, c_n)`` of :func:`lstm` with the layout of ``cfg``."""
+    return lstm(input, (h0, c0), weights, hidden_size=cfg.hidden_size,
+                num_layers=cfg.num_layers, bidirectional=cfg.bidirectional,
+                has_bias=cfg.has_bias, batch_first=cfg.batch_first, batch_sizes=batch_sizes,
+                masks=list(masks) or None, proj_size=cfg.proj_size)
+
+
+def gradients(cfg, input, batch_sizes, h0, c0, weights, masks, grad_y, grad_h_n, grad_c_n):
+    """``(dx, dh0, dc0, dweights)`` of :func:`lstm` by autograd on detached copies of the
+    inputs (None for ``dh0``/``dc0`` when ``h0`` is None): for output gradients that the
+    kernels cannot take, such as those of the legacy vmap (``torch.autograd.functional``'s
+    ``vectorize=True``)."""
+    had_h0 = h0 is not None
+    h0, c0 = _initial_states(input, batch_sizes, h0, c0, cfg)
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() for t in (input, h0, c0, *weights)]
+        outputs = _outputs(cfg, batch_sizes, masks, *leaves[:3], leaves[3:])
+        pairs = [(out, g) for out, g in zip(outputs, (grad_y, grad_h_n, grad_c_n))
+                 if g is not None]
+        grads = torch.autograd.grad([out for out, _ in pairs], leaves, [g for _, g in pairs],
+                                    allow_unused=True)
+    grads = [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(grads, leaves)]
+    return grads[0], grads[1] if had_h0 else None, grads[2] if had_h0 else None, grads[3:]
+
+
+def _initial_states(input, batch_sizes, h0, c0, cfg):
+    """``h0``, ``c0`` as given, or zeros of the right shape when None."""
+    if h0 is not None:
+        return h0, c0
+    D = cfg.num_directions
+    if batch_sizes is not None:
+        B = int(batch_sizes[0])
+    else:
+        B = input.shape[0] if cfg.batch_first else input.shape[1]
+    out_size = cfg.proj_size if cfg.proj_size > 0 else cfg.hidden_size
+    return (input.new_zeros((cfg.num_layers * D, B, out_size)),
+            input.new_zeros((cfg.num_layers * D, B, cfg.hidden_size)))
+
+
+def second_derivatives(cfg, output_mask, input, batch_sizes, h0, c0, weights, masks, grad_y,
+                       grad_h_n, grad_c_n, incoming):
+    """The backward of a backward: the vjp of the first derivatives of :func:`lstm` with
+    ``incoming``, the cotangents of ``(dx, dh0, dc0, *dweights)`` (None, or empty for
+    outputs not computed, means zero), at ``(input, h0, c0, weights)`` and the output
+    gradients ``(grad_y, grad_h_n, grad_c_n)`` the first derivatives were taken with.
+    ``output_mask`` says which of ``(dx, dh0, dc0, dweights)`` were computed.
+
+    Returns the gradients of ``(input, h0, c0, weights, grad_y, grad_h_n, grad_c_n)``
+    (None for ``h0``/``c0`` when they were None, for absent output gradients, and for
+    what the result does not depend on). When the result must be differentiable again
+    (grad mode on: third derivatives) or under ``torch.func`` transforms, it uses
+    ``torch.func.vjp``, whose levels keep each input's own history apart; else autograd
+    on detached copies of the inputs, whose graphs are much cheaper to build.
+    """
+    had_h0 = h0 is not None
+    h0, c0 = _initial_states(input, batch_sizes, h0, c0, cfg)
+    primals = [input, h0, c0, *weights]
+    given = [grad_y, grad_h_n, grad_c_n]
+    present = [k for k, g in enumerate(given) if g is not None]
+    n_primals = len(primals)
+    want_dx, want_dh, want_dc, want_dw = output_mask
+    wanted = [want_dx, want_dh, want_dc] + [want_dw] * len(weights)
+    used = [k for k, (g, w) in enumerate(zip(incoming, wanted))
+            if w and g is not None and g.numel()]
+
+    def run(*xs):
+        return _outputs(cfg, batch_sizes, masks, *xs[:3], xs[3:])
+
+    def first_derivatives(*args):
+        """``(dx, dh0, dc0, *dweights)`` at ``(*primals, *given output gradients)``."""
+        grads = list(given)
+        for k, value in zip(present, args[n_primals:]):
+            grads[k] = value
+        xs = args[:n_primals]
+        if use_func:
+            outputs, vjp = torch.func.vjp(run, *xs)
+        else:
+            outputs = run(*xs)
+        cotangents = tuple(torch.zeros_like(out) if g is None else g
+                           for g, out in zip(grads, outputs))
+        if use_func:
+            return vjp(cotangents)
+        return torch.autograd.grad(outputs, xs, cotangents, create_graph=True)
+
+    args = primals + [given[k] for k in present]
+    use_func = (torch.is_grad_enabled()
+                or torch._C._functorch.peek_interpreter_stack() is not None)
+    if use_func:
+        outputs, vjp = torch.func.vjp(first_derivatives, *args)
+        grads = vjp(tuple(incoming[k] if k in used else torch.zeros_like(out)
+                          for k, out in enumerate(outputs)))
+    elif used:
+        with torch.enable_grad():
+            leaves = [a.detach().requires_grad_() for a in args]
+            firsts = first_derivatives(*leaves)
+            grads = torch.autograd.grad([firsts[k] for k in used], leaves,
+                                        [incoming[k] for k in used], allow_unused=True)
+    else:
+        grads = [None] * len(args)
+    d_output = [None, None, None]
+    for k, g in zip(present, grads[n_primals:]):
+        d_output[k] = g
+    d_h0, d_c0 = grads[1:3] if had_h0 else (None, None)
+    return (grads[0], d_h0, d_c0, list(grads[3:n_primals]), *d_output)

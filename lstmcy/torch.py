@@ -37,7 +37,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from lstmcy import _torch_engine as engine
 from lstmcy import _torch_func, _torch_ops
-from lstmcy._torch_reference import lstm as reference_lstm
+from lstmcy import _torch_reference as reference
 from lstmcy._torch_state_dict import (config_from_state_dict, params_from_state_dict,
                                       params_to_state_dict)
 
@@ -96,7 +96,7 @@ class _LSTMFunction(torch.autograd.Function):
         elif _legacy_batched(dy, dh, dc):
             # The legacy vmap (autograd.functional's vectorize=True) batches only torch's
             # own operations: differentiate the reference.
-            dx, dh0, dc0, dweights = _torch_ops.reference_gradients(
+            dx, dh0, dc0, dweights = reference.gradients(
                 ctx.cfg, x, batch_sizes, h0, c0, weights, masks, dy, dh, dc)
         else:
             if problem is None:
@@ -327,7 +327,7 @@ class LSTM(nn.LSTM):
             masks = None if masks is None else [m.float() for m in masks]
         route = _route([data, h0, c0, *weights])
         if route == _REFERENCE:
-            y, h_n, c_n = reference_lstm(
+            y, h_n, c_n = reference.lstm(
                 data, None if h0 is None else (h0, c0), weights, hidden_size=cfg.hidden_size,
                 num_layers=cfg.num_layers, bidirectional=cfg.bidirectional,
                 has_bias=cfg.has_bias, batch_first=cfg.batch_first, batch_sizes=batch_sizes,
