@@ -20,6 +20,7 @@ Run::
     python benchmarks/bench_torch_module.py --threads 1     # both libraries single-threaded
     python benchmarks/bench_torch_module.py --breakdown     # and where the step's time goes
     python benchmarks/bench_torch_module.py --block 1       # alternate single steps
+    python benchmarks/bench_torch_module.py --threads 1 --clock cpu  # on a loaded machine
     python benchmarks/bench_torch_module.py --shape 32,16,32,64,1,0,1  # packed sequences
     git show main:lstmcy/torch.py > /tmp/torch_main.py
     python benchmarks/bench_torch_module.py --baseline /tmp/torch_main.py   # A/B of two versions
@@ -167,7 +168,7 @@ def make_batches(shape, dtype, count=8, seed=0):
 
 
 def bench_shape(shape, dtype, optim_name, repeats, warmup, seed=0, breakdown=False, block=10,
-                baseline=None):
+                baseline=None, clock=time.perf_counter):
     T, B, I, H, L, bidir, packed = shape
     torch.manual_seed(seed)
     ours = Classifier(lstmcy_torch.LSTM, T, B, I, H, L, bidir, dtype)
@@ -194,9 +195,9 @@ def bench_shape(shape, dtype, optim_name, repeats, warmup, seed=0, breakdown=Fal
         for name in order:
             for j in range(block):
                 x, target = batches[(k + j) % len(batches)]
-                start = time.perf_counter()
+                start = clock()
                 steps[name](x, target)
-                elapsed = time.perf_counter() - start
+                elapsed = clock() - start
                 if j >= settle:
                     times[name].append(elapsed)
         k += block
@@ -224,6 +225,9 @@ def main(argv=None):
                         help="threads for both torch and lstmcy (default: each library's own)")
     parser.add_argument("--shape", type=parse_shape, action="append",
                         help="T,B,I,H,num_layers,bidirectional(0/1)[,packed(0/1)]; repeatable")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="time steps by the wall clock, or by this process's CPU time "
+                             "(with --threads 1, less sensitive to other processes' load)")
     parser.add_argument("--baseline", metavar="FILE",
                         help="another version of lstmcy/torch.py, timed as a third model")
     parser.add_argument("--breakdown", action="store_true",
@@ -244,14 +248,15 @@ def main(argv=None):
           f"lstmcy threads {get_lstmcy_threads() or 'auto'}, "
           f"mkldnn {'on' if torch.backends.mkldnn.is_available() else 'off'}; "
           f"{args.dtype}, {args.optim}, median of {args.repeats} steps (after {args.warmup} warm-up; "
-          f"blocks of {args.block})")
+          f"blocks of {args.block}; {args.clock} clock)")
     extra = f" | {'baseline ms':>11} {'baseline/lstmcy':>15}" if baseline else ""
     print(f"{'T':>4} {'B':>4} {'I':>4} {'H':>4} {'L':>2} {'bi':>3} {'pk':>3} | "
           f"{'lstmcy ms':>10} {'torch ms':>10} {'speed-up':>9}{extra}")
     results = []
     for shape in shapes:
         result = bench_shape(shape, dtype, args.optim, args.repeats, args.warmup,
-                             breakdown=args.breakdown, block=args.block, baseline=baseline)
+                             breakdown=args.breakdown, block=args.block, baseline=baseline,
+                             clock=time.process_time if args.clock == "cpu" else time.perf_counter)
         results.append(result)
         ours, ref = result["lstmcy"] * 1e3, result["torch"] * 1e3
         line = f"{shape_label(shape)} | {ours:>10.3f} {ref:>10.3f} {ref / ours:>8.2f}x"

@@ -121,8 +121,8 @@ def forward(input, batch_sizes, h0, c0, weights, masks, cfg, train):
         raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
     y, h_n, c_n, block = _thread_plan()._run_forward(problem, train, _engine_masks(masks, problem))
     if train:
-        saved = torch.from_numpy(block).view(
-            len(SAVED_NAMES), problem.L * problem.D, problem.T, problem.B, problem.H)
+        saved = torch.from_numpy(block.reshape(
+            len(SAVED_NAMES), problem.L * problem.D, problem.T, problem.B, problem.H))
     else:
         saved = torch.empty(0, dtype=input.dtype)
     return torch.from_numpy(y), torch.from_numpy(h_n), torch.from_numpy(c_n), saved, problem

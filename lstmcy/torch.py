@@ -132,7 +132,8 @@ def _run_eager(cfg, masks, batch_sizes, x, h0, c0, weights, needs_grad):
 # ---------------------------------------------------------------------------
 
 _EAGER, _OPERATOR, _FUNC, _REFERENCE = "eager", "operator", "func", "reference"
-_PLAIN_TENSOR_TYPES = (torch.Tensor, nn.Parameter)
+# Types of the tensors (or None) that the eager route reads as numpy arrays.
+_PLAIN_TYPES = frozenset((torch.Tensor, nn.Parameter, type(None)))
 
 
 def _forward_mode_ad_active():
@@ -145,7 +146,7 @@ def _forward_mode_ad_active():
 
 def _route(tensors):
     """Which route runs a call on ``tensors`` (see the module docstring)."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+    if torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None:
         return _OPERATOR
     transformed = torch._C._functorch.peek_interpreter_stack() is not None
     if (transformed or forward_ad._current_level >= 0) and _forward_mode_ad_active():
@@ -154,9 +155,8 @@ def _route(tensors):
         return _FUNC
     if torch._C._len_torch_dispatch_stack() or torch._C._len_torch_function_stack():
         return _OPERATOR
-    for tensor in tensors:
-        if tensor is not None and type(tensor) not in _PLAIN_TENSOR_TYPES:
-            return _OPERATOR
+    if not _PLAIN_TYPES.issuperset(map(type, tensors)):
+        return _OPERATOR  # tensor subclasses
     return _EAGER
 
 
