@@ -5,16 +5,17 @@
 
 - a fake (meta) implementation, so that ``torch.compile``, ``torch.export`` and
   ``make_fx`` trace them as opaque operations of known output shapes;
-- an autograd formula: the forward's backward is ``lstm_backward``; the backward's own
-  backward (second derivatives: ``create_graph=True``, ``torch.func.hessian``) is
-  :func:`lstmcy._torch_reference.second_derivatives`;
+- an autograd formula (for autograd, compile and export; ``torch.func`` refuses these,
+  and uses :mod:`lstmcy._torch_func` instead): the forward's backward is
+  ``lstm_backward``; the backward's own backward (second derivatives,
+  ``create_graph=True``) is :func:`lstmcy._torch_reference.second_derivatives`;
 - a vmap rule, so that ``torch.func.vmap`` (and per-sample gradients,
   ``vmap(grad(loss))``) maps over them: vmapped sequences with shared weights join the
   batch of one kernel call; anything else runs one call per vmapped slice.
 
 :class:`lstmcy.torch.LSTM` calls them whenever PyTorch is tracing or transforming the
-module (compile, ``jit.trace``, ``torch.func``, fake tensors, dispatch modes); in plain
-eager mode it calls :mod:`lstmcy._torch_engine` directly through a lighter
+module (compile, ``jit.trace``, export, ``torch.func``, fake tensors, dispatch modes); in
+plain eager mode it calls :mod:`lstmcy._torch_engine` directly through a lighter
 ``torch.autograd.Function``. Both run the same engine calls.
 """
 from typing import List, Optional, Tuple

@@ -8,14 +8,16 @@ for explicitly (``import lstmcy.torch`` or ``from lstmcy.torch import LSTM``);
 initialisation and ``state_dict`` are exactly those of ``torch.nn.LSTM`` (either's
 ``state_dict`` loads into the other, and under the same ``torch.manual_seed`` both start
 from the same weights). Only ``forward`` differs. It runs lstmcy's kernels by one of
-three routes, chosen per call:
+four routes, chosen per call:
 
 - plain eager mode: :mod:`lstmcy._torch_engine` directly, through a light
   :class:`torch.autograd.Function`;
-- while PyTorch traces or transforms the module (``torch.compile``, ``torch.export``,
-  ``torch.jit.trace``, ``torch.func.grad`` / ``vmap`` / ``jacrev``, fake tensors,
-  dispatch modes, tensor subclasses): the custom operators ``torch.ops.lstmcy``
-  (:mod:`lstmcy._torch_ops`), which those systems see as opaque operations;
+- while PyTorch traces the module (``torch.compile``, ``torch.export``,
+  ``torch.jit.trace``, fake tensors, dispatch modes, tensor subclasses): the custom
+  operators ``torch.ops.lstmcy`` (:mod:`lstmcy._torch_ops`), which those systems see as
+  opaque operations;
+- under ``torch.func`` transforms (``grad``, ``vmap``, ``jacrev``): the same operators
+  inside the autograd functions of :mod:`lstmcy._torch_func`;
 - under forward-mode AD (``torch.func.jvp``, ``jacfwd``, ``torch.autograd.forward_ad``):
   the differentiable reference in torch operations (:mod:`lstmcy._torch_reference`),
   since the kernels compute no tangents.
