@@ -41,8 +41,11 @@ CHILD = textwrap.dedent("""
                                     inp["dc"], *cache.saved(), **kw)
     out = {{}}
     for name, f in (("forward", fwd), ("backward", bwd)):
-        for _ in range(3):
+        warm = time.perf_counter() + 0.3  # warm-up: at least 0.3 s and 5 calls
+        for k in range(10 ** 6):
             f()
+            if k >= 4 and time.perf_counter() > warm:
+                break
         times = []
         for _ in range({reps}):
             start = time.perf_counter()

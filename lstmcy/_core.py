@@ -193,8 +193,8 @@ class LSTMPlan:
         The workspace is O(T*B*4H) per direction: the gate (gradient) buffer and, where the
         input is not in packed order, a packed copy of the input (gradient), plus a
         panel-packed copy of ``w_hh`` per direction for the recurrent products; the
-        backward adds h_{t-1} (and, where the input is not in packed order, x) in packed
-        row order for the weight gradients, and a float64 bias accumulator per direction.
+        backward adds, per direction, ``[x | h_{t-1}]`` in packed row order for the weight
+        gradients, a ``[4H, I + H]`` weight-gradient accumulator and a float64 bias one.
         An upper bound of what :attr:`workspace_size` reaches after such calls.
         """
         D = 2 if bidirectional else 1
@@ -214,7 +214,8 @@ class LSTMPlan:
         elements += packed_w_hh
         extra_bytes = 8 * (ALIGN - 1)  # room to align each of the (at most 8) named buffers
         if backward:
-            elements += D * N * H + N * width  # h_{t-1} and x in packed row order
+            # [x | h_{t-1}] in packed row order and a [4H, I + H] accumulator per direction.
+            elements += D * (N + 4 * H) * (width + H)
             extra_bytes += D * 4 * H * 8
         return int(elements * itemsize + extra_bytes)
 
@@ -345,7 +346,7 @@ class LSTMPlan:
                         p.h0[ks], h_n[ks], c_n[ks], saved, train, gates, x_packed)
 
                 def run(n_threads, args=args, layer=layer):
-                    schedule = forward_schedule(T, B, H, D, n_threads)
+                    schedule = forward_schedule(T, B, in_size, H, D, n_threads)
                     w_packed = self._take("w_packed", (D * _forward_packed_len(H, schedule, cdt),), cdt)
                     return self._traced("forward", layer, _lstm.forward_layer, *args, w_packed,
                                         schedule, n_threads, _fpmode._flush)
@@ -440,7 +441,6 @@ class LSTMPlan:
                     dw_hh = np.empty((D, 0, H), dtype=cdt)
                     db = np.empty((D, 0), dtype=cdt)
                 w_ih, w_hh, _ = _layer_weights(p, layer)
-                gathered = want_dparams and not in_packed  # x in packed row order for dW
                 scattered = layer_dx_needed and not in_packed  # dx through packed row order
                 args = (layer_in, in_step_row, in_stride, in_packed,
                         upper_dy, dy_step_row, dy_stride,
@@ -448,15 +448,15 @@ class LSTMPlan:
                         p.batch_sizes, p.packed_start, dh_state[ks], dc_state[ks],
                         layer_dx, layer_dx_needed, dw_ih, dw_hh, db, want_dparams,
                         self._take("gates", (D, N, 4 * H), cdt),
-                        self._take("zh", (D, N if want_dparams else 0, H), cdt),
-                        self._take("zx", (N if gathered else 0, in_size), cdt),
+                        self._take("z", (D, N if want_dparams else 0, in_size + H), cdt),
+                        self._take("dw", (D, 4 * H if want_dparams else 0, in_size + H), cdt),
                         self._take("db_acc", (D, 4 * H if want_dparams else 0), np.dtype(np.float64)),
                         self._take("packed_rows", (N if scattered else 0, in_size), cdt),
                         self._take("w_packed", (D * _packed_len(H, 4 * H, cdt),), cdt))
 
                 def run(n_threads, args=args, layer=layer):
                     return self._traced("backward", layer, _lstm.backward_layer, *args,
-                                        backward_schedule(T, B, H, D, n_threads), n_threads,
+                                        backward_schedule(T, B, in_size, H, D, n_threads), n_threads,
                                         _fpmode._flush)
 
                 self._call(("backward", B, in_size, H, D, layer_dx_needed, want_dparams, cdt), N,

@@ -24,9 +24,11 @@ from collections import namedtuple
 
 #: Work (floating-point operations) per thread before another one is worth its start.
 FLOPS_PER_THREAD = 1e6
-#: Fewest batch rows in one row group of a recurrence: fewer rows leave the packed GEMM
-#: of a step mostly loading w_hh.
+#: Fewest batch rows in one row group of a recurrence: with fewer, a step's packed GEMM
+#: mostly loads w_hh. A narrow w_hh (small H) is loaded fastest, so it wants more rows:
+#: at least GROUP_ROW_UNITS / H.
 MIN_GROUP_ROWS = 4
+GROUP_ROW_UNITS = 512
 #: A forward too narrow for row groups splits the hidden units of every step between
 #: threads once a step's recurrent product per part reaches this (FLOPs), since every
 #: step then waits for every part of the previous one.
@@ -36,11 +38,15 @@ PROJECTION_ROWS = 256
 #: The backward's chunks of steps: about this many rows, and at least T / MAX_CHUNKS steps.
 CHUNK_ROWS = 64
 MAX_CHUNKS = 8
-#: Rows of one dx piece of the backward (a BLAS GEMM that packs w_ih anew).
-DX_PIECE_ROWS = 512
-#: Gate rows of one block of dW: the blocks are the weight gradients' parallel tasks.
+#: Rows of one dx piece of the backward (a BLAS GEMM that packs w_ih anew, which costs
+#: about 6 % of its work at this size).
+DX_PIECE_ROWS = 256
+#: Gate rows of one block of dW: the blocks are the weight gradients' parallel tasks; a
+#: block's GEMM over a chunk is at least BLOCK_FLOPS of work (smaller ones lose much of
+#: their time to BLAS's per-call cost), and a layer has at most MAX_BLOCKS of them.
 MIN_BLOCK_ROWS = 64
 MAX_BLOCKS = 16
+BLOCK_FLOPS = 2e6
 
 # The kernels' split of a forward recurrence (lstmcy._layer.Split).
 SPLIT_ROWS = 0
@@ -71,9 +77,10 @@ def threads_for_work(flops, cpus):
     return max(1, min(cpus, int(flops // FLOPS_PER_THREAD)))
 
 
-def _row_groups(B, D, n_threads):
-    """Row groups per direction: a share of the threads, each group some rows."""
-    return max(1, min(n_threads // D, B // MIN_GROUP_ROWS))
+def _row_groups(B, H, D, n_threads):
+    """Row groups per direction: a share of the threads, each group enough rows."""
+    rows = max(MIN_GROUP_ROWS, math.ceil(GROUP_ROW_UNITS / max(H, 1)))
+    return max(1, min(n_threads // D, B // rows))
 
 
 def _pack_pieces(columns, n_threads):
@@ -90,12 +97,12 @@ def chunk_steps(T, B):
 
 
 @functools.lru_cache(maxsize=512)
-def forward_schedule(T, B, H, D, n_threads):
-    """The :class:`ForwardSchedule` of a layer of ``T`` steps, ``B`` rows, ``H`` units and
-    ``D`` directions on ``n_threads`` threads."""
+def forward_schedule(T, B, I, H, D, n_threads):
+    """The :class:`ForwardSchedule` of a layer of ``T`` steps, ``B`` rows, input size ``I``,
+    ``H`` units and ``D`` directions on ``n_threads`` threads."""
     piece_steps = max(1, min(max(T, 1), math.ceil(PROJECTION_ROWS / max(B, 1))))
     per_direction = max(1, n_threads // D)
-    groups = _row_groups(B, D, n_threads)
+    groups = _row_groups(B, H, D, n_threads)
     if groups == 1 and per_direction >= 2:
         parts = min(per_direction, H // 16, int(8.0 * B * H * H // MIN_UNIT_PART_FLOPS))
         if parts >= 2:
@@ -103,14 +110,21 @@ def forward_schedule(T, B, H, D, n_threads):
     return ForwardSchedule(SPLIT_ROWS, groups, piece_steps, _pack_pieces(4 * H, n_threads))
 
 
+def _block_rows(I, H, chunk_rows):
+    """Gate rows per block of dW (a multiple of 16)."""
+    rows = max(MIN_BLOCK_ROWS, BLOCK_FLOPS / (2.0 * max(I + H, 1) * max(chunk_rows, 1)),
+               4 * H / MAX_BLOCKS)
+    return int(min(math.ceil(rows / 16) * 16, max(16, math.ceil(4 * H / 16) * 16)))
+
+
 @functools.lru_cache(maxsize=512)
-def backward_schedule(T, B, H, D, n_threads):
-    """The :class:`BackwardSchedule` of a layer on ``n_threads`` threads. The first chunk
-    is short with one direction, so that the weight gradients can start early on threads
-    the recurrence leaves free."""
+def backward_schedule(T, B, I, H, D, n_threads):
+    """The :class:`BackwardSchedule` of a layer of input size ``I`` on ``n_threads``
+    threads. The first chunk is short with one direction, so that the weight gradients can
+    start early on threads the recurrence leaves free."""
     chunk = chunk_steps(T, B)
     first = chunk if D == 2 else max(1, math.ceil(chunk / 4))
     dx_steps = max(1, math.ceil(DX_PIECE_ROWS / max(B, 1)))
-    block_rows = max(MIN_BLOCK_ROWS, math.ceil(4 * H / MAX_BLOCKS / 16) * 16)
-    return BackwardSchedule(_row_groups(B, D, n_threads), first, chunk, block_rows, dx_steps,
+    block_rows = _block_rows(I, H, chunk * B)
+    return BackwardSchedule(_row_groups(B, H, D, n_threads), first, chunk, block_rows, dx_steps,
                             _pack_pieces(H, n_threads))

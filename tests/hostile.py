@@ -154,7 +154,7 @@ def run_with_threads(call, threads):
 
 
 def force_schedules(monkeypatch, forward=None, backward=None):
-    """Make every kernel call use the schedules ``forward(T, B, H, D, n_threads)`` /
+    """Make every kernel call use the schedules ``forward(T, B, I, H, D, n_threads)`` /
     ``backward(...)`` return (None: lstmcy's own); ``monkeypatch`` is pytest's fixture."""
     from lstmcy import _core
 
@@ -171,16 +171,16 @@ def most_split(monkeypatch, split="rows"):
     lstmcy's own."""
     from lstmcy import _schedule
 
-    def forward(T, B, H, D, n_threads):
-        own = _schedule.forward_schedule(T, B, H, D, n_threads)
+    def forward(T, B, I, H, D, n_threads):
+        own = _schedule.forward_schedule(T, B, I, H, D, n_threads)
         per_direction = max(1, n_threads // D)
         if split == "units":
             return own._replace(split=_schedule.SPLIT_UNITS, groups=per_direction)
         return own._replace(split=_schedule.SPLIT_ROWS, groups=max(1, min(per_direction, B)),
                             pack_pieces=n_threads)
 
-    def backward(T, B, H, D, n_threads):
-        own = _schedule.backward_schedule(T, B, H, D, n_threads)
+    def backward(T, B, I, H, D, n_threads):
+        own = _schedule.backward_schedule(T, B, I, H, D, n_threads)
         return own._replace(groups=max(1, min(n_threads // D, B)), pack_pieces=n_threads)
 
     force_schedules(monkeypatch, forward, backward)

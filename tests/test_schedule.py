@@ -27,7 +27,7 @@ CONFIGS = {
                                        lengths_seed=2),
 }
 # (first, chunk, block_rows, dx_steps): the policy never has first > chunk, but the kernels
-# take any positive values.
+# take any positive values (a block of 1000 rows is the whole of dW).
 BACKWARD = [(1, 1, 16, 1), (1, 3, 64, 2), (2, 5, 32, 1), (3, 3, 1000, 3), (1000, 1000, 16, 1),
             (4, 4, 48, 100), (2, 7, 64, 2), (6, 1, 16, 5), (5, 2, 80, 1)]
 # (split, piece_steps) of the forward
@@ -43,12 +43,12 @@ def schedules(backward, forward):
     first, chunk, block_rows, dx_steps = backward
     split, piece_steps = forward
 
-    def fwd(T, B, H, D, n_threads):
+    def fwd(T, B, I, H, D, n_threads):
         per_direction = max(1, n_threads // D)
         groups = per_direction if split == _schedule.SPLIT_UNITS else min(per_direction, B)
         return _schedule.ForwardSchedule(split, max(1, groups), piece_steps, n_threads)
 
-    def bwd(T, B, H, D, n_threads):
+    def bwd(T, B, I, H, D, n_threads):
         return _schedule.BackwardSchedule(max(1, min(n_threads // D, B)), first, chunk,
                                           block_rows, dx_steps, n_threads)
 
@@ -87,8 +87,8 @@ def test_schedule_matches_reference_and_is_thread_independent(name, backward, fo
 
 
 def test_bit_fixing_fields_are_a_function_of_the_shape():
-    for shape in [(1, 1, 1, 1), (50, 64, 256, 1), (100, 64, 320, 1), (32, 16, 64, 2),
-                  (7, 3, 160, 2), (1000, 1, 8, 1), (0, 4, 8, 1)]:
+    for shape in [(1, 1, 1, 1, 1), (50, 64, 256, 256, 1), (100, 64, 125, 320, 1),
+                  (32, 16, 32, 64, 2), (7, 3, 5, 160, 2), (1000, 1, 1, 8, 1), (0, 4, 2, 8, 1)]:
         forward = {n: _schedule.forward_schedule(*shape, n) for n in (1, 2, 3, 8, 64)}
         backward = {n: _schedule.backward_schedule(*shape, n) for n in (1, 2, 3, 8, 64)}
         assert len({s.piece_steps for s in forward.values()}) == 1

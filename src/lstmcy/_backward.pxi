@@ -1,25 +1,28 @@
-# The backward of one layer (both directions) as tasks that any number of threads take.
+# The backward of one layer (both directions), split between any number of threads.
 #
-# Tasks, in the order threads take them (BackwardCall.tasks):
+# First the listed tasks (BackwardCall.tasks), in order:
 #   1. TASK_PACK: pieces of w_hh packed for the per-step products dh = dgates @ w_hh.
 #   2. TASK_RECURRENCE: a group of batch rows (g, g + groups, ...) runs every step alone,
 #      in reverse processing order: the cell's backward writes the four gate gradients of
 #      its rows to dgates and updates dc, then a packed GEMM gives dh for the step before.
 #      A row's recurrence never reads another row. Each group publishes the steps it has
 #      done (BackwardCall.progress).
-#   3. TASK_GATHER_X (x not in packed row order): x's rows gathered into zx.
-#   4. Per chunk of steps, in processing order: TASK_DX pieces that the chunk completes
-#      (dx = dgates @ w_ih, both directions summed), TASK_GATHER_H (the chunk's h_{t-1}
-#      rows into zh), and TASK_WEIGHTS: per block of gate rows, dW_ih += dgates^T x,
-#      dW_hh += dgates^T h_{t-1} and db += sum(dgates) over the chunk's rows.
-# A task waits for what it reads (the recurrence's progress, a gather, the block's
-# previous chunk); everything it waits for comes earlier in the list, so the threads never
-# deadlock, whatever their number, and one thread runs the list in order.
+# Then each thread turns to the gradients the recurrences make ready (_gradients_worker),
+# as they become ready, while the recurrences still run on other threads:
+#   * TASK_DX: a piece of steps, dx = sum over directions of dgates @ w_ih (taken first:
+#     large and independent);
+#   * TASK_WEIGHTS: the next chunk of a block of gate rows, [dW_ih | dW_hh] +=
+#     dgates^T [x | h_{t-1}] (one GEMM) and db += sum(dgates) over the chunk's rows (its
+#     TASK_GATHER first puts the chunk's [x | h_{t-1}] rows in packed order). A block has
+#     one owner at a time and adds its chunks in processing order; a thread keeps to its
+#     block while it can, so two threads never wait on one block's chain.
+# Nothing waits for anything that needs a thread it holds, so any number of threads (one
+# included) completes the call.
 #
 # Bits: the recurrence's products of a row do not depend on the group; the chunks, blocks
-# and dx pieces are a function of the shape, and each block adds its chunks in processing
-# order (db in float64, row by row), whichever thread runs them. So the results are
-# bitwise identical for any number of threads or groups.
+# and dx pieces are a function of the shape, and each block adds its chunks in order (db in
+# float64, row by row), whichever thread runs them. So the results are bitwise identical
+# for any number of threads or groups.
 
 
 cdef inline void _chunk_steps(const BackwardCall *bc, Py_ssize_t c, Py_ssize_t *s_lo,
@@ -50,7 +53,7 @@ cdef inline void _chunk_rows(const BackwardCall *bc, Py_ssize_t d, Py_ssize_t c,
 
 cdef inline void _dx_piece_rows(const BackwardCall *bc, Py_ssize_t q, Py_ssize_t *t_lo,
                                 Py_ssize_t *t_hi, Py_ssize_t *r0, Py_ssize_t *r1) noexcept nogil:
-    """Time steps [t_lo, t_hi) and packed rows [r0, r1) of dx piece (or zx piece) q."""
+    """Time steps [t_lo, t_hi) and packed rows [r0, r1) of dx piece q."""
     t_lo[0] = q * bc.dx_steps
     t_hi[0] = t_lo[0] + bc.dx_steps if t_lo[0] + bc.dx_steps < bc.steps.T else bc.steps.T
     r0[0] = bc.steps.start[t_lo[0]]
@@ -66,13 +69,6 @@ cdef inline Py_ssize_t _prev_step(const BackwardCall *bc, Py_ssize_t d, Py_ssize
             return t + 1
         return -1
     return t - 1
-
-
-cdef inline void _wait_groups(const BackwardCall *bc, Py_ssize_t d, Py_ssize_t steps) noexcept nogil:
-    """Until every row group of direction d has done ``steps`` steps."""
-    cdef Py_ssize_t g
-    for g in range(bc.groups):
-        event_wait(&bc.progress[d * bc.groups + g], <int>steps, bc.spin_ns)
 
 
 cdef void _pack_piece_bwd(const BackwardCall *bc, floating *like, Py_ssize_t d,
@@ -106,9 +102,10 @@ cdef void _recurrence_rows_bwd(const BackwardCall *bc, floating *like, Py_ssize_
     cdef Py_ssize_t s, t, k, m, b, n0, r, prev_t, c_end
     cdef Py_ssize_t c = 0
     cdef const floating *c_prev
-    cdef long long start = trace_start(&bc.trace)
+    cdef long long start
     if H > 0:
         event_wait(&bc.pack_done[d], <int>bc.pack_pieces, bc.spin_ns)
+    start = trace_start(&bc.trace)
     c_end = bc.first if bc.first < T else T
     for s in range(T):
         t = s if d == 1 else T - 1 - s
@@ -137,72 +134,58 @@ cdef void _recurrence_rows_bwd(const BackwardCall *bc, floating *like, Py_ssize_
             c_end = c_end + bc.chunk if c_end + bc.chunk < T else T
 
 
-cdef void _gather_x(const BackwardCall *bc, floating *like, Py_ssize_t q) noexcept nogil:
-    """TASK_GATHER_X: zx[packed rows of piece q] = x's rows."""
+cdef void _gather(const BackwardCall *bc, floating *like, Py_ssize_t d,
+                  Py_ssize_t c) noexcept nogil:
+    """TASK_GATHER: z[d][packed rows of chunk c] = [x | h_{t-1}] of each row (h_{t-1} the
+    saved h of the step before, or h0)."""
     cdef Py_ssize_t I = bc.I
-    cdef Py_ssize_t t_lo, t_hi, r0, r1, t, b, j
-    cdef const floating *src
-    cdef floating *dst
-    _dx_piece_rows(bc, q, &t_lo, &t_hi, &r0, &r1)
-    for t in range(t_lo, t_hi):
-        for b in range(bc.steps.sizes[t]):
-            src = row_of(<floating *>bc.x.data, &bc.x, t, b)
-            dst = <floating *>bc.zx + (bc.steps.start[t] + b) * I
-            for j in range(I):
-                dst[j] = src[j]
-
-
-cdef void _gather_h(const BackwardCall *bc, floating *like, Py_ssize_t d,
-                    Py_ssize_t c) noexcept nogil:
-    """TASK_GATHER_H: zh[d][packed rows of chunk c] = h_{t-1} of each row (saved h or h0)."""
     cdef Py_ssize_t H = bc.H
     cdef Py_ssize_t B = bc.steps.B
     cdef Py_ssize_t t_lo, t_hi, r0, r1, t, b, j, prev_t
-    cdef const floating *src
+    cdef const floating *x_row
+    cdef const floating *h_prev
     cdef floating *dst
     _chunk_rows(bc, d, c, &t_lo, &t_hi, &r0, &r1)
     for t in range(t_lo, t_hi):
         for b in range(bc.steps.sizes[t]):
+            dst = <floating *>bc.z[d] + (bc.steps.start[t] + b) * (I + H)
+            x_row = row_of(<floating *>bc.x.data, &bc.x, t, b)
+            for j in range(I):
+                dst[j] = x_row[j]
             prev_t = _prev_step(bc, d, t, b)
-            src = (<floating *>bc.saved[d].h + (prev_t * B + b) * H if prev_t >= 0
-                   else <floating *>bc.h0[d] + b * H)
-            dst = <floating *>bc.zh[d] + (bc.steps.start[t] + b) * H
+            h_prev = (<floating *>bc.saved[d].h + (prev_t * B + b) * H if prev_t >= 0
+                      else <floating *>bc.h0[d] + b * H)
             for j in range(H):
-                dst[j] = src[j]
+                dst[I + j] = h_prev[j]
 
 
-cdef void _weights(const BackwardCall *bc, floating *like, Py_ssize_t d, Py_ssize_t c,
-                   Py_ssize_t k) noexcept nogil:
-    """TASK_WEIGHTS: block k's gate rows of dW_ih, dW_hh and db, chunk c added (the first
-    chunk overwrites); the last chunk writes db."""
+cdef long long _weights(const BackwardCall *bc, floating *like, Py_ssize_t d, Py_ssize_t c,
+                        Py_ssize_t k) noexcept nogil:
+    """TASK_WEIGHTS: block k's gate rows of [dW_ih | dW_hh] and db, chunk c added (the
+    first chunk overwrites); the last chunk writes dW_ih, dW_hh and db. The caller owns
+    the block and the recurrences have done the chunk. Returns when the work started (for
+    the trace: after the wait for the chunk's gathered rows)."""
     cdef Py_ssize_t I = bc.I
     cdef Py_ssize_t H = bc.H
+    cdef Py_ssize_t K = I + H
     cdef Py_ssize_t G4 = 4 * H
     cdef Py_ssize_t k0 = k * bc.block_rows
     cdef Py_ssize_t kb = bc.block_rows if k0 + bc.block_rows < G4 else G4 - k0
-    cdef Py_ssize_t t_lo, t_hi, r0, r1, s_lo, s_hi, n, j, ldx
+    cdef Py_ssize_t t_lo, t_hi, r0, r1, s_lo, s_hi, n, j, q
     cdef const floating *dg = <floating *>bc.dgates[d]
-    cdef const floating *xr
+    cdef floating *dw = <floating *>bc.dw[d] + k0 * K
     cdef double *db_acc = bc.db_acc[d] + k0
     cdef floating *db = <floating *>bc.db[d] + k0
-    cdef floating beta = 0 if c == 0 else 1
+    cdef floating *dw_ih = <floating *>bc.dw_ih[d] + k0 * I
+    cdef floating *dw_hh = <floating *>bc.dw_hh[d] + k0 * H
+    cdef long long start
     _chunk_steps(bc, c, &s_lo, &s_hi)
     _chunk_rows(bc, d, c, &t_lo, &t_hi, &r0, &r1)
-    _wait_groups(bc, d, s_hi)
-    event_wait(&bc.h_gathered[d * bc.n_chunks + c], 1, bc.spin_ns)
-    if bc.x_rows_packed:
-        xr = <floating *>bc.x.data + r0 * bc.x.ld + bc.x.col
-        ldx = bc.x.ld
-    else:
-        event_wait(bc.x_gathered, <int>bc.n_x_gathers, bc.spin_ns)
-        xr = <floating *>bc.zx + r0 * I
-        ldx = I
-    event_wait(&bc.block_done[d * bc.n_blocks + k], <int>c, bc.spin_ns)
-    gemm(Trans, NoTrans, <int>kb, <int>I, <int>(r1 - r0), <floating>1, dg + r0 * G4 + k0,
-         <int>G4, xr, <int>ldx, beta, <floating *>bc.dw_ih[d] + k0 * I, <int>I)
-    gemm(Trans, NoTrans, <int>kb, <int>H, <int>(r1 - r0), <floating>1, dg + r0 * G4 + k0,
-         <int>G4, <floating *>bc.zh[d] + r0 * H, <int>H, beta, <floating *>bc.dw_hh[d] + k0 * H,
-         <int>H)
+    event_wait(&bc.gathered[d * bc.n_chunks + c], 1, bc.spin_ns)  # maybe another block's owner
+    start = trace_start(&bc.trace)
+    gemm(Trans, NoTrans, <int>kb, <int>K, <int>(r1 - r0), <floating>1, dg + r0 * G4 + k0,
+         <int>G4, <floating *>bc.z[d] + r0 * K, <int>K, <floating>(0 if c == 0 else 1), dw,
+         <int>K)
     if c == 0:
         for j in range(kb):
             db_acc[j] = 0
@@ -210,25 +193,29 @@ cdef void _weights(const BackwardCall *bc, floating *like, Py_ssize_t d, Py_ssiz
         for j in range(kb):
             db_acc[j] += dg[n * G4 + k0 + j]
     if c == bc.n_chunks - 1:
-        for j in range(kb):
-            db[j] = <floating>db_acc[j]
-    event_set(&bc.block_done[d * bc.n_blocks + k], <int>(c + 1))
+        for q in range(kb):
+            db[q] = <floating>db_acc[q]
+            for j in range(I):
+                dw_ih[q * I + j] = dw[q * K + j]
+            for j in range(H):
+                dw_hh[q * H + j] = dw[q * K + I + j]
+    return start
 
 
-cdef void _dx_piece(const BackwardCall *bc, floating *like, Py_ssize_t q) noexcept nogil:
+cdef long long _dx_piece(const BackwardCall *bc, floating *like, Py_ssize_t q) noexcept nogil:
     """TASK_DX: dx[rows of piece q] = sum over directions of dgates[d] @ w_ih[d], written
-    into dx directly when its rows are packed, else through dx_packed."""
+    into dx directly when its rows are packed, else through dx_packed. The recurrences
+    have done its steps. Returns when the work started."""
     cdef Py_ssize_t I = bc.I
     cdef Py_ssize_t G4 = 4 * bc.H
     cdef Py_ssize_t t_lo, t_hi, r0, r1, d, t, b, j, ld
     cdef floating *target
     cdef const floating *src
     cdef floating *dst
+    cdef long long start = trace_start(&bc.trace)
     _dx_piece_rows(bc, q, &t_lo, &t_hi, &r0, &r1)
-    for d in range(bc.D):
-        _wait_groups(bc, d, bc.steps.T - t_lo if d == 0 else t_hi)
     if r1 == r0 or I == 0:
-        return
+        return start
     if bc.x_rows_packed:
         target = <floating *>bc.dx.data + r0 * bc.dx.ld + bc.dx.col
         ld = bc.dx.ld
@@ -246,36 +233,141 @@ cdef void _dx_piece(const BackwardCall *bc, floating *like, Py_ssize_t q) noexce
                 dst = row_of(<floating *>bc.dx.data, &bc.dx, t, b)
                 for j in range(I):
                     dst[j] = src[j]
+    return start
+
+
+cdef inline bint _steps_done(const BackwardCall *bc, Py_ssize_t d, Py_ssize_t steps) noexcept nogil:
+    """Whether every row group of direction d has done ``steps`` steps."""
+    cdef Py_ssize_t g
+    for g in range(bc.groups):
+        if event_get(&bc.progress[d * bc.groups + g]) < steps:
+            return False
+    return True
+
+
+cdef inline Py_ssize_t _dx_steps_needed(const BackwardCall *bc, Py_ssize_t d, Py_ssize_t q) noexcept nogil:
+    """Steps direction d must have done before dx piece q can run."""
+    cdef Py_ssize_t t_lo, t_hi, r0, r1
+    _dx_piece_rows(bc, q, &t_lo, &t_hi, &r0, &r1)
+    return bc.steps.T - t_lo if d == 0 else t_hi
+
+
+cdef inline bint _dx_ready(const BackwardCall *bc) noexcept nogil:
+    """Whether the next dx piece can run."""
+    cdef int next_piece = load_acquire(bc.dx_next)
+    cdef Py_ssize_t d
+    if next_piece >= bc.n_dx_pieces:
+        return False
+    for d in range(bc.D):
+        if not _steps_done(bc, d, _dx_steps_needed(bc, d, bc.dx_order[next_piece])):
+            return False
+    return True
+
+
+cdef bint _take_dx_piece(BackwardCall *bc, floating *like, int worker) noexcept nogil:
+    """Run the next dx piece (in the order the recurrences complete them) if its steps are
+    done; whether one ran (or another thread took it meanwhile)."""
+    cdef int next_piece = load_acquire(bc.dx_next)
+    cdef Py_ssize_t d, q
+    cdef long long start
+    if not _dx_ready(bc):
+        return False
+    q = bc.dx_order[next_piece]
+    if not compare_exchange(bc.dx_next, next_piece, next_piece + 1):
+        return True  # another thread took it: look again
+    start = _dx_piece(bc, like, q)
+    trace_task(&bc.trace, TASK_DX, 0, q, 0, worker, start, -1)
+    return True
+
+
+cdef void _block_chunk(BackwardCall *bc, floating *like, Py_ssize_t d, Py_ssize_t k,
+                       Py_ssize_t c, int worker) noexcept nogil:
+    """Chunk c of block k of direction d, its [x | h_{t-1}] rows gathered first (by
+    whichever block's owner gets there first)."""
+    cdef Py_ssize_t slot = d * bc.n_chunks + c
+    cdef long long start
+    if claim(&bc.gather_claims[slot]):
+        start = trace_start(&bc.trace)
+        _gather(bc, like, d, c)
+        event_set(&bc.gathered[slot], 1)
+        trace_task(&bc.trace, TASK_GATHER, d, c, 0, worker, start, -1)
+    start = _weights(bc, like, d, c, k)
+    trace_task(&bc.trace, TASK_WEIGHTS, d, c, k, worker, start, -1)
+
+
+cdef void _gradients_worker(BackwardCall *bc, floating *like, int worker) noexcept nogil:
+    """A thread's part of the gradients: ready dx pieces first, then the next chunk of a
+    block nobody holds, its own block first (held until it is done or not ready), waiting
+    for the recurrences when nothing is ready; it returns once every dx piece is taken
+    and every block with chunks left is held by another thread."""
+    cdef Py_ssize_t n_blocks = bc.D * bc.n_blocks if bc.want_dparams else 0
+    cdef Py_ssize_t own = worker % n_blocks if n_blocks > 0 else 0
+    cdef Py_ssize_t j, b, d, k, c, s_lo, s_hi
+    cdef bint ran, free_left
+    cdef int seen
+    while True:
+        if bc.want_dx and _take_dx_piece(bc, like, worker):
+            continue
+        ran = False
+        free_left = False
+        for j in range(n_blocks):
+            b = (own + j) % n_blocks
+            c = load_acquire(&bc.block_next[b])
+            if c >= bc.n_chunks or load_acquire(&bc.block_busy[b]) != 0:
+                continue
+            free_left = True
+            d = b // bc.n_blocks
+            k = b % bc.n_blocks
+            _chunk_steps(bc, c, &s_lo, &s_hi)
+            if not _steps_done(bc, d, s_hi) or not claim(&bc.block_busy[b]):
+                continue
+            # The block is this thread's: its chunks while they are ready and no dx piece
+            # is (the block is let go before a dx piece, so others may take it).
+            while True:
+                c = bc.block_next[b]
+                _block_chunk(bc, like, d, k, c, worker)
+                store_release(&bc.block_next[b], <int>(c + 1))
+                if c + 1 >= bc.n_chunks:
+                    break
+                _chunk_steps(bc, c + 1, &s_lo, &s_hi)
+                if not _steps_done(bc, d, s_hi) or (bc.want_dx and _dx_ready(bc)):
+                    break
+            store_release(&bc.block_busy[b], 0)
+            own = b
+            ran = True
+            break
+        if ran:
+            continue
+        if not free_left and not (bc.want_dx and load_acquire(bc.dx_next) < bc.n_dx_pieces):
+            return
+        # Something is left but not ready: wait for the recurrences to get further (the
+        # group furthest behind that has not finished).
+        for j in range(bc.D * bc.groups):
+            seen = event_get(&bc.progress[j])
+            if seen < bc.steps.T:
+                event_wait(&bc.progress[j], seen + 1, bc.spin_ns)
+                break
 
 
 cdef void _backward_worker(BackwardCall *bc, floating *like, int worker) noexcept nogil:
-    """One thread's part of a backward call: tasks from the shared list until none is left."""
+    """One thread's part of a backward call: tasks from the shared list until none is left,
+    then the gradients."""
     cdef int k
     cdef const Task *task
     cdef long long start
     while True:
         k = take_next(bc.next_task)
         if k >= bc.n_tasks:
-            return
+            break
         task = &bc.tasks[k]
-        start = trace_start(&bc.trace)
         if task.kind == TASK_PACK:
+            start = trace_start(&bc.trace)
             _pack_piece_bwd(bc, like, task.d, task.i)
             event_add(&bc.pack_done[task.d], 1)
-        elif task.kind == TASK_RECURRENCE:
-            _recurrence_rows_bwd(bc, like, task.d, task.i, worker, k)
-            continue  # traced per chunk
-        elif task.kind == TASK_GATHER_X:
-            _gather_x(bc, like, task.i)
-            event_add(bc.x_gathered, 1)
-        elif task.kind == TASK_GATHER_H:
-            _gather_h(bc, like, task.d, task.i)
-            event_set(&bc.h_gathered[task.d * bc.n_chunks + task.i], 1)
-        elif task.kind == TASK_WEIGHTS:
-            _weights(bc, like, task.d, task.i, task.j)
+            trace_task(&bc.trace, task.kind, task.d, task.i, task.j, worker, start, k)
         else:
-            _dx_piece(bc, like, task.i)
-        trace_task(&bc.trace, task.kind, task.d, task.i, task.j, worker, start, k)
+            _recurrence_rows_bwd(bc, like, task.d, task.i, worker, k)  # traced per chunk
+    _gradients_worker(bc, like, worker)
 
 
 cdef void _backward_job_float(void *ctx, int worker, int n_workers) noexcept nogil:

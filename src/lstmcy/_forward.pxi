@@ -185,17 +185,18 @@ cdef void _recurrence_rows(const ForwardCall *fc, floating *like, Py_ssize_t d,
     cdef Py_ssize_t groups = fc.groups
     cdef Py_ssize_t s, t, m, piece
     cdef Py_ssize_t last_piece = -1
-    cdef long long start = trace_start(&fc.trace)
+    cdef long long start = 0
     if fc.H > 0:
         event_wait(&fc.pack_done[d], <int>fc.pack_pieces, fc.spin_ns)
     for s in range(T):
         t = T - 1 - s if d == 1 else s
         piece = t // fc.piece_steps
         if piece != last_piece:
+            # Traced per piece of steps, from after the wait for the piece.
             if last_piece >= 0:
                 trace_task(&fc.trace, TASK_RECURRENCE, d, g, last_piece, worker, start, order)
-                start = trace_start(&fc.trace)
             event_wait(&fc.piece_done[piece], 1, fc.spin_ns)
+            start = trace_start(&fc.trace)
             last_piece = piece
         m = _group_rows(fc.steps.sizes[t], g, groups)
         _add_recurrent_products(fc, like, d, s, t, g, groups, m, 0, 4 * fc.H,
@@ -234,8 +235,10 @@ cdef void _unit_step(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssi
     cdef Py_ssize_t T = fc.steps.T
     cdef Py_ssize_t t = T - 1 - s if d == 1 else s
     cdef Py_ssize_t u0, u1, w, q, plen
-    cdef long long start = trace_start(&fc.trace)
+    cdef long long start
     cdef floating *packed
+    event_wait(&fc.piece_done[t // fc.piece_steps], 1, fc.spin_ns)
+    start = trace_start(&fc.trace)
     _unit_range(H, fc.groups, u, &u0, &u1)
     w = u1 - u0
     packed = <floating *>fc.w_packed[d] + _unit_packed_offset(fc, like, u)
@@ -243,7 +246,6 @@ cdef void _unit_step(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssi
     if s == 0 and w > 0 and H > 0:
         for q in range(4):
             pack(<floating *>fc.w_hh[d], H, True, H, q * H + u0, w, packed + q * plen)
-    event_wait(&fc.piece_done[t // fc.piece_steps], 1, fc.spin_ns)
     if w > 0:
         for q in range(4):
             _add_recurrent_products(fc, like, d, s, t, 0, 1, fc.steps.sizes[t], q * H + u0, w,

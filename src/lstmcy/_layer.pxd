@@ -22,11 +22,11 @@ cdef enum TaskKind:
     TASK_PACK = 0          # i: piece of the packed w_hh of direction d
     TASK_PROJECT = 1       # i: projection piece (a range of steps, both directions)
     TASK_RECURRENCE = 2    # i: row group of direction d (traced per chunk j of its steps)
+    # The backward's gradients are not listed: threads take them as they become ready.
     TASK_UNIT_STEP = 3     # i: step in processing order, j: unit part (forward, units split)
-    TASK_GATHER_X = 4      # i: piece of x gathered into packed row order (backward)
-    TASK_GATHER_H = 5      # i: chunk of h_{t-1} gathered into packed row order (backward)
-    TASK_WEIGHTS = 6       # i: chunk, j: block of gate rows of dW and db (backward)
-    TASK_DX = 7            # i: dx piece (a range of steps, both directions; backward)
+    TASK_GATHER = 4        # i: chunk whose [x | h_{t-1}] rows are gathered (backward)
+    TASK_WEIGHTS = 5       # i: chunk, j: block of gate rows of dW and db (backward)
+    TASK_DX = 6            # i: dx piece (a range of steps, both directions; backward)
 
 
 cdef struct Task:
@@ -37,8 +37,8 @@ cdef struct Task:
 
 
 cdef enum:
-    TRACE_FIELDS = 8       # a trace entry: kind, direction, i, j, worker, start, end (ns),
-                           # and the task's place in the task list (-1: not listed)
+    TRACE_FIELDS = 8       # a trace entry: kind, direction, i, j, worker, start (after the
+                           # task's waits), end (ns), its place in the task list (-1: none)
 
 
 cdef struct Trace:
@@ -134,8 +134,8 @@ cdef struct BackwardCall:
     char *dw_hh[2]                  # [4H, H]
     char *db[2]                     # [4H]
     char *dgates[2]                 # workspace [N, 4H]: gate gradients
-    char *zh[2]                     # workspace [N, H]: h_{t-1} in packed row order
-    char *zx                        # workspace [N, I]: x in packed row order (if not packed)
+    char *z[2]                      # workspace [N, I + H]: [x | h_{t-1}] in packed row order
+    char *dw[2]                     # workspace [4H, I + H]: [dW_ih | dW_hh] summed
     double *db_acc[2]               # workspace [4H]: db summed in float64
     char *dx_packed                 # workspace [N, I]: dx in packed row order (if not packed)
     char *w_packed[2]               # workspace: packed w_hh (see backward_packed_len)
@@ -146,7 +146,6 @@ cdef struct BackwardCall:
     Py_ssize_t first, chunk, n_chunks
     Py_ssize_t block_rows, n_blocks
     Py_ssize_t dx_steps, n_dx_pieces
-    Py_ssize_t n_x_gathers          # TASK_GATHER_X tasks (0 when x is read in place)
     Py_ssize_t pack_pieces
     # the tasks, in the order threads take them, and the synchronisation (per call)
     Task *tasks
@@ -154,9 +153,12 @@ cdef struct BackwardCall:
     int *next_task
     lstmcy_event *pack_done         # [2]
     lstmcy_event *progress          # [2, groups]: steps done by each row group
-    lstmcy_event *x_gathered        # [1]: pieces of zx done
-    lstmcy_event *h_gathered        # [2, n_chunks]
-    lstmcy_event *block_done        # [2, n_blocks]: chunks added to each dW block
+    lstmcy_event *gathered          # [2, n_chunks]
+    int *gather_claims              # [2, n_chunks]
+    int *block_next                 # [2, n_blocks]: the next chunk each dW block adds
+    int *block_busy                 # [2, n_blocks]: whether a thread holds the block
+    int *dx_next                    # how many dx pieces are taken
+    const int *dx_order             # [n_dx_pieces]: the pieces in the order they get ready
     long long spin_ns
     Trace trace
 

@@ -33,12 +33,12 @@ from lstmcy._cell cimport backward_cell, forward_cell, forward_cell_inference
 from lstmcy._fastmath cimport fast_sigmoid, fast_tanh
 from lstmcy._layer cimport (
     BackwardCall, ForwardCall, RowTable, Saved, SPLIT_ROWS, SPLIT_UNITS, Split, Task, TaskKind, Trace,
-    TASK_DX, TASK_GATHER_H, TASK_GATHER_X, TASK_PACK, TASK_PROJECT, TASK_RECURRENCE,
+    TASK_DX, TASK_GATHER, TASK_PACK, TASK_PROJECT, TASK_RECURRENCE,
     TASK_UNIT_STEP, TASK_WEIGHTS, TRACE_FIELDS, row_of, trace_start, trace_task)
 from lstmcy._packed_gemm cimport (pack, packed_gemm, packed_len, panel_width, pg_d_packed_len,
                                   pg_s_packed_len)
-from lstmcy._sync cimport (claim, event_add, event_get, event_set, event_wait, load_acquire,
-                           lstmcy_event, take_next)
+from lstmcy._sync cimport (claim, compare_exchange, event_add, event_get, event_set, event_wait,
+                           load_acquire, lstmcy_event, store_release, take_next)
 from lstmcy._threadpool cimport job_fn, run_job, wait_spin_ns
 
 include "_forward.pxi"
@@ -118,6 +118,32 @@ cdef Trace _trace_of(object trace, int *count) except *:
             out.entries = &entries[0, 0]
             out.capacity = <int>min(entries.shape[0], 2 ** 30)
     return out
+
+
+cdef void _order_dx_pieces(BackwardCall *bc, int *order) noexcept:
+    """The dx pieces sorted by the steps the recurrences must do before each can run (one
+    direction: the last steps first; two: the middle ones), ties by index."""
+    cdef Py_ssize_t n = bc.n_dx_pieces
+    cdef Py_ssize_t q, j, d, need, other
+    cdef int piece
+    for q in range(n):
+        order[q] = <int>q
+    for q in range(1, n):  # insertion sort: a few dozen pieces
+        piece = order[q]
+        need = 0
+        for d in range(bc.D):
+            need = max(need, _dx_steps_needed(bc, d, piece))
+        j = q
+        while j > 0:
+            other = 0
+            for d in range(bc.D):
+                other = max(other, _dx_steps_needed(bc, d, order[j - 1]))
+            if other <= need:
+                break
+            order[j] = order[j - 1]
+            j -= 1
+        order[j] = piece
+    bc.dx_order = order
 
 
 def unit_packed_len(Py_ssize_t H, Py_ssize_t parts, bint is_double):
@@ -317,7 +343,7 @@ def backward_layer(
         floating[:, ::1] dx, bint want_dx,
         floating[:, :, ::1] dw_ih, floating[:, :, ::1] dw_hh, floating[:, ::1] db,
         bint want_dparams,
-        floating[:, :, ::1] dgates, floating[:, :, ::1] zh, floating[:, ::1] zx,
+        floating[:, :, ::1] dgates, floating[:, :, ::1] z, floating[:, :, ::1] dw,
         double[:, ::1] db_acc, floating[:, ::1] dx_packed, floating[::1] w_packed,
         schedule, int n_threads, bint flush_denormals=True, trace=None):
     """Backpropagate through one layer, both directions.
@@ -342,10 +368,10 @@ def backward_layer(
         Parameter gradients, written when ``want_dparams`` (else ``[D, 0, .]``).
     dgates : ndarray [D, N, 4H]
         Workspace: the gate gradients.
-    zh : ndarray [D, N, H]
-        Workspace: h_{t-1} in packed row order (when ``want_dparams``).
-    zx : ndarray [N, I]
-        Workspace: x in packed row order (``want_dparams`` and not ``x_rows_packed``).
+    z : ndarray [D, N, I + H]
+        Workspace: ``[x | h_{t-1}]`` in packed row order (when ``want_dparams``).
+    dw : ndarray [D, 4H, I + H]
+        Workspace: ``[dW_ih | dW_hh]`` summed over the chunks (when ``want_dparams``).
     db_acc : ndarray [D, 4H] of float64
         Workspace: db summed in float64.
     dx_packed : ndarray [N, I]
@@ -377,8 +403,7 @@ def backward_layer(
     cdef Py_ssize_t block_rows = schedule.block_rows
     cdef Py_ssize_t dx_steps = schedule.dx_steps
     cdef Py_ssize_t pack_pieces = schedule.pack_pieces
-    cdef Py_ssize_t n_chunks, n_blocks, n_dx, n_x_gathers, n_tasks, d, g, q, c, k, plen
-    cdef Py_ssize_t s_last, ready, ready_d
+    cdef Py_ssize_t n_chunks, n_blocks, n_dx, n_tasks, d, g, q, c, k, plen
     cdef job_fn job
     cdef int n_workers
     _need(1 <= D <= 2 and w_hh.shape[0] == D, "D must be 1 or 2")
@@ -399,9 +424,10 @@ def backward_layer(
           "dx must be shaped like x, and dx_packed [N, I]")
     _need(not want_dparams or (tuple(dw_ih.shape)[:3] == (D, G4, I) and tuple(dw_hh.shape)[:3] == (D, G4, H)
                                and tuple(db.shape)[:2] == (D, G4) and tuple(db_acc.shape)[:2] == (D, G4)
-                               and tuple(zh.shape)[:3] == (D, N, H)
-                               and (x_rows_packed or (zx.shape[0] >= N and zx.shape[1] == I))),
-          "dw_ih, dw_hh, db, db_acc must be [D, 4H, I], [D, 4H, H], [D, 4H], [D, 4H]; zh [D, N, H], zx [N, I]")
+                               and tuple(z.shape)[:3] == (D, N, I + H)
+                               and tuple(dw.shape)[:3] == (D, G4, I + H)),
+          "dw_ih, dw_hh, db, db_acc must be [D, 4H, I], [D, 4H, H], [D, 4H], [D, 4H]; "
+          "z [D, N, I + H], dw [D, 4H, I + H]")
     plen = packed_len(H, G4, <floating *>NULL)
     _need(w_packed.shape[0] >= D * plen, "w_packed is too small")
     _check_saved(saved, D, T * B, H)
@@ -445,8 +471,8 @@ def backward_layer(
             bc.dw_hh[d] = _data3(dw_hh, d)
             bc.db[d] = <char *>&db[d, 0]
             bc.db_acc[d] = &db_acc[d, 0]
-            bc.zh[d] = _data3(zh, d)
-    bc.zx = _data2(zx) if want_dparams and not x_rows_packed else NULL
+            bc.z[d] = _data3(z, d)
+            bc.dw[d] = _data3(dw, d)
     bc.dx_packed = _data2(dx_packed) if want_dx and not x_rows_packed else NULL
     bc.groups = groups
     bc.first = first
@@ -458,30 +484,34 @@ def backward_layer(
     n_dx = bc.n_dx_pieces = _count(T, dx_steps)
     bc.pack_pieces = pack_pieces
     bc.spin_ns = wait_spin_ns(n_threads)
-    n_x_gathers = n_dx if want_dparams and not x_rows_packed and I > 0 else 0
-    bc.n_x_gathers = n_x_gathers
 
-    n_tasks = (D * pack_pieces + D * groups + n_x_gathers + n_dx
-               + (n_chunks * D * (1 + n_blocks) if want_dparams else 0))
+    n_tasks = D * pack_pieces + D * groups
     cdef Task *tasks = <Task *>calloc(n_tasks, sizeof(Task))
-    # next_task, x_gathered, pack_done[2], progress[D*groups], h_gathered[D*n_chunks],
-    # block_done[D*n_blocks], the trace's count
-    cdef Py_ssize_t n_events = 5 + D * groups + D * n_chunks + D * n_blocks
+    # next_task, pack_done[2], progress[D*groups], gathered[D*n_chunks], the trace's count
+    cdef Py_ssize_t n_events = 4 + D * groups + D * n_chunks
     cdef lstmcy_event *events = <lstmcy_event *>calloc(n_events, sizeof(lstmcy_event))
-    if tasks == NULL or events == NULL:
+    # gather claims [D*n_chunks], block_next and block_busy [D*n_blocks], dx_next, dx_order
+    cdef int *flags = <int *>calloc(D * n_chunks + 2 * D * n_blocks + 1 + n_dx, sizeof(int))
+    if tasks == NULL or events == NULL or flags == NULL:
         free(tasks)
         free(events)
+        free(flags)
         raise MemoryError()
     bc.next_task = &events[0].value
-    bc.x_gathered = &events[1]
-    bc.pack_done = &events[2]
-    bc.progress = &events[4]
-    bc.h_gathered = &events[4 + D * groups]
-    bc.block_done = &events[4 + D * groups + D * n_chunks]
+    bc.pack_done = &events[1]
+    bc.progress = &events[3]
+    bc.gathered = &events[3 + D * groups]
     bc.trace = _trace_of(trace, &events[n_events - 1].value)
+    bc.gather_claims = flags
+    bc.block_next = flags + D * n_chunks
+    bc.block_busy = flags + D * n_chunks + D * n_blocks
+    bc.dx_next = flags + D * n_chunks + 2 * D * n_blocks
+    _order_dx_pieces(&bc, flags + D * n_chunks + 2 * D * n_blocks + 1)
+    if not want_dx:
+        bc.n_dx_pieces = 0
 
-    # The task list (see _backward.pxi): packing, the row groups' recurrences, x gathered,
-    # then chunk by chunk the dx pieces it completes, its h_{t-1} rows and its dW blocks.
+    # The task list (see _backward.pxi): packing, the row groups' recurrences; the
+    # gradients follow as the recurrences make them ready.
     n_tasks = 0
     if H > 0:
         for d in range(D):
@@ -490,24 +520,6 @@ def backward_layer(
     for g in range(groups):
         for d in range(D):
             _add_task(tasks, &n_tasks, TASK_RECURRENCE, d, g, 0)
-    for q in range(n_x_gathers):
-        _add_task(tasks, &n_tasks, TASK_GATHER_X, 0, q, 0)
-    for c in range(n_chunks):
-        if want_dx:
-            for q in range(n_dx):
-                # The chunk whose end completes piece q's steps in every direction.
-                ready = 0
-                for d in range(D):
-                    s_last = T - q * dx_steps - 1 if d == 0 else min(T, (q + 1) * dx_steps) - 1
-                    ready_d = 0 if s_last < first else min(n_chunks - 1, 1 + (s_last - first) // chunk)
-                    ready = ready_d if ready_d > ready else ready
-                if ready == c:
-                    _add_task(tasks, &n_tasks, TASK_DX, 0, q, 0)
-        if want_dparams:
-            for d in range(D):
-                _add_task(tasks, &n_tasks, TASK_GATHER_H, d, c, 0)
-                for k in range(n_blocks):
-                    _add_task(tasks, &n_tasks, TASK_WEIGHTS, d, c, k)
     bc.tasks = tasks
     bc.n_tasks = <int>n_tasks
     job = _backward_job_float if floating is float else _backward_job_double
@@ -517,6 +529,7 @@ def backward_layer(
     finally:
         free(tasks)
         free(events)
+        free(flags)
     return n_workers, min(bc.trace.count[0], bc.trace.capacity)
 
 
