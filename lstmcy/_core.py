@@ -92,12 +92,11 @@ class _BlockViews(list):
     """A list of the ``[T, B, H]`` pieces of one ``[L*D, T, B, H]`` block (a cache list).
 
     The backward recognises its own cache lists by identity and slices a layer's
-    directions out of ``block`` without copying. For float16/bfloat16 calls ``block`` is
-    read-only, rounded from ``exact``, the float32 values the forward computed: the
-    backward takes those instead.
+    directions out of ``exact`` without copying: the block itself, or for float16/bfloat16
+    calls the float32 values the (read-only) block was rounded from.
     """
 
-    __slots__ = ("block", "exact", "views", "_rows")
+    __slots__ = ("exact", "views", "_rows")
 
     def __init__(self, block, exact=None):
         # Indexed, not iterated (iteration ends in a formatted, costly IndexError); one
@@ -105,7 +104,6 @@ class _BlockViews(list):
         n = len(block)
         views = self.views = (block[0],) if n == 1 else tuple([block[k] for k in range(n)])
         list.__init__(self, views)
-        self.block = block
         self.exact = block if exact is None else exact
         self._rows = None
 
