@@ -93,9 +93,13 @@ def main(argv=None):
                         help="benchmark cases of the forward (names or patterns from cases.py)")
     parser.add_argument("--n", type=int, default=4096, help="elements per activation call")
     parser.add_argument("--repeats", type=int, default=15, help="interleaved rounds")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="lstmcy's kernel threads (default: the library's own choice)")
     parser.add_argument("--json", help="where to write the results")
     args = parser.parse_args(argv)
 
+    if args.threads is not None:
+        lstmcy.set_num_threads(args.threads)
     builds = {"this": _core._lstm}
     if args.against:
         builds["other"] = load_other_build(os.path.abspath(args.against))
@@ -136,7 +140,7 @@ def main(argv=None):
 
     results.update(machine=lscpu_summary(), versions=versions(), git=git_state(os.path.dirname(HERE)),
                    git_against=git_state(args.against) if args.against else None,
-                   kernels=_dispatch.KERNELS, against=args.against, n=args.n,
+                   kernels=_dispatch.KERNELS, against=args.against, n=args.n, threads=args.threads,
                    repeats=args.repeats, load_average_end=os.getloadavg(),
                    openblas_unset=os.environ.get("LSTMCY_BENCH_UNSET", ""))
     path = args.json or os.path.join(
