@@ -15,6 +15,15 @@ class LSTMCache:
     whatever the input layout), ordered ``layer * D + direction``. Positions
     that are inactive in a variable-length batch hold zeros.
 
+    The arrays have the call's dtype. For float16 and bfloat16 calls, which are
+    computed in float32, ``lstmcy.lstm_forward``'s cache also keeps the float32
+    values its arrays were rounded from, and ``lstm_backward`` handed these very
+    lists uses those: its gradients are then the float32 call's, rounded (through
+    a saturated gate, ``1 - sigmoid`` loses all its digits in the rounded
+    values). The arrays are read-only so that they cannot drift apart from the
+    float32 values; copies (or any other arrays) are used as given. See
+    docs/numerics.md.
+
     Parameters
     ----------
     i, g, f, o : list of ndarray

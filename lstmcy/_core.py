@@ -52,29 +52,30 @@ class _BlockViews(list):
     """A list of the ``[T, B, H]`` pieces of one ``[L*D, T, B, H]`` block (a cache list).
 
     The backward recognises its own cache lists by identity and slices a layer's
-    directions out of ``block`` without copying.
+    directions out of ``exact`` without copying: the block itself, or for float16/bfloat16
+    calls the float32 values the (read-only) block was rounded from.
     """
 
-    __slots__ = ("block", "views", "_rows")
+    __slots__ = ("exact", "views", "_rows")
 
-    def __init__(self, block):
+    def __init__(self, block, exact=None):
         # Indexed, not iterated (iteration ends in a formatted, costly IndexError); one
         # forward makes seven of these, so the common single piece is a special case.
         n = len(block)
         views = self.views = (block[0],) if n == 1 else tuple([block[k] for k in range(n)])
         list.__init__(self, views)
-        self.block = block
+        self.exact = block if exact is None else exact
         self._rows = None
 
     def rows(self, arrays, dtype):
-        """``block`` as ``[L*D, T*B, H]`` if ``arrays`` still are this list's pieces and
-        ``dtype`` is the block's, else None."""
-        if (self.block.dtype != dtype or len(arrays) != len(self.views)
+        """``exact`` as ``[L*D, T*B, H]`` if ``arrays`` still are this list's pieces and
+        ``dtype`` is ``exact``'s, else None."""
+        if (self.exact.dtype != dtype or len(arrays) != len(self.views)
                 or not all(map(operator.is_, arrays, self.views))):
             return None
         if self._rows is None:
-            L_D, T, B, H = self.block.shape
-            self._rows = self.block.reshape(L_D, T * B, H)
+            L_D, T, B, H = self.exact.shape
+            self._rows = self.exact.reshape(L_D, T * B, H)
         return self._rows
 
 
@@ -82,8 +83,8 @@ def _stacked(given, arrays, layer, D, shape, dtype):
     """The arrays of one layer's directions as one C-contiguous ``[D, *shape]`` array.
 
     ``given`` is the caller's list, ``arrays`` the validated arrays of it. A cache list
-    from :func:`lstm_forward` is viewed without copying; anything else is stacked (and
-    converted) into a new array.
+    from :func:`lstm_forward` is viewed without copying (for float16/bfloat16, its float32
+    values); anything else is stacked (and converted) into a new array.
     """
     rows = given.rows(arrays, dtype) if type(given) is _BlockViews else None
     if rows is not None:
@@ -292,9 +293,17 @@ class LSTMPlan:
         if not train:
             return y, h_n, c_n, None
         # [7, L*D, T, B, H] in SAVED_NAMES order, which is LSTMCache's argument order.
-        blocks = _out_dtype(saved_block, p.dtype).reshape(len(SAVED_NAMES), p.L * p.D, p.T, p.B, p.H)
-        cache = LSTMCache(*[_BlockViews(block) for block in blocks], dropout_masks=masks)
-        return y, h_n, c_n, cache
+        exact = saved_block.reshape(len(SAVED_NAMES), p.L * p.D, p.T, p.B, p.H)
+        if p.dtype == p.compute_dtype:
+            lists = [_BlockViews(block) for block in exact]
+        else:
+            # float16/bfloat16: the caller gets the rounded values; the backward, handed
+            # these very arrays, the float32 ones they were rounded from. Read-only, so that
+            # the two cannot drift apart.
+            rounded = _out_dtype(exact, p.dtype)
+            rounded.flags.writeable = False
+            lists = [_BlockViews(block, exact=block_exact) for block, block_exact in zip(rounded, exact)]
+        return y, h_n, c_n, LSTMCache(*lists, dropout_masks=masks)
 
     def _run_forward(self, p, train, masks):
         """:meth:`forward` of a checked :class:`~lstmcy._validation.Problem` (``masks``: the
