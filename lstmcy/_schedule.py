@@ -97,13 +97,14 @@ def chunk_steps(T, B):
 
 
 @functools.lru_cache(maxsize=512)
-def forward_schedule(T, B, I, H, D, n_threads):
+def forward_schedule(T, B, I, H, D, n_threads, projected=False):
     """The :class:`ForwardSchedule` of a layer of ``T`` steps, ``B`` rows, input size ``I``,
-    ``H`` units and ``D`` directions on ``n_threads`` threads."""
+    ``H`` units and ``D`` directions on ``n_threads`` threads (the units split only without
+    a projection, whose product needs every unit of a step)."""
     piece_steps = max(1, min(max(T, 1), math.ceil(PROJECTION_ROWS / max(B, 1))))
     per_direction = max(1, n_threads // D)
     groups = _row_groups(B, H, D, n_threads)
-    if groups == 1 and per_direction >= 2:
+    if groups == 1 and per_direction >= 2 and not projected:
         parts = min(per_direction, H // 16, int(8.0 * B * H * H // MIN_UNIT_PART_FLOPS))
         if parts >= 2:
             return ForwardSchedule(SPLIT_UNITS, parts, piece_steps, 1)

@@ -143,7 +143,7 @@ def _backward(x, hx, params, cfg, masks, saved, dy, dh, dc, output_mask):
             arrays["dh"] = dh
         if dc is not None:
             arrays["dc"] = dc
-        return _thread_plan()._run_backward(problem, _block_reader(saved_block, problem.D),
+        return _thread_plan()._run_backward(problem, _block_reader(saved_block, problem),
                                             arrays, output_mask)
     if masks is None:
         return lstm_backward(x, hx, params, dy, dh, dc, *saved.saved(),

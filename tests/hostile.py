@@ -171,10 +171,10 @@ def most_split(monkeypatch, split="rows"):
     lstmcy's own."""
     from lstmcy import _schedule
 
-    def forward(T, B, I, H, D, n_threads):
-        own = _schedule.forward_schedule(T, B, I, H, D, n_threads)
+    def forward(T, B, I, H, D, n_threads, projected=False):
+        own = _schedule.forward_schedule(T, B, I, H, D, n_threads, projected)
         per_direction = max(1, n_threads // D)
-        if split == "units":
+        if split == "units" and not projected:
             return own._replace(split=_schedule.SPLIT_UNITS, groups=per_direction)
         return own._replace(split=_schedule.SPLIT_ROWS, groups=max(1, min(per_direction, B)),
                             pack_pieces=n_threads)

@@ -43,10 +43,11 @@ def schedules(backward, forward):
     first, chunk, block_rows, dx_steps = backward
     split, piece_steps = forward
 
-    def fwd(T, B, I, H, D, n_threads):
+    def fwd(T, B, I, H, D, n_threads, projected=False):
         per_direction = max(1, n_threads // D)
-        groups = per_direction if split == _schedule.SPLIT_UNITS else min(per_direction, B)
-        return _schedule.ForwardSchedule(split, max(1, groups), piece_steps, n_threads)
+        use = _schedule.SPLIT_ROWS if projected else split
+        groups = per_direction if use == _schedule.SPLIT_UNITS else min(per_direction, B)
+        return _schedule.ForwardSchedule(use, max(1, groups), piece_steps, n_threads)
 
     def bwd(T, B, I, H, D, n_threads):
         return _schedule.BackwardSchedule(max(1, min(n_threads // D, B)), first, chunk,

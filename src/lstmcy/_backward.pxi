@@ -13,7 +13,8 @@
 #     large and independent);
 #   * TASK_WEIGHTS: the next chunk of a block of gate rows, [dW_ih | dW_hh] +=
 #     dgates^T [x | h_{t-1}] (one GEMM) and db += sum(dgates) over the chunk's rows (its
-#     TASK_GATHER first puts the chunk's [x | h_{t-1}] rows in packed order). A block has
+#     TASK_GATHER first puts the chunk's [x | h_{t-1}] rows in packed order); with a
+#     projection also blocks of its rows, dW_hr += dh^T r (r = o * tanh(c)). A block has
 #     one owner at a time and adds its chunks in processing order; a thread keeps to its
 #     block while it can, so two threads never wait on one block's chain.
 # Nothing waits for anything that needs a thread it holds, so any number of threads (one
@@ -72,60 +73,88 @@ cdef inline Py_ssize_t _prev_step(const BackwardCall *bc, Py_ssize_t d, Py_ssize
 
 
 cdef void _pack_piece_bwd(const BackwardCall *bc, floating *like, Py_ssize_t d,
-                          Py_ssize_t piece) noexcept nogil:
-    """TASK_PACK: panels [p0, p1) of w_hh (its H columns, K = 4H)."""
-    cdef Py_ssize_t H = bc.H
+                          Py_ssize_t piece, Py_ssize_t which) noexcept nogil:
+    """TASK_PACK: panels of w_hh (``which`` 0: its P columns, K = 4H) or of w_hr (1: its H
+    columns, K = P) for piece ``piece`` of ``pack_pieces``."""
     cdef Py_ssize_t nr = panel_width(like)
-    cdef Py_ssize_t panels = (H + nr - 1) // nr
+    cdef Py_ssize_t columns = bc.P if which == 0 else bc.H
+    cdef Py_ssize_t K = 4 * bc.H if which == 0 else bc.P
+    cdef Py_ssize_t panels = (columns + nr - 1) // nr
     cdef Py_ssize_t per = (panels + bc.pack_pieces - 1) // bc.pack_pieces
     cdef Py_ssize_t p0 = piece * per
     cdef Py_ssize_t p1 = p0 + per if p0 + per < panels else panels
-    cdef Py_ssize_t c1 = p1 * nr if p1 * nr < H else H
-    if p1 <= p0:
+    cdef Py_ssize_t c1 = p1 * nr if p1 * nr < columns else columns
+    cdef const floating *w = <floating *>(bc.w_hh[d] if which == 0 else bc.w_hr[d])
+    cdef floating *out = <floating *>bc.w_packed[d] + (0 if which == 0 else bc.hr_offset)
+    if p1 <= p0 or K == 0:
         return
-    pack(<floating *>bc.w_hh[d], H, False, 4 * H, p0 * nr, c1 - p0 * nr,
-         <floating *>bc.w_packed[d] + p0 * nr * 4 * H)
+    pack(w, columns, False, K, p0 * nr, c1 - p0 * nr, out + p0 * nr * K)
 
 
 cdef void _recurrence_rows_bwd(const BackwardCall *bc, floating *like, Py_ssize_t d,
                                Py_ssize_t g, int worker, int order) noexcept nogil:
-    """TASK_RECURRENCE: every step of the rows g, g + groups, ... of direction d."""
+    """TASK_RECURRENCE: every step of the rows g, g + groups, ... of direction d: dh_t = dy_t
+    + the gradient from step t+1 (with a projection kept in dh_rows, and dh_t @ w_hr, the
+    gradient of o * tanh(c_t), in dr_rows), the cell's backward, then dh for the step
+    before, dgates_t @ w_hh."""
     cdef Py_ssize_t T = bc.steps.T
     cdef Py_ssize_t B = bc.steps.B
     cdef Py_ssize_t H = bc.H
+    cdef Py_ssize_t P = bc.P
     cdef Py_ssize_t G4 = 4 * H
     cdef Py_ssize_t groups = bc.groups
     cdef const Saved *sv = &bc.saved[d]
     cdef floating *dgates = <floating *>bc.dgates[d]
     cdef floating *dh_state = <floating *>bc.dh_state[d]
     cdef floating *dc_state = <floating *>bc.dc_state[d]
-    cdef Py_ssize_t s, t, k, m, b, n0, r, prev_t, c_end
+    cdef floating *dh_rows = <floating *>bc.dh_rows[d]
+    cdef floating *dr_rows = <floating *>bc.dr_rows[d]
+    cdef Py_ssize_t s, t, k, m, b, n0, r, prev_t, c_end, j
     cdef Py_ssize_t c = 0
     cdef const floating *c_prev
+    cdef const floating *dy_row
+    cdef floating *dh_t
+    cdef const floating *cell_in
     cdef long long start
     if H > 0:
-        event_wait(&bc.pack_done[d], <int>bc.pack_pieces, bc.spin_ns)
+        event_wait(&bc.pack_done[d], <int>(bc.pack_pieces * (2 if bc.projected else 1)), bc.spin_ns)
     start = trace_start(&bc.trace)
     c_end = bc.first if bc.first < T else T
     for s in range(T):
         t = s if d == 1 else T - 1 - s
         n0 = bc.steps.start[t]
         m = _group_rows(bc.steps.sizes[t], g, groups)
-        if H > 0:
+        if H > 0 and m > 0:
+            if bc.projected:
+                for k in range(m):
+                    b = g + k * groups
+                    dy_row = row_of(<floating *>bc.dy.data, &bc.dy, t, b) + d * P
+                    dh_t = dh_rows + (n0 + b) * P
+                    for j in range(P):
+                        dh_t[j] = dy_row[j] + dh_state[b * P + j]
+                packed_gemm(m, H, P, dh_rows + (n0 + g) * P, groups * P,
+                            <floating *>bc.w_packed[d] + bc.hr_offset, dr_rows + (n0 + g) * H,
+                            groups * H, False)
             for k in range(m):
                 b = g + k * groups
                 r = (t * B + b) * H
+                if bc.projected:
+                    cell_in = dr_rows + (n0 + b) * H
+                else:
+                    dy_row = row_of(<floating *>bc.dy.data, &bc.dy, t, b) + d * P
+                    dh_t = dh_state + b * P
+                    for j in range(P):  # dh = dy + dh_next
+                        dh_t[j] = dy_row[j] + dh_t[j]
+                    cell_in = dh_t
                 prev_t = _prev_step(bc, d, t, b)
                 c_prev = (<floating *>sv.c + (prev_t * B + b) * H if prev_t >= 0
                           else <floating *>bc.c0[d] + b * H)
-                backward_cell(H, row_of(<floating *>bc.dy.data, &bc.dy, t, b) + d * H, c_prev,
-                              <floating *>sv.i + r, <floating *>sv.f + r, <floating *>sv.g + r,
-                              <floating *>sv.o + r, <floating *>sv.tanhc + r,
-                              dh_state + b * H, dc_state + b * H, dgates + (n0 + b) * G4)
-            if m > 0:
-                # dh for the step before: dgates_t @ w_hh over the group's rows.
-                packed_gemm(m, H, G4, dgates + (n0 + g) * G4, groups * G4,
-                            <floating *>bc.w_packed[d], dh_state + g * H, groups * H, False)
+                backward_cell(H, cell_in, c_prev, <floating *>sv.i + r, <floating *>sv.f + r,
+                              <floating *>sv.g + r, <floating *>sv.o + r,
+                              <floating *>sv.tanhc + r, dc_state + b * H, dgates + (n0 + b) * G4)
+            # dh for the step before: dgates_t @ w_hh over the group's rows.
+            packed_gemm(m, P, G4, dgates + (n0 + g) * G4, groups * G4,
+                        <floating *>bc.w_packed[d], dh_state + g * P, groups * P, False)
         event_set(&bc.progress[d * groups + g], <int>(s + 1))
         if s + 1 == c_end:
             trace_task(&bc.trace, TASK_RECURRENCE, d, g, c, worker, start, order)
@@ -137,55 +166,73 @@ cdef void _recurrence_rows_bwd(const BackwardCall *bc, floating *like, Py_ssize_
 cdef void _gather(const BackwardCall *bc, floating *like, Py_ssize_t d,
                   Py_ssize_t c) noexcept nogil:
     """TASK_GATHER: z[d][packed rows of chunk c] = [x | h_{t-1}] of each row (h_{t-1} the
-    saved h of the step before, or h0)."""
+    saved h of the step before, or h0), and with a projection [... | o * tanh(c_t)]."""
     cdef Py_ssize_t I = bc.I
     cdef Py_ssize_t H = bc.H
+    cdef Py_ssize_t P = bc.P
     cdef Py_ssize_t B = bc.steps.B
-    cdef Py_ssize_t t_lo, t_hi, r0, r1, t, b, j, prev_t
+    cdef Py_ssize_t t_lo, t_hi, r0, r1, t, b, j, prev_t, row
     cdef const floating *x_row
     cdef const floating *h_prev
+    cdef const floating *o_row
+    cdef const floating *tc_row
     cdef floating *dst
     _chunk_rows(bc, d, c, &t_lo, &t_hi, &r0, &r1)
     for t in range(t_lo, t_hi):
         for b in range(bc.steps.sizes[t]):
-            dst = <floating *>bc.z[d] + (bc.steps.start[t] + b) * (I + H)
+            dst = <floating *>bc.z[d] + (bc.steps.start[t] + b) * bc.z_width
             x_row = row_of(<floating *>bc.x.data, &bc.x, t, b)
             for j in range(I):
                 dst[j] = x_row[j]
             prev_t = _prev_step(bc, d, t, b)
-            h_prev = (<floating *>bc.saved[d].h + (prev_t * B + b) * H if prev_t >= 0
-                      else <floating *>bc.h0[d] + b * H)
-            for j in range(H):
+            h_prev = (<floating *>bc.saved[d].h + (prev_t * B + b) * P if prev_t >= 0
+                      else <floating *>bc.h0[d] + b * P)
+            for j in range(P):
                 dst[I + j] = h_prev[j]
+            if bc.projected:  # r = o * tanh(c), as the forward computed it
+                row = (t * B + b) * H
+                o_row = <floating *>bc.saved[d].o + row
+                tc_row = <floating *>bc.saved[d].tanhc + row
+                for j in range(H):
+                    dst[I + P + j] = o_row[j] * tc_row[j]
 
 
 cdef long long _weights(const BackwardCall *bc, floating *like, Py_ssize_t d, Py_ssize_t c,
                         Py_ssize_t k) noexcept nogil:
-    """TASK_WEIGHTS: block k's gate rows of [dW_ih | dW_hh] and db, chunk c added (the
-    first chunk overwrites); the last chunk writes dW_ih, dW_hh and db. The caller owns
-    the block and the recurrences have done the chunk. Returns when the work started (for
-    the trace: after the wait for the chunk's gathered rows)."""
+    """TASK_WEIGHTS: chunk c added to block k (the first chunk overwrites). A block of gate
+    rows (k < n_gate_blocks) takes [dW_ih | dW_hh] += dgates^T [x | h_{t-1}] and db, and its
+    last chunk writes dW_ih, dW_hh and db; a block of the projection's rows takes dW_hr +=
+    dh^T r. The caller owns the block and the recurrences have done the chunk. Returns
+    when the work started (for the trace: after the wait for the chunk's gathered rows)."""
     cdef Py_ssize_t I = bc.I
     cdef Py_ssize_t H = bc.H
-    cdef Py_ssize_t K = I + H
+    cdef Py_ssize_t P = bc.P
+    cdef Py_ssize_t K = I + P
+    cdef Py_ssize_t Z = bc.z_width
     cdef Py_ssize_t G4 = 4 * H
-    cdef Py_ssize_t k0 = k * bc.block_rows
-    cdef Py_ssize_t kb = bc.block_rows if k0 + bc.block_rows < G4 else G4 - k0
-    cdef Py_ssize_t t_lo, t_hi, r0, r1, s_lo, s_hi, n, j, q
+    cdef Py_ssize_t rows = P if k >= bc.n_gate_blocks else G4
+    cdef Py_ssize_t k0 = (k - bc.n_gate_blocks if k >= bc.n_gate_blocks else k) * bc.block_rows
+    cdef Py_ssize_t kb = bc.block_rows if k0 + bc.block_rows < rows else rows - k0
+    cdef Py_ssize_t t_lo, t_hi, r0, r1, n, j, q
     cdef const floating *dg = <floating *>bc.dgates[d]
+    cdef const floating *z = <floating *>bc.z[d]
     cdef floating *dw = <floating *>bc.dw[d] + k0 * K
     cdef double *db_acc = bc.db_acc[d] + k0
     cdef floating *db = <floating *>bc.db[d] + k0
     cdef floating *dw_ih = <floating *>bc.dw_ih[d] + k0 * I
-    cdef floating *dw_hh = <floating *>bc.dw_hh[d] + k0 * H
+    cdef floating *dw_hh = <floating *>bc.dw_hh[d] + k0 * P
+    cdef floating beta = 0 if c == 0 else 1
     cdef long long start
-    _chunk_steps(bc, c, &s_lo, &s_hi)
     _chunk_rows(bc, d, c, &t_lo, &t_hi, &r0, &r1)
     event_wait(&bc.gathered[d * bc.n_chunks + c], 1, bc.spin_ns)  # maybe another block's owner
     start = trace_start(&bc.trace)
+    if k >= bc.n_gate_blocks:
+        gemm(Trans, NoTrans, <int>kb, <int>H, <int>(r1 - r0), <floating>1,
+             <floating *>bc.dh_rows[d] + r0 * P + k0, <int>P, z + r0 * Z + K, <int>Z, beta,
+             <floating *>bc.dw_hr[d] + k0 * H, <int>H)
+        return start
     gemm(Trans, NoTrans, <int>kb, <int>K, <int>(r1 - r0), <floating>1, dg + r0 * G4 + k0,
-         <int>G4, <floating *>bc.z[d] + r0 * K, <int>K, <floating>(0 if c == 0 else 1), dw,
-         <int>K)
+         <int>G4, z + r0 * Z, <int>Z, beta, dw, <int>K)
     if c == 0:
         for j in range(kb):
             db_acc[j] = 0
@@ -197,8 +244,8 @@ cdef long long _weights(const BackwardCall *bc, floating *like, Py_ssize_t d, Py
             db[q] = <floating>db_acc[q]
             for j in range(I):
                 dw_ih[q * I + j] = dw[q * K + j]
-            for j in range(H):
-                dw_hh[q * H + j] = dw[q * K + I + j]
+            for j in range(P):
+                dw_hh[q * P + j] = dw[q * K + I + j]
     return start
 
 
@@ -362,7 +409,7 @@ cdef void _backward_worker(BackwardCall *bc, floating *like, int worker) noexcep
         task = &bc.tasks[k]
         if task.kind == TASK_PACK:
             start = trace_start(&bc.trace)
-            _pack_piece_bwd(bc, like, task.d, task.i)
+            _pack_piece_bwd(bc, like, task.d, task.i, task.j)
             event_add(&bc.pack_done[task.d], 1)
             trace_task(&bc.trace, task.kind, task.d, task.i, task.j, worker, start, k)
         else:
