@@ -20,7 +20,7 @@ from functools import partial
 import numpy as np
 
 from . import PeerRun
-from .layout import grads_to_torch, to_input_major
+from .layout import active_mask, grads_to_torch, to_input_major
 
 __all__ = ["prepare", "setup", "LABEL"]
 
@@ -122,8 +122,7 @@ def setup(case, inp):
                for kernels in to_input_major(inp["params"], case.L, case.D)]
     mask = None
     if case.packed:
-        active = np.arange(case.T)[:, None] < inp["lengths"][None, :]
-        mask = jnp.asarray(active[:, :, None])
+        mask = jnp.asarray(active_mask(case.T, inp["lengths"])[:, :, None])
     args = (jnp.asarray(inp["x"]), jnp.asarray(inp["h0"]), jnp.asarray(inp["c0"]), weights, mask)
     cotangents = tuple(jnp.asarray(inp[k]) for k in ("dy", "dh", "dc"))
     saved = jit_forward(*args)[1]

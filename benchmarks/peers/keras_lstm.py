@@ -24,7 +24,7 @@ import os
 import numpy as np
 
 from . import PeerRun
-from .layout import grads_to_torch, to_input_major
+from .layout import active_mask, grads_to_torch, to_input_major
 
 __all__ = ["prepare", "setup", "LABEL"]
 
@@ -102,7 +102,7 @@ def setup(case, inp):
     h0, c0, dh, dc = (tf.constant(inp[k]) for k in ("h0", "c0", "dh", "dc"))
     mask = None
     if case.packed:
-        mask = tf.constant(np.arange(case.T)[None, :] < inp["lengths"][:, None])
+        mask = tf.constant(active_mask(case.T, inp["lengths"]).T)  # [B, T]
     layers, cells = _build(case, x, h0, c0, mask)
     variables = []
     for cell, (kernel, recurrent, bias) in zip(cells, to_input_major(inp["params"], case.L, case.D)):
