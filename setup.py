@@ -1,7 +1,8 @@
 """Build lstmcy's Cython extensions.
 
 Compiler directives are set here, once for every module. Set ``LSTMCY_DEBUG=1``
-when building to turn on bounds and initialisation checks (and -O0 -g) for debugging.
+when building to turn on bounds and initialisation checks (and -O0 -g) for debugging, and
+the test hooks (``LSTMCY_TEST_HOOKS``: see ``src/lstmcy/_threadpool.h``).
 """
 import os
 import platform
@@ -26,10 +27,10 @@ directives = {
 # -fno-trapping-math lets the compiler vectorise the branch-free exp/tanh (it may then
 # evaluate both sides of a select); it changes no result. -ffp-contract=off keeps a*b+c
 # from being fused except where the code asks for it (the packed GEMM, the activations'
-# polynomials), so the AVX2 and AVX-512 builds give the same bits. OpenMP runs the two
-# halves of a layer's work on two threads.
-compile_args = (["-O0", "-g"] if DEBUG else ["-O3"]) + [
-    "-fno-trapping-math", "-ffp-contract=off", "-fopenmp"]
+# polynomials), so the AVX2 and AVX-512 builds give the same bits. The kernels' threads are
+# lstmcy's own (pthreads): no OpenMP runtime, whose thread pool hangs a forked child.
+compile_args = (["-O0", "-g", "-DLSTMCY_TEST_HOOKS"] if DEBUG else ["-O3"]) + [
+    "-fno-trapping-math", "-ffp-contract=off", "-pthread"]
 # GCC only: a loop that reads and writes many arrays through plain raw pointers is
 # vectorised behind runtime checks that the arrays do not overlap, and by default GCC gives
 # up beyond 10 checks and leaves the loop scalar. (The cell rows, forward and backward,
@@ -63,11 +64,12 @@ def extension(name, source, flags=()):
         include_dirs=[np.get_include(), "src/lstmcy"],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_9_API_VERSION")],
         extra_compile_args=compile_args + list(flags),
-        extra_link_args=["-fopenmp"],
+        extra_link_args=["-pthread"],
     )
 
 
-extensions = [extension("_blas", "_blas"), extension("_lstm", "_lstm")]
+extensions = [extension("_blas", "_blas"), extension("_threadpool", "_threadpool"),
+              extension("_lstm", "_lstm")]
 # The elementwise passes (exp, tanh, gate gradients) vectorise; wider vectors pay off, so
 # the kernels are also built for AVX2 and AVX-512 and lstmcy._dispatch picks the best one
 # the CPU supports at import time (no -march=native: the wheel runs on any x86-64).

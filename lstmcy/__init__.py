@@ -6,8 +6,10 @@ PyTorch's ``aten::lstm`` backward. See :func:`lstm_forward` and :func:`lstm_back
 """
 from lstmcy._cache import LSTMCache
 from lstmcy._core import LSTMPlan, lstm_backward, lstm_forward, release_workspaces
+from lstmcy._fpmode import get_flush_denormals, set_flush_denormals
 from lstmcy._threads import get_num_threads, set_num_threads
 
 __version__ = "0.1.0"
 __all__ = ["lstm_forward", "lstm_backward", "LSTMPlan", "LSTMCache", "set_num_threads",
-           "get_num_threads", "release_workspaces", "__version__"]
+           "get_num_threads", "set_flush_denormals", "get_flush_denormals",
+           "release_workspaces", "__version__"]

@@ -14,10 +14,13 @@ from time import perf_counter
 
 import numpy as np
 
+from lstmcy import _fpmode
 from lstmcy._dispatch import kernels as _lstm
 from lstmcy._cache import LSTMCache
 from lstmcy._pool import ALIGN, ResultPool, aligned_empty, aligned_offset
-from lstmcy._threads import ThreadTuner, blas_single_threaded, is_automatic, threads_for
+from lstmcy._schedule import SPLIT_UNITS, backward_schedule, forward_schedule
+from lstmcy._threads import (ThreadTuner, _check_count, blas_single_threaded, is_automatic,
+                             threads_for)
 from lstmcy._validation import (SAVED_NAMES, check_backward, check_bool, check_dropout,
                                 check_output_mask, check_problem, check_seed, to_compute)
 
@@ -26,54 +29,11 @@ __all__ = ["lstm_forward", "lstm_backward", "LSTMPlan", "release_workspaces"]
 # OpenBLAS runs a GEMM on one thread when m*n*k <= 65536 * GEMM_MULTITHREAD_THRESHOLD (4):
 # a call whose largest GEMM is that small needs no cap on BLAS threads.
 _SINGLE_THREADED_GEMM = 65536 * 4
-# Target number of rows (time steps x batch) of one chunk of the batched GEMMs. Since the
-# backward's weight gradients became tasks shared by both threads, smaller chunks let the
-# helper start sooner and the two threads finish closer together: 64 rather than 128 made
-# the small backwards 5-19 % faster ((32,16,32,64), (50,8,64,64), (50,4,32,32), float32
-# and float64, one and two directions, with and without dx) and left ptb-medium (100
-# instead of 140 rows) within +-1 %; chunks of T/8 steps or more (_MAX_CHUNKS) decide the
-# other large shapes.
-_CHUNK_ROWS = 64
-# The one-direction forward splits each step over two threads when 8*B*H^2 reaches this
-# (and the layer has enough work at all, see threads_for).
-_SPLIT_FORWARD_MIN = 2e5
-# ... and gives each thread half of the batch rows from this many rows on (see _split_by_rows).
-_ROW_SPLIT_MIN_B = 8
-_MAX_CHUNKS = 8
-# Rows of one piece of the backward's dx (a GEMM that packs w_ih anew).
-_DX_PIECE_ROWS = 512
 # Kernel calls whose time step is at most this much work (FLOPs) may be moved to one
 # thread by the ThreadTuner (the small shapes: (B, I, H) = (32, 64, 128) has 6 MFLOP a step
-# forward, 13 backward). Beyond it the threads' synchronisation is a small part of a step
-# (the large shapes have 70-140 MFLOP a step), and each try of one thread would cost a
-# long call.
+# forward, 13 backward). Beyond it the threads' synchronisation is a small part of a step,
+# and each try of one thread would cost a long call.
 _TUNED_STEP_FLOPS = 1.6e7
-
-
-@functools.lru_cache(maxsize=256)  # called twice per call; cheaper looked up than computed
-def _chunk_steps(T, B):
-    """Steps per chunk: a function of the shape only, so results never depend on threads."""
-    if T == 0:
-        return 1
-    return min(T, max(math.ceil(T / _MAX_CHUNKS), math.ceil(_CHUNK_ROWS / max(B, 1))))
-
-
-@functools.lru_cache(maxsize=256)
-def _backward_schedule(T, B, D):
-    """``(first, chunk, dx_group)`` of the backward, a function of the shape only.
-
-    The backward's chunks are ``chunk`` steps long but the first, ``first`` steps, so that
-    the weight gradients start early. ``dx`` is computed in pieces of ``dx_group``
-    chunks, at least ~512 rows (each piece packs ``w_ih`` anew), which go to whichever
-    thread is free. (The weight gradients balance themselves between the threads: see
-    ``_backward_weights`` in the kernels.)"""
-    chunk = _chunk_steps(T, B)
-    if D != 1:
-        # Each thread runs one direction on its own: plain chunks, dx in one piece.
-        return chunk, chunk, max(T, 1)
-    first = max(1, -(-chunk // 4))
-    dx_group = max(1, -(-_DX_PIECE_ROWS // max(chunk * B, 1)))
-    return first, chunk, dx_group
 
 
 def _as_rows(array):
@@ -136,8 +96,6 @@ def _stacked(given, arrays, layer, D, shape, dtype):
     return out
 
 
-# The forward kernels take the saved activations in this order (indices into SAVED_NAMES).
-_KERNEL_SAVED_ORDER = tuple(SAVED_NAMES.index(name) for name in ("i", "f", "g", "o", "c", "tanhc", "h"))
 _SAVED_INDEX = {name: k for k, name in enumerate(SAVED_NAMES)}
 
 
@@ -160,30 +118,18 @@ def _layer_weights(problem, layer):
     return tuple(np.stack([w[k] for w in per_dir]) for k in range(3))
 
 
-def _split_by_rows(B):
-    """Whether the split forward gives each thread half of the batch rows (no waiting
-    between the threads at all) rather than half of every step's hidden units (a wait per
-    step): from ``_ROW_SPLIT_MIN_B`` rows on."""
-    return B >= _ROW_SPLIT_MIN_B
-
-
-def _split_point(H):
-    """Where the hidden units are cut between the two threads: a multiple of 16, so that
-    with rows on cache lines (H a multiple of 16) no line holds both threads' units."""
-    return min(H, (H + 31) // 32 * 16)
-
-
 @functools.lru_cache(maxsize=256)
 def _packed_len(n, k, dtype):
     """Elements of the kernels' packed copy of a ``[k, n]`` weight matrix."""
-    return _lstm.packed_len(n, k, dtype == np.float64)
+    return _lstm.packed_elements(n, k, dtype == np.float64)
 
 
-def _split_packed_len(H, dtype):
-    """Elements of the split forward's packed ``w_hh``: each half's rows of each gate
-    packed apart (the kernel puts half 1 after half 0's four gates)."""
-    split = _split_point(H)
-    return 4 * (_packed_len(split, H, dtype) + _packed_len(H - split, H, dtype))
+@functools.lru_cache(maxsize=256)
+def _forward_packed_len(H, schedule, dtype):
+    """Elements of one direction's packed ``w_hh`` in a forward of that schedule."""
+    if schedule.split == SPLIT_UNITS:
+        return _lstm.unit_packed_len(H, schedule.groups, dtype == np.float64)
+    return _packed_len(4 * H, H, dtype)
 
 
 def _draw_masks(problem, dropout, rng):
@@ -207,20 +153,25 @@ class LSTMPlan:
     Parameters
     ----------
     n_threads : int or None
-        Threads of the kernels (1 or 2); None follows :func:`lstmcy.set_num_threads`
-        (when that is automatic too, the plan times its small two-thread calls and runs
-        them on one thread while two are slower; see ``lstmcy._threads.ThreadTuner``).
+        Threads of the kernels (any positive number, obeyed as given); None follows
+        :func:`lstmcy.set_num_threads` (when that is automatic too: the CPUs the process
+        may use, as far as a call has work for them, and small calls on one thread while
+        more are slower; see :mod:`lstmcy._threads`).
 
     Attributes
     ----------
     workspace_size : int
         Bytes currently held in work buffers.
+    trace : list or None
+        When a list, every kernel call appends ``(kind, layer, entries)``: ``kind``
+        "forward" or "backward", ``entries`` an int64 array ``[tasks, 8]`` of (task kind,
+        direction, i, j, worker, start ns, end ns, place in the task list) as
+        ``src/lstmcy/_layer.pxd`` names them (``benchmarks/scaling.py`` replays them).
+        None (the default) traces nothing.
     """
 
     def __init__(self, n_threads=None):
-        if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)
-                                      or n_threads < 1):
-            raise ValueError(f"n_threads must be a positive int or None, got {n_threads!r}")
+        _check_count("n_threads", n_threads)
         self.n_threads = n_threads
         self._buffers = {}
         self._offsets = {}  # name -> aligned_offset of that buffer
@@ -228,6 +179,7 @@ class LSTMPlan:
         self._results = ResultPool()
         self._last_views = {}  # name -> the view _take last returned of that buffer
         self._tuners = {}  # kind of kernel call -> its ThreadTuner (automatic threads only)
+        self.trace = None
 
     @property
     def workspace_size(self):
@@ -240,29 +192,29 @@ class LSTMPlan:
 
         The workspace is O(T*B*4H) per direction: the gate (gradient) buffer and, where the
         input is not in packed order, a packed copy of the input (gradient), plus a
-        panel-packed copy of ``w_hh`` per direction for the recurrent products (and a second
-        ``[B, H]`` h buffer for the split forward); the backward
-        adds a chunk of ``[x_t, h_{t-1}]`` rows per thread (two), and per direction a
-        ``[4H, I + H]`` weight-gradient accumulator and a float64 bias accumulator. An
-        upper bound of what
-        :attr:`workspace_size` reaches after such calls.
+        panel-packed copy of ``w_hh`` per direction for the recurrent products; the
+        backward adds h_{t-1} (and, where the input is not in packed order, x) in packed
+        row order for the weight gradients, and a float64 bias accumulator per direction.
+        An upper bound of what :attr:`workspace_size` reaches after such calls.
         """
         D = 2 if bidirectional else 1
         H = hidden_size
         N = int(np.sum(batch_sizes)) if batch_sizes is not None else T * B
         width = max(input_size, D * H) if num_layers > 1 else input_size
         itemsize = max(np.dtype(dtype).itemsize, 4)  # float16/bfloat16 compute in float32
-        elements = D * N * 4 * H + D * N * width  # gates, packed rows
         compute = np.dtype(np.float64 if itemsize == 8 else np.float32)
-        packed_w_hh = max(D * _packed_len(4 * H, H, compute),  # forward, recurrent weights
-                          _split_packed_len(H, compute))
+        elements = D * N * 4 * H + N * width  # gates, packed rows
+        # The recurrent weights packed: by rows, or by units in up to H / 16 parts (each
+        # part's panels padded apart); the backward's packing of w_hh.
+        parts = max(1, H // 16)
+        packed_w_hh = D * max(_packed_len(4 * H, H, compute),
+                              _lstm.unit_packed_len(H, parts, compute == np.float64))
         if backward:
             packed_w_hh = max(packed_w_hh, D * _packed_len(H, 4 * H, compute))
-        elements += packed_w_hh + B * H  # + the second h buffer of the split forward
+        elements += packed_w_hh
         extra_bytes = 8 * (ALIGN - 1)  # room to align each of the (at most 8) named buffers
         if backward:
-            # A chunk of [x | h_prev] rows per thread, a [4H, I + H] accumulator per direction.
-            elements += max(D, 2) * _chunk_steps(T, B) * B * (width + H) + D * 4 * H * (width + H)
+            elements += D * N * H + N * width  # h_{t-1} and x in packed row order
             extra_bytes += D * 4 * H * 8
         return int(elements * itemsize + extra_bytes)
 
@@ -285,28 +237,36 @@ class LSTMPlan:
         view = self._last_views[name] = aligned_empty(shape, dtype, buffer, self._offsets[name])
         return view
 
-    def _threads(self, problem, flops):
-        return threads_for(flops, max(problem.D, math.ceil(problem.T / _chunk_steps(problem.T, problem.B))),
-                           self.n_threads)
-
-    def _call(self, key, rows, step_flops, n_threads, kernel, *args):
-        """``kernel(*args, n_threads)``. When ``n_threads`` is two, the count is automatic
-        and a time step's work (``step_flops``) is small enough for the threads' per-step
-        synchronisation to matter, this kind of call's :class:`ThreadTuner` (``key``:
-        everything but the sequence length) may run it on one thread instead; it compares
-        times per row (``rows`` rows), so that calls of other lengths inform one another."""
+    def _call(self, key, rows, step_flops, flops, run):
+        """``run(n_threads)``, with the thread count for a call of ``flops`` work. When the
+        count is automatic and a time step's work (``step_flops``) is small enough for the
+        threads' synchronisation to matter, this kind of call's :class:`ThreadTuner`
+        (``key``: everything but the sequence length) may run it on one thread instead; it
+        compares times per row (``rows`` rows), so that calls of other lengths inform one
+        another."""
+        n_threads = threads_for(flops, self.n_threads)
         if (n_threads == 1 or rows == 0 or step_flops > _TUNED_STEP_FLOPS
                 or not is_automatic(self.n_threads)):
-            return kernel(*args, n_threads)
+            return run(n_threads)
+        key = key + (n_threads,)
         tuner = self._tuners.get(key)
         if tuner is None:
             if len(self._tuners) >= 64:  # many shapes: forget the old ones
                 self._tuners.clear()
-            tuner = self._tuners[key] = ThreadTuner()
+            tuner = self._tuners[key] = ThreadTuner(n_threads)
         start = perf_counter()
         n_threads = tuner.choose(start)
-        result = kernel(*args, n_threads)
+        result = run(n_threads)
         tuner.record(n_threads, start, (perf_counter() - start) / rows)
+        return result
+
+    def _traced(self, kind, layer, kernel, *args):
+        """``kernel(*args)``, with a trace of its tasks appended to :attr:`trace` if asked."""
+        if self.trace is None:
+            return kernel(*args)
+        entries = np.zeros((1 << 16, 8), dtype=np.int64)
+        result = kernel(*args, entries)
+        self.trace.append((kind, layer, entries[:result[1]]))
         return result
 
     def _blas_cap(self, problem):
@@ -347,31 +307,21 @@ class LSTMPlan:
         T, B, H, L, D, N = p.T, p.B, p.H, p.L, p.D, p.N
         cdt = p.compute_dtype
         alloc = self._results.empty if p.uniform else self._results.zeros
-        chunk = _chunk_steps(T, B)
 
         y = alloc(p.output_shape(D * H), dtype=cdt)
         y_rows = _as_rows(y)
-        # One direction: every step's work split over the two threads, when a step's GEMM
-        # is not tiny (measured with the packed recurrent GEMM: (B, H) = (8, 64) and
-        # (16, 64) gain ~10%, (32, 128) 35%; (1, 32) nothing).
-        split_forward = D == 1 and 8.0 * B * H * H >= _SPLIT_FORWARD_MIN
-        # The kernels update the states in place. For the split forward the copies start
-        # on a cache line: its two threads write the two halves of every row (split by
-        # units) or alternate rows (split by rows; rows of a multiple of 64 bytes then
-        # share no line).
-        if split_forward:
-            states = aligned_empty((2,) + p.h0.shape, p.h0.dtype)  # one allocation for both
-            states[0] = p.h0
-            states[1] = p.c0
-            h_n, c_n = states  # each starts on a line too when B*H*itemsize is a multiple of 64
-        else:
-            h_n = p.h0.copy()
-            c_n = p.c0.copy()
+        # The kernels write the final states (c in place, from c0); h_n starts as h0 for
+        # calls without steps. They start on a cache line (the row groups of the threads
+        # write interleaved rows).
+        states = aligned_empty((2,) + p.h0.shape, p.h0.dtype)  # one allocation for both
+        states[0] = p.h0
+        states[1] = p.c0
+        h_n, c_n = states
         if train:
             # One request for all seven (they live and die together, in the cache).
             saved_block = alloc((len(SAVED_NAMES), L * D, T * B, H), dtype=cdt)
         else:
-            no_cache = np.empty((1, 0, H), dtype=cdt)
+            no_cache = (np.empty((D, 0, H), dtype=cdt),) * len(SAVED_NAMES)
         internal_step_row, _, internal_packed = p.time_major_map
 
         layer_in, in_step_row, in_stride, in_packed = p.x_rows, p.step_row, p.batch_stride, p.rows_packed
@@ -386,33 +336,22 @@ class LSTMPlan:
                 in_size = layer_in.shape[1]
                 w_ih, w_hh, bias = _layer_weights(p, layer)
                 ks = slice(layer * D, (layer + 1) * D)
-                cache = ([saved_block[k, ks] for k in _KERNEL_SAVED_ORDER]
-                         if train else [no_cache] * 7)
+                saved = (tuple([saved_block[k, ks] for k in range(len(SAVED_NAMES))])
+                         if train else no_cache)
                 gates = self._take("gates", (D, N, 4 * H), cdt)
-                x_packed = self._take("packed_rows", (D, 0 if in_packed else N, in_size), cdt)
-                if split_forward:
-                    k = layer
-                    self._call(
-                        ("split", B, in_size, H, train, cdt), N, 8.0 * B * H * (in_size + H),
-                        threads_for(8.0 * N * H * (in_size + H), 2, self.n_threads),
-                        _lstm.forward_direction_split,
-                        layer_in, in_step_row, in_stride, in_packed,
-                        w_ih[0], w_hh[0], bias[0],
-                        p.batch_sizes, p.packed_start, False, _split_point(H),
-                        _split_by_rows(B),
-                        out, out_step_row, out_stride, h_n[k], c_n[k],
-                        *[a[0] for a in cache], train, gates[0], x_packed[0],
-                        self._take("w_packed", (_split_packed_len(H, cdt),), cdt),
-                        self._take("h_other", (B, H), cdt))
-                else:
-                    self._call(
-                        ("forward", B, in_size, H, D, train, cdt), N,
-                        8.0 * D * B * H * (in_size + H),
-                        self._threads(p, 8.0 * D * N * H * (in_size + H)), _lstm.forward_layer,
-                        layer_in, in_step_row, in_stride, in_packed, w_ih, w_hh, bias,
+                x_packed = self._take("packed_rows", (0 if in_packed else N, in_size), cdt)
+                args = (layer_in, in_step_row, in_stride, in_packed, w_ih, w_hh, bias,
                         p.batch_sizes, p.packed_start, out, out_step_row, out_stride,
-                        h_n[ks], c_n[ks], *cache, train, gates, x_packed,
-                        self._take("w_packed", (D, _packed_len(4 * H, H, cdt)), cdt), chunk)
+                        p.h0[ks], h_n[ks], c_n[ks], saved, train, gates, x_packed)
+
+                def run(n_threads, args=args, layer=layer):
+                    schedule = forward_schedule(T, B, H, D, n_threads)
+                    w_packed = self._take("w_packed", (D * _forward_packed_len(H, schedule, cdt),), cdt)
+                    return self._traced("forward", layer, _lstm.forward_layer, *args, w_packed,
+                                        schedule, n_threads, _fpmode._flush)
+
+                self._call(("forward", B, in_size, H, D, train, cdt), N,
+                           8.0 * D * B * H * (in_size + H), 8.0 * D * N * H * (in_size + H), run)
                 if not last:
                     if masks is not None:
                         with np.errstate(invalid="ignore"):  # inf * 0 -> NaN, as in torch; no warning
@@ -471,7 +410,7 @@ class LSTMPlan:
         with self._blas_cap(p):
             for layer in reversed(range(L)):
                 ks = slice(layer * D, (layer + 1) * D)
-                saved = {name: saved_of(name, layer) for name in SAVED_NAMES}
+                saved = tuple([saved_of(name, layer) for name in SAVED_NAMES])
                 if layer == 0:
                     layer_in, in_step_row, in_stride, in_packed = p.x_rows, p.step_row, p.batch_stride, p.rows_packed
                     layer_dx_needed = want_dx
@@ -485,7 +424,6 @@ class LSTMPlan:
                     in_step_row, in_stride, in_packed = internal_step_row, 1, internal_packed
                     layer_dx_needed = True
                 in_size = layer_in.shape[1]
-                first, chunk, dx_group = _backward_schedule(T, B, D)
                 if layer_dx_needed:
                     layer_dx = alloc(layer_in.shape, dtype=cdt)
                 else:
@@ -502,26 +440,27 @@ class LSTMPlan:
                     dw_hh = np.empty((D, 0, H), dtype=cdt)
                     db = np.empty((D, 0), dtype=cdt)
                 w_ih, w_hh, _ = _layer_weights(p, layer)
-                direct_dx = D == 1 and in_packed
-                self._call(
-                    ("backward", B, in_size, H, D, layer_dx_needed, want_dparams, cdt), N,
-                    16.0 * D * B * H * (in_size + H),
-                    self._threads(p, 16.0 * D * N * H * (in_size + H)), _lstm.backward_layer,
-                    layer_in, in_step_row, in_stride, in_packed,
-                    upper_dy, dy_step_row, dy_stride,
-                    w_ih, w_hh, p.h0[ks], p.c0[ks],
-                    saved["i"], saved["f"], saved["g"], saved["o"], saved["c"], saved["tanhc"], saved["h"],
-                    p.batch_sizes, p.packed_start, dh_state[ks], dc_state[ks],
-                    layer_dx, layer_dx_needed, dw_ih, dw_hh, db, want_dparams,
-                    self._take("gates", (D, N, 4 * H), cdt),
-                    # z: one per thread (two share a direction's weight gradients when D is 1).
-                    self._take("z", (max(D, 2), max(first, chunk) * B if want_dparams else 0, in_size + H), cdt),
-                    self._take("dw", (D, 4 * H if want_dparams else 0, in_size + H), cdt),
-                    self._take("db_acc", (D, 4 * H if want_dparams else 0), np.dtype(np.float64)),
-                    (layer_dx[:N].reshape(1, N, in_size) if direct_dx and layer_dx_needed
-                     else self._take("packed_rows", (D, N if layer_dx_needed else 0, in_size), cdt)),
-                    self._take("w_packed", (D, _packed_len(H, 4 * H, cdt)), cdt),
-                    first, chunk, dx_group)
+                gathered = want_dparams and not in_packed  # x in packed row order for dW
+                scattered = layer_dx_needed and not in_packed  # dx through packed row order
+                args = (layer_in, in_step_row, in_stride, in_packed,
+                        upper_dy, dy_step_row, dy_stride,
+                        w_ih, w_hh, p.h0[ks], p.c0[ks], saved,
+                        p.batch_sizes, p.packed_start, dh_state[ks], dc_state[ks],
+                        layer_dx, layer_dx_needed, dw_ih, dw_hh, db, want_dparams,
+                        self._take("gates", (D, N, 4 * H), cdt),
+                        self._take("zh", (D, N if want_dparams else 0, H), cdt),
+                        self._take("zx", (N if gathered else 0, in_size), cdt),
+                        self._take("db_acc", (D, 4 * H if want_dparams else 0), np.dtype(np.float64)),
+                        self._take("packed_rows", (N if scattered else 0, in_size), cdt),
+                        self._take("w_packed", (D * _packed_len(H, 4 * H, cdt),), cdt))
+
+                def run(n_threads, args=args, layer=layer):
+                    return self._traced("backward", layer, _lstm.backward_layer, *args,
+                                        backward_schedule(T, B, H, D, n_threads), n_threads,
+                                        _fpmode._flush)
+
+                self._call(("backward", B, in_size, H, D, layer_dx_needed, want_dparams, cdt), N,
+                           16.0 * D * B * H * (in_size + H), 16.0 * D * N * H * (in_size + H), run)
                 if want_dparams:
                     for d in range(D):
                         base = (layer * D + d) * per_dir

@@ -1,24 +1,50 @@
 """Thread settings: how many threads the kernels use, and keeping BLAS single-threaded.
 
-The kernels split their work over (at most) two OpenMP threads themselves and call BLAS
-from each of them, so BLAS must run single-threaded meanwhile, or the two would
-oversubscribe the cores. :func:`blas_single_threaded` caps the BLAS library that
+The kernels run on lstmcy's own thread pool (:mod:`lstmcy._threadpool`, no OpenMP) and
+call BLAS from every thread, so BLAS must run single-threaded meanwhile, or the two would
+oversubscribe the cores: :func:`blas_single_threaded` caps the BLAS library that
 ``scipy.linalg.cython_blas`` uses (found once with threadpoolctl) for the duration of a
 kernel call and restores it afterwards; concurrent callers share one cap.
+
+The automatic thread count of a call is the smallest of
+
+* the CPUs this process may run on (``os.sched_getaffinity``),
+* its cgroup's CPU quota, rounded up (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` /
+  ``cpu.cfs_period_us``, the lowest along the cgroup's ancestors): a container limited to
+  2 CPUs on a 64-core host gets 2,
+* ``OMP_NUM_THREADS`` (its first number), as OpenMP libraries read it,
+* the limit set through threadpoolctl (``threadpool_limits(n)``, or with
+  ``user_api="openmp"``: lstmcy registers a controller, internal_api ``"lstmcy"``),
+
+and of the work rule :func:`lstmcy._schedule.threads_for_work`; a :class:`ThreadTuner` then
+moves small calls to one thread while more threads are slower. ``set_num_threads(n)``
+and ``LSTMPlan(n_threads=n)`` fix the count instead (any n >= 1, obeyed as given).
+Results are bitwise identical for every count.
+
+After ``fork()`` the child starts its own workers (the pool's fork handler) and this
+module's state is reset (:func:`_after_fork_in_child`), so a child's calls complete.
 """
 import ctypes
+import math
 import os
 import threading
 from contextlib import nullcontext
+
+import threadpoolctl
+
+from lstmcy import _threadpool
+from lstmcy._schedule import threads_for_work
 
 _lock = threading.Lock()
 _active = 0
 _saved = []
 _controllers = None
 _num_threads = None  # None: automatic
+#: The pool runs at most this many threads in one call.
+MAX_THREADS = 256
 
 
-def available_cores():
+def affinity_cpus():
     """Number of CPUs this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
@@ -26,29 +52,136 @@ def available_cores():
         return os.cpu_count() or 1
 
 
-_cores_cache = []
+def _read(path):
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return None
 
 
-def _cores():
-    if not _cores_cache:
-        _cores_cache.append(available_cores())
-    return _cores_cache[0]
+def _cgroup_dirs(root):
+    """The cgroup directories holding this process's CPU limits, innermost first, with
+    the cgroup version of each (from /proc/self/cgroup and /proc/self/mountinfo; ``root``
+    prefixes every path, for tests)."""
+    cgroups = _read(os.path.join(root, "proc/self/cgroup")) or ""
+    mounts = _read(os.path.join(root, "proc/self/mountinfo")) or ""
+    found = []
+    for line in mounts.splitlines():
+        # id parent major:minor root mount-point options ... - fstype source super-options
+        fields = line.split()
+        if "-" not in fields:
+            continue
+        sep = fields.index("-")
+        if len(fields) < sep + 3 or len(fields) < 5:
+            continue
+        fstype, super_options = fields[sep + 1], fields[sep + 3] if len(fields) > sep + 3 else ""
+        mount_root, mount_point = fields[3], fields[4]
+        if fstype == "cgroup2":
+            version, wanted = 2, ""
+        elif fstype == "cgroup" and "cpu" in super_options.split(","):
+            version, wanted = 1, "cpu"
+        else:
+            continue
+        for entry in cgroups.splitlines():
+            parts = entry.split(":", 2)
+            if len(parts) != 3:
+                continue
+            controllers = parts[1].split(",") if parts[1] else [""]
+            if (version == 2 and parts[0] == "0" and parts[1] == "") or (
+                    version == 1 and wanted in controllers):
+                path = parts[2]
+                relative = os.path.relpath(path, mount_root) if path.startswith(mount_root) else "."
+                directory = os.path.normpath(os.path.join(mount_point, relative))
+                top = os.path.normpath(mount_point)
+                while True:  # the cgroup and its ancestors up to the mount point
+                    found.append((version, os.path.join(root, directory.lstrip("/"))))
+                    if directory == top or len(directory) <= len(top):
+                        break
+                    directory = os.path.dirname(directory)
+    return found
+
+
+def cgroup_cpu_limit(root="/"):
+    """The CPU quota of this process's cgroups as a number of CPUs (rounded up), or None
+    when there is none."""
+    limits = []
+    for version, directory in _cgroup_dirs(root):
+        if version == 2:
+            text = _read(os.path.join(directory, "cpu.max"))
+            fields = text.split() if text else []
+            if len(fields) == 2 and fields[0] != "max":
+                quota, period = fields
+            else:
+                continue
+        else:
+            quota = _read(os.path.join(directory, "cpu.cfs_quota_us"))
+            period = _read(os.path.join(directory, "cpu.cfs_period_us"))
+            if quota is None or period is None:
+                continue
+        try:
+            quota, period = int(quota), int(period)
+        except ValueError:
+            continue
+        if quota > 0 and period > 0:
+            limits.append(max(1, math.ceil(quota / period)))
+    return min(limits) if limits else None
+
+
+def omp_num_threads(environ=os.environ):
+    """The first number of ``OMP_NUM_THREADS``, or None when unset or not a positive int."""
+    value = environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    try:
+        n = int(value)
+    except ValueError:
+        return None
+    return n if n > 0 else None
+
+
+_machine_cpus = []  # affinity and quota, read once per process
+
+
+def _process_cpus():
+    """CPUs the process may use, by affinity and quota (read once per process)."""
+    if not _machine_cpus:
+        quota = cgroup_cpu_limit()
+        cpus = affinity_cpus()
+        _machine_cpus.append(min(cpus, quota) if quota else cpus)
+        _threadpool.set_cpu_count(_machine_cpus[0])
+    return _machine_cpus[0]
+
+
+def available_cpus():
+    """The CPUs automatic thread counts may use: affinity, quota, OMP_NUM_THREADS and the
+    threadpoolctl limit, the smallest of them (at least 1)."""
+    cpus = _process_cpus()
+    omp = omp_num_threads()
+    if omp is not None and omp < cpus:
+        cpus = omp
+    limit = _threadpool.thread_limit()
+    if 0 < limit < cpus:
+        cpus = limit
+    return max(1, min(cpus, MAX_THREADS))
 
 
 def set_num_threads(n_threads):
-    """Set the number of threads lstmcy's kernels use: 1, 2, or None for automatic.
+    """Set the number of threads lstmcy's kernels use: a positive int, or None for automatic.
 
-    Automatic uses two threads for problems large enough to gain from them when the
-    process may run on at least two CPUs and the OpenMP limit (``OMP_NUM_THREADS``,
-    ``threadpoolctl.threadpool_limits``) allows two; on small problems it times its calls
-    and uses one thread while two are slower (:class:`ThreadTuner`). Results are bitwise
-    identical either way.
+    Automatic uses the CPUs this process may really use (its affinity, its cgroup's CPU
+    quota, ``OMP_NUM_THREADS``, a threadpoolctl limit) as far as a call has work for them,
+    and on small calls times them and uses one thread while more are slower
+    (:class:`ThreadTuner`). A number is obeyed as given (more threads than CPUs included).
+    Results are bitwise identical either way.
     """
     global _num_threads
-    if n_threads is not None:
-        if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
-            raise ValueError(f"n_threads must be a positive int or None, got {n_threads!r}")
+    _check_count("n_threads", n_threads)
     _num_threads = n_threads
+
+
+def _check_count(name, n_threads):
+    if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)
+                                  or n_threads < 1):
+        raise ValueError(f"{name} must be a positive int or None, got {n_threads!r}")
 
 
 def get_num_threads():
@@ -56,82 +189,66 @@ def get_num_threads():
     return _num_threads
 
 
-_omp_max_threads_function = []
-
-
-def _omp_max_threads():
-    """OpenMP's current thread limit (imported on first use: the kernels load OpenMP)."""
-    if not _omp_max_threads_function:
-        from lstmcy._lstm import omp_max_threads
-
-        _omp_max_threads_function.append(omp_max_threads)
-    return _omp_max_threads_function[0]()
-
-
-def threads_for(flops, n_units, n_threads=None):
-    """Threads to use for a layer with ``flops`` work split in ``n_units`` parallel units."""
+def threads_for(flops, n_threads=None):
+    """Threads for a call of ``flops`` work: the plan's or global setting, else automatic."""
     setting = _num_threads if n_threads is None else n_threads
-    if setting is None:
-        # Below ~2 MFLOP the start-up of a parallel region costs more than it saves. The
-        # OpenMP limit (OMP_NUM_THREADS, threadpoolctl, joblib's workers) is respected.
-        if n_units < 2 or flops < 2e6 or _cores() < 2:
-            return 1
-        return 2 if _omp_max_threads() >= 2 else 1
-    return 2 if setting >= 2 else 1
+    if setting is not None:
+        return min(setting, MAX_THREADS)
+    return threads_for_work(flops, available_cpus())
 
 
 class ThreadTuner:
-    """Chooses one or two threads for one kind of kernel call from the times of recent calls.
+    """Chooses between one thread and the automatic count ``n`` for one kind of kernel call,
+    from the times of recent calls.
 
-    On a dedicated two-core machine two threads win whenever :func:`threads_for` asks for
-    them. On a shared virtual machine the host may, for a second or so at a time, run the
-    two virtual CPUs on one physical core or take one away; a kernel that synchronises
-    every time step then runs *slower* on two threads than on one (measured here: a
-    32x16x64 forward, with a barrier per step as the split forward had then, took 880 µs
-    on two threads against 480 µs on one in such periods, 320 µs otherwise). The tuner
-    keeps a moving average of the time (per row: the caller divides) for each count, runs
-    the faster one (two unless they are 15 % slower), and tries the other now and then,
-    so that it follows the machine: two threads again after 50 ms and 4 calls when one
-    thread is ahead (to see the machine recover soon), one thread after 250 ms and 16
-    calls otherwise (each try costs the difference once; the call counts keep calls that
-    come far apart from trying at every call). Results are bitwise the same for one or two
-    threads, so the choice only changes the speed.
+    On a dedicated machine the automatic count wins whenever the work rule asks for it. On
+    a shared machine another process may hold the cores, or a virtual machine's host may
+    for a second or so run its virtual CPUs on fewer physical cores; a call whose threads
+    wait for each other then runs *slower* on several threads than on one. The tuner keeps
+    a moving average of the time (per row: the caller divides) for each count, runs the
+    faster one (``n`` unless it is 15 % slower), and tries the other now and then, so that it
+    follows the machine: ``n`` threads again after 50 ms and 4 calls when one thread is
+    ahead (to see the machine recover soon), one thread after 250 ms and 16 calls
+    otherwise (each try costs the difference once; the call counts keep calls that come
+    far apart from trying at every call). Results are bitwise the same for any count, so
+    the choice only changes the speed.
     """
 
-    __slots__ = ("mean", "tried", "since", "seen")
+    __slots__ = ("n", "mean", "tried", "since", "seen")
 
     # Weight of a new time in the moving average, and how much larger than the average a
     # time may count (one preempted call must not decide the next hundred).
     SMOOTHING = 0.25
     OUTLIER = 2.0
-    # Two threads stay in use until they are this much slower than one (noise must not
-    # make the tuner flip to the slower count).
+    # n threads stay in use until they are this much slower than one (noise must not make
+    # the tuner flip to the slower count).
     MARGIN = 1.15
-    # Seconds and calls on the count ahead between tries of the other: of two threads
-    # (while one is ahead), of one thread (while two are).
+    # Seconds and calls on the count ahead between tries of the other: of n threads (while
+    # one is ahead), of one thread (while n are).
     RETRY_TWO = 0.05
     RETRY_TWO_CALLS = 4
     RETRY_ONE = 0.25
     RETRY_ONE_CALLS = 16
 
-    def __init__(self):
-        self.mean = [0.0, 0.0]  # time on 1 and 2 threads; 0.0: not measured yet
-        self.tried = [0.0, 0.0]  # perf_counter() of the last call on 1 and 2 threads
-        self.since = [0, 0]  # calls on the other count since the last call on 1 and 2
+    def __init__(self, n=2):
+        self.n = n
+        self.mean = [0.0, 0.0]  # time on 1 and n threads; 0.0: not measured yet
+        self.tried = [0.0, 0.0]  # perf_counter() of the last call on 1 and n threads
+        self.since = [0, 0]  # calls on the other count since the last call on 1 and n
         self.seen = [False, False]  # whether a first call (not counted) has run
 
     def choose(self, now):
-        """The thread count (1 or 2) for a call starting at ``now`` (``perf_counter()``)."""
-        one, two = self.mean
-        if two == 0.0:
-            return 2
+        """The thread count (1 or n) for a call starting at ``now`` (``perf_counter()``)."""
+        one, many = self.mean
+        if many == 0.0:
+            return self.n
         if one == 0.0:
             return 1
-        if two <= self.MARGIN * one:
+        if many <= self.MARGIN * one:
             due = now - self.tried[0] > self.RETRY_ONE and self.since[0] >= self.RETRY_ONE_CALLS
-            return 1 if due else 2
+            return 1 if due else self.n
         due = now - self.tried[1] > self.RETRY_TWO and self.since[1] >= self.RETRY_TWO_CALLS
-        return 2 if due else 1
+        return self.n if due else 1
 
     def record(self, n_threads, now, elapsed):
         """Account for a call started at ``now`` that took ``elapsed`` on ``n_threads``."""
@@ -140,8 +257,8 @@ class ThreadTuner:
         self.since[index] = 0
         self.since[1 - index] += 1
         if not self.seen[index]:
-            # The first call on a count pays for warming up (its OpenMP threads, memory
-            # the kernels touch first): not a measure of the count.
+            # The first call on a count pays for warming up (starting workers, memory the
+            # kernels touch first): not a measure of the count.
             self.seen[index] = True
             return
         mean = self.mean[index]
@@ -155,6 +272,38 @@ class ThreadTuner:
 def is_automatic(n_threads=None):
     """Whether the thread count is left to lstmcy (no setting, global or per plan)."""
     return n_threads is None and _num_threads is None
+
+
+class _PoolController(threadpoolctl.LibController):
+    """threadpoolctl's view of lstmcy's thread pool: its limit caps automatic counts.
+
+    ``user_api`` is "openmp", so that ``threadpool_limits(n, user_api="openmp")``, the
+    usual way to keep OpenMP-threaded libraries from oversubscribing (joblib's workers
+    included), limits lstmcy too."""
+
+    user_api = "openmp"
+    internal_api = "lstmcy"
+    filename_prefixes = ("_threadpool",)
+    check_symbols = ("lstmcy_thread_limit", "lstmcy_set_thread_limit")
+
+    def get_num_threads(self):
+        self.dynlib.lstmcy_thread_limit.restype = ctypes.c_int
+        return self.dynlib.lstmcy_thread_limit() or available_cpus()
+
+    def set_num_threads(self, num_threads):
+        # A limit of all the process's CPUs limits nothing: stored as none, so that
+        # restoring the count get_num_threads reported leaves no cap behind.
+        limit = int(num_threads) if num_threads < _process_cpus() else 0
+        self.dynlib.lstmcy_set_thread_limit.argtypes = [ctypes.c_int]
+        self.dynlib.lstmcy_set_thread_limit(limit)
+
+    def get_version(self):
+        from lstmcy import __version__
+
+        return __version__
+
+
+threadpoolctl.register(_PoolController)
 
 
 class _ThreadSetting:
@@ -189,9 +338,8 @@ def _blas_controllers():
     if _controllers is None:
         import scipy
         import scipy.linalg.cython_blas  # noqa: F401  (make sure it is loaded)
-        from threadpoolctl import ThreadpoolController
 
-        blas = ThreadpoolController().select(user_api="blas")
+        blas = threadpoolctl.ThreadpoolController().select(user_api="blas")
         scipy_dir = os.path.dirname(os.path.dirname(scipy.__file__))
         # Prefer the copy scipy ships (scipy.libs/...); otherwise cap every BLAS.
         own = [lib for lib in blas.lib_controllers
@@ -244,3 +392,21 @@ class _CappedBlas:
 
 
 _CAP = _CappedBlas()
+
+
+def _after_fork_in_child():
+    """A forked child has only the thread that forked: the cap's lock may be held by a
+    thread that is gone, and BLAS may be capped for a call that will never end. Start
+    afresh, with BLAS's own setting back, and read the CPUs again (a child may be moved)."""
+    global _lock, _active, _saved
+    _lock = threading.Lock()
+    if _active:
+        for lib, threads in _saved:
+            if threads != 1:
+                lib.set(threads)
+    _active = 0
+    _saved = []
+    _machine_cpus.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

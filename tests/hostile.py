@@ -153,13 +153,37 @@ def run_with_threads(call, threads):
     return [np.array(a) for a in (y, h_n, c_n, dx, dh, dc, *dparams)], (args, kwargs)
 
 
-def force_split(monkeypatch, cfg, split_by):
-    """Make the split forward give the threads half of the batch rows each (``"rows"``) or
-    half of every step's hidden units (``"units"``); ``monkeypatch`` is pytest's fixture."""
+def force_schedules(monkeypatch, forward=None, backward=None):
+    """Make every kernel call use the schedules ``forward(T, B, H, D, n_threads)`` /
+    ``backward(...)`` return (None: lstmcy's own); ``monkeypatch`` is pytest's fixture."""
     from lstmcy import _core
 
-    monkeypatch.setattr(_core, "_ROW_SPLIT_MIN_B", 0 if split_by == "rows" else cfg.B + 1)
-    assert _core._split_by_rows(cfg.B) == (split_by == "rows")
+    if forward is not None:
+        monkeypatch.setattr(_core, "forward_schedule", forward)
+    if backward is not None:
+        monkeypatch.setattr(_core, "backward_schedule", backward)
+
+
+def most_split(monkeypatch, split="rows"):
+    """Schedules with the recurrences split as finely as the thread count allows: a row
+    group per thread and direction however few rows each gets (``split="rows"``), or the
+    forward's hidden units cut in as many parts (``"units"``); the bit-fixing parts are
+    lstmcy's own."""
+    from lstmcy import _schedule
+
+    def forward(T, B, H, D, n_threads):
+        own = _schedule.forward_schedule(T, B, H, D, n_threads)
+        per_direction = max(1, n_threads // D)
+        if split == "units":
+            return own._replace(split=_schedule.SPLIT_UNITS, groups=per_direction)
+        return own._replace(split=_schedule.SPLIT_ROWS, groups=max(1, min(per_direction, B)),
+                            pack_pieces=n_threads)
+
+    def backward(T, B, H, D, n_threads):
+        own = _schedule.backward_schedule(T, B, H, D, n_threads)
+        return own._replace(groups=max(1, min(n_threads // D, B)), pack_pieces=n_threads)
+
+    force_schedules(monkeypatch, forward, backward)
 
 
 def random_config(rng, max_size=4, allow_zero=True, dtypes=FLOAT_DTYPES):

@@ -16,7 +16,7 @@ import pytest
 threadpoolctl = pytest.importorskip("threadpoolctl")
 
 import lstmcy  # noqa: E402
-from hostile import Config, force_split, make_call  # noqa: E402
+from hostile import Config, make_call, most_split, run_with_threads  # noqa: E402
 
 # Large enough that the kernels use two threads and every GEMM is well above OpenBLAS's
 # threading threshold; with dropout and variable lengths.
@@ -93,20 +93,22 @@ def test_one_and_two_blas_threads_give_identical_bits(cfg):
     assert_bitwise(one, two, "1 vs 2 BLAS threads")
 
 
+THREAD_COUNTS = (2, 3, 4, 8)  # 8 oversubscribes a 2-core machine
+
+
 @pytest.mark.parametrize("cfg", [MEDIUM, MEDIUM_PACKED, LOWP], ids=IDS[:2] + IDS[4:])
-def test_one_and_two_kernel_threads_give_identical_bits(cfg):
+def test_kernel_thread_counts_give_identical_bits(cfg):
     saved = lstmcy.get_num_threads()
     try:
         lstmcy.set_num_threads(1)
         one = outputs(cfg)
-        lstmcy.set_num_threads(2)
-        two = outputs(cfg)
+        for threads in THREAD_COUNTS:
+            lstmcy.set_num_threads(threads)
+            assert_bitwise(one, outputs(cfg), f"set_num_threads(1) vs ({threads})")
         lstmcy.set_num_threads(None)
-        auto = outputs(cfg)
+        assert_bitwise(one, outputs(cfg), "set_num_threads(1) vs automatic")
     finally:
         lstmcy.set_num_threads(saved)
-    assert_bitwise(one, two, "set_num_threads(1) vs (2)")
-    assert_bitwise(one, auto, "set_num_threads(1) vs automatic")
 
 
 def test_openblas_gemm_depends_on_thread_count():
@@ -136,37 +138,52 @@ def test_openblas_gemm_depends_on_thread_count():
     print(f"BLAS {info}: " + "; ".join(report))
 
 
-# One direction, big enough that every forward step is split between two threads
-# (8*B*H^2 >= lstmcy._core._SPLIT_FORWARD_MIN), H not a multiple of 16, variable lengths.
-SPLIT_CONFIGS = [
+# The configuration grid of the thread tests: one and two directions, one to three
+# layers, every layout, fixed and variable lengths, float32 and float64, H not a multiple
+# of 16, batches from one row to more rows than threads.
+GRID = [
     Config(T=19, B=16, I=24, H=56, layout="packed", dtype=np.dtype(np.float32), lengths_seed=4),
     Config(T=9, B=24, I=40, H=64, L=2, layout="batch_first", dtype=np.dtype(np.float64)),
     Config(T=7, B=48, I=8, H=24, layout="time_major", dtype=np.dtype(np.float32)),
+    Config(T=11, B=9, I=13, H=40, L=2, bidirectional=True, layout="padded_2d",
+           dtype=np.dtype(np.float64), lengths_seed=9, dropout=0.4),
+    Config(T=6, B=1, I=5, H=48, L=1, bidirectional=True, layout="time_major",
+           dtype=np.dtype(np.float32)),
+    Config(T=8, B=3, I=7, H=33, L=3, layout="padded_3d", dtype=np.dtype(np.float64),
+           lengths_seed=5, has_bias=False),
 ]
+GRID_IDS = ["f32-packed-H56", "f64-2-layers-batch-first", "f32-H24", "f64-bi-padded-dropout",
+            "f32-bi-one-row", "f64-3-layers-padded-nobias"]
 
 
-@pytest.mark.parametrize("split_by", ["rows", "units"])
-@pytest.mark.parametrize("cfg", SPLIT_CONFIGS, ids=["f32-packed-H56", "f64-2-layers", "f32-H24"])
-def test_split_forward_same_bits_for_threads_and_with_or_without_cache(cfg, split_by, monkeypatch):
-    from lstmcy import _core
-
-    assert 8.0 * cfg.B * cfg.H ** 2 >= _core._SPLIT_FORWARD_MIN  # the split path runs
-    force_split(monkeypatch, cfg, split_by)
+@pytest.mark.parametrize("split", ["default", "rows", "units"])
+@pytest.mark.parametrize("cfg", GRID, ids=GRID_IDS)
+def test_thread_counts_and_splits_give_the_same_bits(cfg, split, monkeypatch):
+    """Forward (training and inference) and backward on 1, 2, 3, 4 and 8 threads, with
+    lstmcy's schedules and with the recurrences split as finely as the threads allow (by
+    rows, and the forward by units): the same bits, and right."""
+    if split != "default":
+        most_split(monkeypatch, split)
     call = get_call(cfg)
+    first, _ = run_with_threads(call, 1)
     saved = lstmcy.get_num_threads()
-    results = {}
+    inference = {}
     try:
-        for threads in (1, 2):
+        for threads in (1,) + THREAD_COUNTS:
+            if threads > 1:
+                got, _ = run_with_threads(call, threads)
+                for k, (a, b) in enumerate(zip(first, got)):
+                    assert a.tobytes() == b.tobytes(), f"output {k}: 1 and {threads} threads differ"
             lstmcy.set_num_threads(threads)
-            for train in (True, False):
-                y, h_n, c_n, _ = lstmcy.lstm_forward(*call.fwd_args, **dict(call.fwd_kwargs, train=train))
-                results[threads, train] = [np.array(a) for a in (y, h_n, c_n)]
+            y, h_n, c_n, _ = lstmcy.lstm_forward(*call.fwd_args, **dict(call.fwd_kwargs, train=False))
+            inference[threads] = [np.array(a) for a in (y, h_n, c_n)]
     finally:
         lstmcy.set_num_threads(saved)
-    first = results[1, True]
-    for key, arrays in results.items():
-        for name, a, b in zip(("y", "h_n", "c_n"), arrays, first):
-            assert a.tobytes() == b.tobytes(), f"{name}: threads={key[0]} train={key[1]} differs"
+    # Inference skips dropout, so it equals training only without it.
+    reference_run = first[:3] if cfg.dropout == 0 else inference[1]
+    for threads, arrays in inference.items():
+        for name, a, b in zip(("y", "h_n", "c_n"), arrays, reference_run):
+            assert a.tobytes() == b.tobytes(), f"{name}: inference on {threads} threads differs"
     # And right: h_n of sequences that end early comes from their own last step.
     from lstmcy import reference
 

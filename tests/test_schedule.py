@@ -1,24 +1,22 @@
-"""The backward's chunk schedule: any (first, chunk, dx_group) gives the reference's
-gradients, and the same bits with one or two kernel threads.
+"""Schedules: any schedule gives the reference's results, and the same bits on any number
+of threads.
 
-The schedule (``lstmcy._core._backward_schedule``) is a function of the shape only and
-picks the chunks of the weight gradients: a short first chunk, then ``chunk`` steps each.
-Each chunk's weight gradients are two tasks (the rows of gates i, f and of g, o), which
-either thread may run, in chunk order per half; pieces of ``dx`` (``dx_group`` chunks
-each) go to whichever thread is free. The shapes the benchmark uses reach only a few
-schedules, so here the schedule is forced, including the corner cases (one step per
-chunk, a first chunk covering the whole sequence, more chunks than a dx piece holds).
+A kernel call's schedule (``lstmcy._schedule``) has two kinds of fields. The projection
+pieces (forward) and the chunks, dW blocks and dx pieces (backward) are functions of the
+shape only: they fix the bits. The recurrence's split between threads (row groups, or the
+forward's unit parts) and the packing pieces depend on the thread count and must not
+change a bit. The shapes of the benchmark reach few schedules, so here they are forced,
+corner cases included (one step per chunk, a first chunk covering the whole sequence, a
+dx piece per step, a block per 16 gate rows, a group per row, more groups than rows).
 """
 import numpy as np
 import pytest
 
-import lstmcy
-from lstmcy import _core
+from lstmcy import _schedule
 from lstmcy import reference
-from hostile import Config, make_call, run_with_threads
+from hostile import Config, force_schedules, make_call, run_with_threads
 
 CONFIGS = {
-    # Big enough for two kernel threads (the flops threshold) in both dtypes.
     "f64-packed": Config(T=24, B=12, I=64, H=40, layout="packed", dtype=np.dtype(np.float64),
                          lengths_seed=7),
     "f32-time-major": Config(T=17, B=16, I=48, H=64, dtype=np.dtype(np.float32)),
@@ -28,21 +26,33 @@ CONFIGS = {
                                        layout="padded_3d", dtype=np.dtype(np.float64),
                                        lengths_seed=2),
 }
-# (first, chunk, dx_group); the schedule itself never has first > chunk, but the kernels
-# take any positive values (the chunk buffer is sized for the longest chunk).
-SCHEDULES = [(1, 1, 1), (1, 3, 2), (2, 5, 1), (3, 3, 3), (1000, 1000, 1), (4, 4, 100),
-             (2, 7, 2), (6, 1, 1), (5, 2, 1)]
+# (first, chunk, block_rows, dx_steps): the policy never has first > chunk, but the kernels
+# take any positive values.
+BACKWARD = [(1, 1, 16, 1), (1, 3, 64, 2), (2, 5, 32, 1), (3, 3, 1000, 3), (1000, 1000, 16, 1),
+            (4, 4, 48, 100), (2, 7, 64, 2), (6, 1, 16, 5), (5, 2, 80, 1)]
+# (split, piece_steps) of the forward
+FORWARD = [(_schedule.SPLIT_ROWS, 1), (_schedule.SPLIT_ROWS, 5), (_schedule.SPLIT_UNITS, 2),
+           (_schedule.SPLIT_UNITS, 1000)]
+THREADS = (1, 2, 3, 4, 8)
 
 
-def run_backward(call, schedule, threads, monkeypatch):
-    """``[dx, dh_prev, dc_prev, *dparams]`` and the backward's arguments, under ``schedule``."""
-    if schedule is not None:
-        monkeypatch.setattr(_core, "_backward_schedule", lambda *shape: schedule)
-    try:
-        outputs, arguments = run_with_threads(call, threads)
-    finally:
-        monkeypatch.undo()
-    return outputs[3:], arguments
+def schedules(backward, forward):
+    """Schedule functions with the bit-fixing fields forced; the split between threads
+    still follows the thread count (a group or part per thread, up to one row or 16
+    units each)."""
+    first, chunk, block_rows, dx_steps = backward
+    split, piece_steps = forward
+
+    def fwd(T, B, H, D, n_threads):
+        per_direction = max(1, n_threads // D)
+        groups = per_direction if split == _schedule.SPLIT_UNITS else min(per_direction, B)
+        return _schedule.ForwardSchedule(split, max(1, groups), piece_steps, n_threads)
+
+    def bwd(T, B, H, D, n_threads):
+        return _schedule.BackwardSchedule(max(1, min(n_threads // D, B)), first, chunk,
+                                          block_rows, dx_steps, n_threads)
+
+    return fwd, bwd
 
 
 @pytest.fixture(scope="module")
@@ -50,57 +60,67 @@ def calls():
     return {name: make_call(cfg, np.random.default_rng(5), seed=1) for name, cfg in CONFIGS.items()}
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES, ids=[f"first{f}-chunk{c}-dx{g}" for f, c, g in SCHEDULES])
+def check_against_reference(call, outputs):
+    cfg = call.cfg
+    y, h_n, c_n, _ = reference.lstm_forward(*call.fwd_args, **call.fwd_kwargs)
+    dx, dh, dc, dparams = reference.lstm_backward(*call.bwd_args, **call.bwd_kwargs)
+    rtol = 1e-10 if cfg.dtype == np.float64 else 2e-4
+    for k, (got, want) in enumerate(zip(outputs, [y, h_n, c_n, dx, dh, dc, *dparams])):
+        scale = max(float(np.max(np.abs(want))), 1e-30) if want.size else 1.0
+        np.testing.assert_allclose(got, want, rtol=0, atol=rtol * scale, err_msg=f"output {k}")
+
+
+@pytest.mark.parametrize("forward", FORWARD, ids=[f"{'units' if s else 'rows'}-piece{p}" for s, p in FORWARD])
+@pytest.mark.parametrize("backward", BACKWARD, ids=[f"first{f}-chunk{c}-block{b}-dx{d}"
+                                                    for f, c, b, d in BACKWARD])
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_schedule_matches_reference_and_is_thread_independent(name, schedule, calls, monkeypatch):
+def test_schedule_matches_reference_and_is_thread_independent(name, backward, forward, calls,
+                                                              monkeypatch):
     call = calls[name]
-    one, (args, kwargs) = run_backward(call, schedule, 1, monkeypatch)
-    two, _ = run_backward(call, schedule, 2, monkeypatch)
-    for k, (a, b) in enumerate(zip(one, two)):
-        assert a.tobytes() == b.tobytes(), f"output {k}: 1 and 2 threads differ"
-    expected = reference.lstm_backward(*args, **kwargs)
-    expected = [expected[0], expected[1], expected[2], *expected[3]]
-    rtol = 1e-10 if CONFIGS[name].dtype == np.float64 else 2e-4
-    for k, (a, e) in enumerate(zip(one, expected)):
-        e = np.asarray(e, dtype=np.float64)
-        scale = float(np.max(np.abs(e))) if e.size else 0.0
-        np.testing.assert_allclose(a.astype(np.float64), e, rtol=rtol, atol=rtol * scale,
-                                   err_msg=f"output {k}")
+    force_schedules(monkeypatch, *schedules(backward, forward))
+    one, _ = run_with_threads(call, 1)
+    for threads in THREADS[1:]:
+        other, _ = run_with_threads(call, threads)
+        for k, (a, b) in enumerate(zip(one, other)):
+            assert a.tobytes() == b.tobytes(), f"output {k}: 1 and {threads} threads differ"
+    check_against_reference(call, one)
 
 
-def test_schedule_is_a_function_of_the_shape():
-    # The same shape always gets the same schedule (the kernels' results depend on it),
-    # whatever the thread setting.
-    shape = (100, 64, 1)
-    saved_threads = lstmcy.get_num_threads()
-    try:
-        lstmcy.set_num_threads(1)
-        one = _core._backward_schedule.__wrapped__(*shape)
-        lstmcy.set_num_threads(2)
-        two = _core._backward_schedule.__wrapped__(*shape)
-    finally:
-        lstmcy.set_num_threads(saved_threads)
-    assert one == two
-    first, chunk, dx_group = one
-    assert 1 <= first <= chunk and dx_group >= 1
-    # Two directions, one on each thread: plain chunks, dx in one piece.
-    assert _core._backward_schedule(100, 64, 2) == (chunk, chunk, 100)
+def test_bit_fixing_fields_are_a_function_of_the_shape():
+    for shape in [(1, 1, 1, 1), (50, 64, 256, 1), (100, 64, 320, 1), (32, 16, 64, 2),
+                  (7, 3, 160, 2), (1000, 1, 8, 1), (0, 4, 8, 1)]:
+        forward = {n: _schedule.forward_schedule(*shape, n) for n in (1, 2, 3, 8, 64)}
+        backward = {n: _schedule.backward_schedule(*shape, n) for n in (1, 2, 3, 8, 64)}
+        assert len({s.piece_steps for s in forward.values()}) == 1
+        assert len({(s.first, s.chunk, s.block_rows, s.dx_steps) for s in backward.values()}) == 1
+        for n, s in backward.items():
+            assert 1 <= s.first <= s.chunk and s.block_rows >= 16 and s.dx_steps >= 1
+            assert 1 <= s.groups <= max(1, n)
+        for n, s in forward.items():
+            assert 1 <= s.groups <= max(1, n) and s.pack_pieces >= 1
 
 
-@pytest.mark.parametrize("schedule", [(1, 1, 1), (2, 2, 4)])
-def test_no_steps_gives_zero_weight_gradients(schedule, monkeypatch):
+@pytest.mark.parametrize("threads", [1, 3])
+def test_no_steps_gives_zero_weight_gradients(threads, monkeypatch):
     # T == 0 has no chunks, so no weight-gradient task runs: the weight gradients are
-    # zeros, not whatever an earlier call left in the plan's accumulators.
+    # zeros, not whatever an earlier call left in the result buffers.
     warm = make_call(Config(T=3, B=22, I=5, H=33), np.random.default_rng(0), seed=0)
-    run_backward(warm, schedule, 1, monkeypatch)
+    run_with_threads(warm, threads)
     empty = make_call(Config(T=0, B=22, I=5, H=33), np.random.default_rng(1), seed=0)
-    for threads in (1, 2):
-        grads, _ = run_backward(empty, schedule, threads, monkeypatch)
-        for g in grads[3:]:  # dw_ih, dw_hh, db_ih, db_hh
-            assert not np.any(g), "weight gradients of an empty sequence must be zero"
+    grads, _ = run_with_threads(empty, threads)
+    for g in grads[6:]:  # dw_ih, dw_hh, db_ih, db_hh
+        assert not np.any(g), "weight gradients of an empty sequence must be zero"
 
 
-def test_backward_layer_refuses_a_bad_schedule(calls, monkeypatch):
-    for schedule in [(0, 1, 1), (1, 0, 1), (1, 1, 0)]:
-        with pytest.raises(ValueError, match="bad schedule"):
-            run_backward(calls["f32-time-major"], schedule, 1, monkeypatch)
+BAD = [("backward", dict(first=0)), ("backward", dict(chunk=0)), ("backward", dict(block_rows=0)),
+       ("backward", dict(dx_steps=0)), ("backward", dict(groups=0)), ("backward", dict(pack_pieces=0)),
+       ("forward", dict(piece_steps=0)), ("forward", dict(groups=0)), ("forward", dict(pack_pieces=0)),
+       ("forward", dict(split=7))]
+
+
+@pytest.mark.parametrize("kind, bad", BAD, ids=[f"{k}-{next(iter(b))}" for k, b in BAD])
+def test_kernels_refuse_a_bad_schedule(kind, bad, calls, monkeypatch):
+    own = getattr(_schedule, f"{kind}_schedule")
+    force_schedules(monkeypatch, **{kind: lambda *shape: own(*shape)._replace(**bad)})
+    with pytest.raises(ValueError, match="bad schedule"):
+        run_with_threads(calls["f32-time-major"], 1)

@@ -1,9 +1,10 @@
-"""The automatic choice between one and two threads (``lstmcy._threads.ThreadTuner``).
+"""The automatic choice between one thread and the automatic count n
+(``lstmcy._threads.ThreadTuner``).
 
-The tuner only changes speed: results are bitwise the same for one or two threads (that
-is checked in test_determinism.py, test_schedule.py and test_threaded_paths.py, and here
-once more through the plan with the tuner forced each way). These tests drive it with
-made-up times on a made-up clock and check what it picks.
+The tuner only changes speed: results are bitwise the same for any thread count (that is
+checked in test_determinism.py, test_schedule.py and test_threaded_paths.py, and here once
+more through the plan with the tuner forced each way). These tests drive it with made-up
+times on a made-up clock and check what it picks (n = 2 unless said otherwise).
 """
 import numpy as np
 import pytest
@@ -87,40 +88,48 @@ def test_one_slow_call_does_not_switch_and_small_differences_keep_two_threads():
     assert chosen[4:].count(1) > 90
 
 
-def fake_kernel(calls):
-    def kernel(*args):
-        calls.append(args[-1])
-    return kernel
+def test_tuner_chooses_between_one_and_its_count():
+    tuner = ThreadTuner(8)
+    chosen, _ = feed(tuner, 0.0, lambda n: 1.0 if n == 1 else 0.3, 50)
+    assert chosen[:4] == [8, 8, 1, 1] and set(chosen[4:]) == {8}
+
+
+def recorder(calls):
+    def run(n_threads):
+        calls.append(n_threads)
+    return run
 
 
 def test_plan_call_uses_the_tuner_only_when_automatic(monkeypatch):
     monkeypatch.setattr(_threads, "_num_threads", None)
+    monkeypatch.setattr(_threads, "available_cpus", lambda: 4)
     calls = []
     plan = lstmcy.LSTMPlan()
     monkeypatch.setattr(ThreadTuner, "choose", lambda self, now: 1)
-    plan._call(("k",), 10, 1e6, 2, fake_kernel(calls), "a", "b")
-    assert calls == [1] and ("k",) in plan._tuners
-    # A kernel the caller runs on one thread is never moved to two.
-    plan._call(("k1",), 10, 1e6, 1, fake_kernel(calls), "a")
-    assert calls[-1] == 1 and ("k1",) not in plan._tuners
-    # An explicit count, per plan or global, is obeyed.
-    plan2 = lstmcy.LSTMPlan(n_threads=2)
-    plan2._call(("k",), 10, 1e6, 2, fake_kernel(calls), "a")
-    assert calls[-1] == 2 and not plan2._tuners
-    # A call with much work per step keeps its two threads.
-    plan._call(("big",), 10, 1e9, 2, fake_kernel(calls), "a")
-    assert calls[-1] == 2 and ("big",) not in plan._tuners
-    monkeypatch.setattr(_threads, "_num_threads", 2)
+    plan._call(("k",), 10, 1e6, 1e8, recorder(calls))
+    assert calls == [1] and ("k", 4) in plan._tuners and plan._tuners["k", 4].n == 4
+    # A call the work rule gives one thread is never moved to more.
+    plan._call(("k1",), 10, 1e6, 1e5, recorder(calls))
+    assert calls[-1] == 1 and not any(key[0] == "k1" for key in plan._tuners)
+    # An explicit count, per plan or global, is obeyed, more threads than CPUs included.
+    plan2 = lstmcy.LSTMPlan(n_threads=7)
+    plan2._call(("k",), 10, 1e6, 1e8, recorder(calls))
+    assert calls[-1] == 7 and not plan2._tuners
+    # A call with much work per step keeps its threads.
+    plan._call(("big",), 10, 1e9, 1e10, recorder(calls))
+    assert calls[-1] == 4 and not any(key[0] == "big" for key in plan._tuners)
+    monkeypatch.setattr(_threads, "_num_threads", 3)
     plan3 = lstmcy.LSTMPlan()
-    plan3._call(("k",), 10, 1e6, 2, fake_kernel(calls), "a")
-    assert calls[-1] == 2 and not plan3._tuners
+    plan3._call(("k",), 10, 1e6, 1e8, recorder(calls))
+    assert calls[-1] == 3 and not plan3._tuners
 
 
 def test_plan_keeps_a_bounded_number_of_tuners(monkeypatch):
     monkeypatch.setattr(_threads, "_num_threads", None)
+    monkeypatch.setattr(_threads, "available_cpus", lambda: 2)
     plan = lstmcy.LSTMPlan()
     for k in range(200):
-        plan._call(("shape", k), 10, 1e6, 2, lambda *args: None)
+        plan._call(("shape", k), 10, 1e6, 1e8, lambda n: None)
     assert 0 < len(plan._tuners) <= 64
 
 
@@ -129,7 +138,7 @@ def test_results_do_not_depend_on_the_tuners_choice(monkeypatch, choice):
     """The same bits whichever count the tuner picks, for a shape that uses the split
     forward and the two-thread backward."""
     monkeypatch.setattr(_threads, "_num_threads", None)
-    monkeypatch.setattr(_threads, "_cores", lambda: 2)
+    monkeypatch.setattr(_threads, "available_cpus", lambda: 2)
     rng = np.random.default_rng(5)
     T, B, I, H = 12, 16, 24, 48
     x = rng.standard_normal((T, B, I)).astype(np.float32)
@@ -143,7 +152,7 @@ def test_results_do_not_depend_on_the_tuners_choice(monkeypatch, choice):
         plan = lstmcy.LSTMPlan(n_threads=n_threads_fixed)
         y, h_n, c_n, cache = plan.forward(x, None, params)
         grads = plan.backward(x, None, params, dy, None, None, *cache.saved())
-        if n_threads_fixed is None and _lstm_has_openmp():
+        if n_threads_fixed is None:
             assert plan._tuners, "the tuner was not consulted"
         return [y, h_n, c_n, *[a for arrays in cache.saved() for a in arrays], grads[0],
                 *grads[3]]
@@ -152,10 +161,6 @@ def test_results_do_not_depend_on_the_tuners_choice(monkeypatch, choice):
     got = run(tuner_choice=choice)
     for a, b in zip(expected, got):
         np.testing.assert_array_equal(a, b)
-
-
-def _lstm_has_openmp():
-    return _threads._omp_max_threads() >= 2
 
 
 @pytest.mark.parametrize("two_faster", [True, False])
@@ -171,10 +176,3 @@ def test_calls_far_apart_still_run_the_faster_count(two_faster):
     late = chosen[10:]
     assert late.count(faster) >= len(late) * every / (every + 1) - 1
     assert late.count(3 - faster) >= len(late) // (every + 1) - 1  # still tried now and then
-
-
-def test_split_start_delay_hook_checks_its_thread():
-    from lstmcy._dispatch import kernels
-
-    with pytest.raises(ValueError, match="thread must be 0 or 1"):
-        kernels._set_split_start_delay(2, 10)

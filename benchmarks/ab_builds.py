@@ -1,0 +1,107 @@
+"""Side-by-side timing of two builds of lstmcy (an A/B of a change), in one run.
+
+Each build is a source tree with its extensions built in place (``python setup.py
+build_ext --inplace``). For every shape and thread count, rounds alternate between the
+builds, each round a fresh interpreter importing one build that times the training
+forward and the backward (``lstm_forward`` / ``lstm_backward``, median of ``--reps`` calls
+after warm-up); the report gives each build's median over the rounds and the ratio
+B / A (below 1: B is faster).
+
+Usage (the OpenBLAS variables unset in this command only)::
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/ab_builds.py \\
+        --a /path/to/old/tree --b . --shapes small-32x16,large-256 --threads 1,2
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# The timed part, run in a child interpreter with PYTHONPATH set to one build.
+CHILD = textwrap.dedent("""
+    import json, sys, time
+    import numpy as np
+    sys.path.insert(0, {bench!r})
+    import lstmcy
+    from cases import CASES, make_inputs, lstm_kwargs
+    case = {{c.name: c for c in CASES}}[{shape!r}]
+    inp = make_inputs(case)
+    kw = lstm_kwargs(case)
+    lstmcy.set_num_threads({threads})
+    hx = (inp["h0"], inp["c0"])
+    def fwd():
+        return lstmcy.lstm_forward(inp["x"], hx, inp["params"], **kw)
+    y, h_n, c_n, cache = fwd()
+    def bwd():
+        return lstmcy.lstm_backward(inp["x"], hx, inp["params"], inp["dy"], inp["dh"],
+                                    inp["dc"], *cache.saved(), **kw)
+    out = {{}}
+    for name, f in (("forward", fwd), ("backward", bwd)):
+        for _ in range(3):
+            f()
+        times = []
+        for _ in range({reps}):
+            start = time.perf_counter()
+            f()
+            times.append(time.perf_counter() - start)
+        out[name] = float(np.median(times))
+    out["build"] = lstmcy.__file__
+    print(json.dumps(out))
+""")
+
+
+def time_build(root, shape, threads, reps):
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(root))
+    code = CHILD.format(bench=HERE, shape=shape, threads=threads, reps=reps)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=os.path.abspath(root), timeout=600)
+    if out.returncode != 0:
+        raise SystemExit(f"{root} {shape}: {out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--a", required=True, help="source tree of build A (the baseline)")
+    parser.add_argument("--b", required=True, help="source tree of build B")
+    parser.add_argument("--shapes", default="small-32x16,small-50x32,large-256,braun")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--json", help="write the rounds' medians here")
+    args = parser.parse_args(argv)
+    with open("/proc/loadavg") as fh:
+        load_before = fh.read().split()[0]
+    rows, raw = [], []
+    for shape in args.shapes.split(","):
+        for threads in (int(t) for t in args.threads.split(",")):
+            times = {"a": {"forward": [], "backward": []}, "b": {"forward": [], "backward": []}}
+            for round_ in range(args.rounds):
+                order = ("a", "b") if round_ % 2 == 0 else ("b", "a")
+                for which in order:
+                    got = time_build(getattr(args, which), shape, threads, args.reps)
+                    for kind in ("forward", "backward"):
+                        times[which][kind].append(got[kind])
+            raw.append({"shape": shape, "threads": threads, "times": times})
+            for kind in ("forward", "backward"):
+                a = sorted(times["a"][kind])[len(times["a"][kind]) // 2]
+                b = sorted(times["b"][kind])[len(times["b"][kind]) // 2]
+                rows.append((shape, threads, kind, a, b, b / a))
+    with open("/proc/loadavg") as fh:
+        load_after = fh.read().split()[0]
+    print(f"A = {args.a}, B = {args.b}; load average {load_before} before, {load_after} after")
+    print(f"{'shape':<16} {'threads':>7} {'pass':<9} {'A ms':>9} {'B ms':>9} {'B/A':>6}")
+    for shape, threads, kind, a, b, ratio in rows:
+        print(f"{shape:<16} {threads:>7} {kind:<9} {a * 1e3:9.3f} {b * 1e3:9.3f} {ratio:6.3f}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"a": args.a, "b": args.b, "load": [load_before, load_after],
+                       "runs": raw}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

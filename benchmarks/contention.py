@@ -1,0 +1,108 @@
+"""Threads that outnumber the cores, and cores another process holds.
+
+Two measurements, each side by side in one run (medians of alternating blocks of calls):
+
+* **Oversubscribed**: the training pass (forward + backward) on 2 threads and on 4 x the
+  CPU count (8 on a 2-core machine) threads. Waits never spin without bound, so the
+  extra threads must cost little (target: within ~10 %).
+* **Outside load**: with a busy process on every CPU (a spinning loop each), the
+  automatic thread count against one thread. The automatic count is the CPU count, and
+  the ThreadTuner moves small calls to one thread when that is faster (target: automatic
+  never more than 10 % slower than one thread).
+
+Usage (the OpenBLAS variables unset in this command only)::
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/contention.py \\
+        --shapes small-32x16,small-50x32,large-256
+"""
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import lstmcy  # noqa: E402
+from lstmcy import _threads  # noqa: E402
+from cases import CASES, lstm_kwargs, make_inputs  # noqa: E402
+
+
+def _spin(stop):
+    while not stop.is_set():
+        for _ in range(100000):
+            pass
+
+
+def training_pass(case, inputs, plan):
+    kw = lstm_kwargs(case)
+    hx = (inputs["h0"], inputs["c0"])
+    y, h_n, c_n, cache = plan.forward(inputs["x"], hx, inputs["params"], **kw)
+    plan.backward(inputs["x"], hx, inputs["params"], inputs["dy"], inputs["dh"], inputs["dc"],
+                  *cache.saved(), **kw)
+
+
+def side_by_side(case, inputs, counts, blocks, per_block):
+    """Median seconds per pass for each thread count (None: automatic), in alternating
+    blocks of ``per_block`` passes (the first pass of a block not timed)."""
+    plans = {n: lstmcy.LSTMPlan(n_threads=n) for n in counts}
+    times = {n: [] for n in counts}
+    for block in range(blocks):
+        for n in (counts if block % 2 == 0 else counts[::-1]):
+            training_pass(case, inputs, plans[n])
+            for _ in range(per_block):
+                start = time.perf_counter()
+                training_pass(case, inputs, plans[n])
+                times[n].append(time.perf_counter() - start)
+    return {n: float(np.median(t)) for n, t in times.items()}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="small-32x16,small-50x32,large-256")
+    parser.add_argument("--blocks", type=int, default=8)
+    parser.add_argument("--per-block", type=int, default=5)
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    cpus = _threads.available_cpus()
+    many = 4 * cpus
+    by_name = {c.name: c for c in CASES}
+    with open("/proc/loadavg") as fh:
+        load = fh.read().split()[0]
+    print(f"{cpus} CPUs; load average {load} before the run")
+    results = []
+    for name in args.shapes.split(","):
+        case = by_name[name]
+        inputs = make_inputs(case)
+        over = side_by_side(case, inputs, [2, many], args.blocks, args.per_block)
+        stop = mp.Event()
+        hogs = [mp.Process(target=_spin, args=(stop,), daemon=True) for _ in range(cpus)]
+        for p in hogs:
+            p.start()
+        try:
+            time.sleep(0.5)
+            loaded = side_by_side(case, inputs, [1, None], args.blocks, args.per_block)
+        finally:
+            stop.set()
+            for p in hogs:
+                p.join(10)
+        results.append(dict(case=name, shape=case.shape_label, dtype=case.dtype,
+                            two=over[2], many=over[many], many_threads=many,
+                            loaded_one=loaded[1], loaded_auto=loaded[None]))
+    print(f"{'shape':<20} {'2 threads ms':>12} {f'{many} threads ms':>13} {'ratio':>6}   "
+          f"{'busy: 1 thread ms':>17} {'automatic ms':>12} {'ratio':>6}")
+    for r in results:
+        print(f"{r['shape']:<20} {r['two'] * 1e3:12.3f} {r['many'] * 1e3:13.3f} "
+              f"{r['many'] / r['two']:6.3f}   {r['loaded_one'] * 1e3:17.3f} "
+              f"{r['loaded_auto'] * 1e3:12.3f} {r['loaded_auto'] / r['loaded_one']:6.3f}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(cpus=cpus, load=load, results=results), fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

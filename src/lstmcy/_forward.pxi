@@ -1,0 +1,319 @@
+# The forward of one layer (both directions) as tasks that any number of threads take.
+#
+# Tasks, in the order threads take them (ForwardCall.tasks):
+#   1. TASK_PACK: pieces of w_hh^T packed for the recurrent products (split by rows; with
+#      the units split each part packs its own columns in its first step).
+#   2. TASK_PROJECT: gates = x @ w_ih^T for a range of steps, both directions (one BLAS
+#      GEMM each), in the order the recurrences need them (two directions: from both ends).
+#   3. TASK_RECURRENCE (split by rows): a group of batch rows (g, g + groups, ...) runs
+#      every step alone: a packed GEMM adds h_{t-1} @ w_hh^T to its rows' gates, then
+#      the cell. A row never reads another row, so groups never wait for each other, only
+#      for their steps' projection pieces.
+#   TASK_UNIT_STEP (split by units, for a few rows): per step, each part adds the products
+#      of its hidden units' columns and runs their cells; a step starts once every part of
+#      the previous one is done. A thread takes its own part of each step first, so its
+#      columns of w_hh stay in its cache, and another's part only if nobody has taken it.
+#
+# h_{t-1} is read where the step before wrote h: the saved h (training) or the layer output
+# y (inference); rows without a previous step (the first step, and in reverse direction a
+# sequence's own last step) read h0. At the end each row's last h goes to h_n; c_state is
+# updated in place (each row's units by one task at a time).
+#
+# Bits: every product of a row, or of a column, is the same whichever rows or columns
+# share its packed GEMM call, and the projection pieces are a function of the shape. So the
+# results are bitwise identical for any number of threads, groups or parts, and either split.
+
+
+cdef inline floating *_h_source(const ForwardCall *fc, floating *like, Py_ssize_t d,
+                                Py_ssize_t t, Py_ssize_t b, Py_ssize_t *row_stride) noexcept nogil:
+    """Where h_t of row b was written (the saved h, or y), and the stride between rows b
+    and b + 1 there."""
+    if fc.training:
+        row_stride[0] = fc.H
+        return <floating *>fc.saved[d].h + (t * fc.steps.B + b) * fc.H
+    row_stride[0] = fc.y.batch_stride * fc.y.ld
+    return row_of(<floating *>fc.y.data, &fc.y, t, b) + d * fc.H
+
+
+cdef inline Py_ssize_t _group_rows(Py_ssize_t n_active, Py_ssize_t g, Py_ssize_t groups) noexcept nogil:
+    """How many of the rows g, g + groups, ... are below ``n_active``."""
+    return (n_active - g + groups - 1) // groups if n_active > g else 0
+
+
+cdef void _add_recurrent_products(const ForwardCall *fc, floating *like, Py_ssize_t d,
+                                  Py_ssize_t s, Py_ssize_t t, Py_ssize_t g, Py_ssize_t groups,
+                                  Py_ssize_t m, Py_ssize_t c0, Py_ssize_t nc,
+                                  const floating *packed) noexcept nogil:
+    """gates[rows, c0:c0+nc] += h_{t-1}[rows] @ op(w_hh)[:, c0:c0+nc] for the ``m`` active
+    rows g, g + groups, ... of step t (step ``s`` in processing order); ``packed`` holds
+    those columns. Rows active at the previous step read its h, the others h0."""
+    cdef Py_ssize_t H = fc.H
+    cdef Py_ssize_t G4 = 4 * H
+    cdef Py_ssize_t n0 = fc.steps.start[t]
+    cdef Py_ssize_t m_prev = 0
+    cdef Py_ssize_t t_prev, stride
+    cdef const floating *src
+    cdef floating *out = <floating *>fc.gates[d] + (n0 + g) * G4 + c0
+    if m == 0 or nc == 0 or H == 0:
+        return
+    if s > 0:
+        t_prev = t + 1 if d == 1 else t - 1
+        m_prev = _group_rows(fc.steps.sizes[t_prev], g, groups)
+        m_prev = m if m_prev > m else m_prev
+    if m_prev > 0:
+        src = _h_source(fc, like, d, t_prev, g, &stride)
+        packed_gemm(m_prev, nc, H, src, groups * stride, packed, out, groups * G4, True)
+    if m > m_prev:
+        src = <floating *>fc.h0[d] + (g + m_prev * groups) * H
+        packed_gemm(m - m_prev, nc, H, src, groups * H, packed,
+                    out + m_prev * groups * G4, groups * G4, True)
+
+
+cdef void _cells(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t t,
+                 Py_ssize_t g, Py_ssize_t groups, Py_ssize_t u0, Py_ssize_t w) noexcept nogil:
+    """The cells of units [u0, u0 + w) of the active rows g, g + groups, ... at step t."""
+    cdef Py_ssize_t H = fc.H
+    cdef Py_ssize_t B = fc.steps.B
+    cdef Py_ssize_t n0 = fc.steps.start[t]
+    cdef Py_ssize_t nb = fc.steps.sizes[t]
+    cdef const floating *bias = <floating *>fc.bias[d] + u0
+    cdef floating *c_state = <floating *>fc.c_state[d]
+    cdef floating *gates = <floating *>fc.gates[d]
+    cdef floating *act
+    cdef floating *y_row
+    cdef Py_ssize_t b, r
+    cdef const Saved *sv = &fc.saved[d]
+    if w == 0:
+        return
+    b = g
+    while b < nb:
+        act = gates + (n0 + b) * 4 * H + u0
+        y_row = row_of(<floating *>fc.y.data, &fc.y, t, b) + d * H + u0
+        if fc.training:
+            r = (t * B + b) * H + u0
+            forward_cell(w, H, act, bias, c_state + b * H + u0, y_row,
+                         <floating *>sv.i + r, <floating *>sv.f + r, <floating *>sv.g + r,
+                         <floating *>sv.o + r, <floating *>sv.c + r, <floating *>sv.tanhc + r,
+                         <floating *>sv.h + r)
+        else:
+            forward_cell_inference(w, H, act, bias, c_state + b * H + u0, y_row)
+        b += groups
+
+
+cdef void _final_h(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t g,
+                   Py_ssize_t groups, Py_ssize_t u0, Py_ssize_t w) noexcept nogil:
+    """h_n[b, u0:u0+w] = h at row b's last step, for rows g, g + groups, ... (in reverse
+    direction every row ends at step 0; in time order at its own last step)."""
+    cdef Py_ssize_t T = fc.steps.T
+    cdef Py_ssize_t t = T - 1
+    cdef Py_ssize_t b, j, stride
+    cdef const floating *src
+    cdef floating *dst
+    if T == 0:
+        return
+    b = g
+    while b < fc.steps.B:
+        if d == 1:
+            t = 0
+        else:
+            while t > 0 and fc.steps.sizes[t] <= b:  # rows sorted longest first
+                t -= 1
+        src = _h_source(fc, like, d, t, b, &stride) + u0
+        dst = <floating *>fc.h_n[d] + b * fc.H + u0
+        for j in range(w):
+            dst[j] = src[j]
+        b += groups
+
+
+cdef inline void _step_range(Py_ssize_t piece, Py_ssize_t piece_steps, Py_ssize_t T,
+                             Py_ssize_t *t_lo, Py_ssize_t *t_hi) noexcept nogil:
+    t_lo[0] = piece * piece_steps
+    t_hi[0] = t_lo[0] + piece_steps if t_lo[0] + piece_steps < T else T
+
+
+cdef void _project(const ForwardCall *fc, floating *like, Py_ssize_t piece) noexcept nogil:
+    """TASK_PROJECT: gates[d] = x @ w_ih[d]^T over the packed rows of the piece's steps."""
+    cdef Py_ssize_t I = fc.I
+    cdef Py_ssize_t G4 = 4 * fc.H
+    cdef Py_ssize_t t_lo, t_hi, r0, r1, t, b, j, d, lda
+    cdef const floating *a
+    cdef const floating *x_row
+    cdef floating *dst
+    _step_range(piece, fc.piece_steps, fc.steps.T, &t_lo, &t_hi)
+    r0 = fc.steps.start[t_lo]
+    r1 = fc.steps.start[t_hi - 1] + fc.steps.sizes[t_hi - 1]
+    if r1 == r0 or G4 == 0:
+        return
+    if fc.x_rows_packed:
+        a = <floating *>fc.x.data + r0 * fc.x.ld + fc.x.col
+        lda = fc.x.ld
+    else:
+        for t in range(t_lo, t_hi):
+            for b in range(fc.steps.sizes[t]):
+                x_row = row_of(<floating *>fc.x.data, &fc.x, t, b)
+                dst = <floating *>fc.x_packed + (fc.steps.start[t] + b) * I
+                for j in range(I):
+                    dst[j] = x_row[j]
+        a = <floating *>fc.x_packed + r0 * I
+        lda = I
+    for d in range(fc.D):
+        gemm(NoTrans, Trans, <int>(r1 - r0), <int>G4, <int>I, <floating>1, a, <int>lda,
+             <floating *>fc.w_ih[d], <int>I, <floating>0,
+             <floating *>fc.gates[d] + r0 * G4, <int>G4)
+
+
+cdef void _pack_piece(const ForwardCall *fc, floating *like, Py_ssize_t d,
+                      Py_ssize_t piece) noexcept nogil:
+    """TASK_PACK: panels [p0, p1) of w_hh^T (all 4H columns, K = H) for the rows split."""
+    cdef Py_ssize_t H = fc.H
+    cdef Py_ssize_t nr = panel_width(like)
+    cdef Py_ssize_t panels = (4 * H + nr - 1) // nr
+    cdef Py_ssize_t per = (panels + fc.pack_pieces - 1) // fc.pack_pieces
+    cdef Py_ssize_t p0 = piece * per
+    cdef Py_ssize_t p1 = p0 + per if p0 + per < panels else panels
+    cdef Py_ssize_t c1 = p1 * nr if p1 * nr < 4 * H else 4 * H
+    if p1 <= p0:
+        return
+    pack(<floating *>fc.w_hh[d], H, True, H, p0 * nr, c1 - p0 * nr,
+         <floating *>fc.w_packed[d] + p0 * nr * H)
+
+
+cdef void _recurrence_rows(const ForwardCall *fc, floating *like, Py_ssize_t d,
+                           Py_ssize_t g, int worker, int order) noexcept nogil:
+    """TASK_RECURRENCE: every step of the rows g, g + groups, ... of direction d."""
+    cdef Py_ssize_t T = fc.steps.T
+    cdef Py_ssize_t groups = fc.groups
+    cdef Py_ssize_t s, t, m, piece
+    cdef Py_ssize_t last_piece = -1
+    cdef long long start = trace_start(&fc.trace)
+    if fc.H > 0:
+        event_wait(&fc.pack_done[d], <int>fc.pack_pieces, fc.spin_ns)
+    for s in range(T):
+        t = T - 1 - s if d == 1 else s
+        piece = t // fc.piece_steps
+        if piece != last_piece:
+            if last_piece >= 0:
+                trace_task(&fc.trace, TASK_RECURRENCE, d, g, last_piece, worker, start, order)
+                start = trace_start(&fc.trace)
+            event_wait(&fc.piece_done[piece], 1, fc.spin_ns)
+            last_piece = piece
+        m = _group_rows(fc.steps.sizes[t], g, groups)
+        _add_recurrent_products(fc, like, d, s, t, g, groups, m, 0, 4 * fc.H,
+                                <floating *>fc.w_packed[d])
+        _cells(fc, like, d, t, g, groups, 0, fc.H)
+    _final_h(fc, like, d, g, groups, 0, fc.H)
+    if last_piece >= 0:
+        trace_task(&fc.trace, TASK_RECURRENCE, d, g, last_piece, worker, start, order)
+
+
+cdef inline void _unit_range(Py_ssize_t H, Py_ssize_t parts, Py_ssize_t u, Py_ssize_t *u0,
+                             Py_ssize_t *u1) noexcept nogil:
+    """Units [u0, u1) of part u: cut at multiples of 16, so that with rows on cache lines
+    (H a multiple of 16) no line holds two parts' units."""
+    u0[0] = (H * u // parts + 15) // 16 * 16
+    u1[0] = (H * (u + 1) // parts + 15) // 16 * 16
+    u0[0] = H if u0[0] > H else u0[0]
+    u1[0] = H if (u1[0] > H or u == parts - 1) else u1[0]
+
+
+cdef Py_ssize_t _unit_packed_offset(const ForwardCall *fc, floating *like,
+                                    Py_ssize_t u) noexcept nogil:
+    """Where part u's packed columns start: the parts' four gates one after another."""
+    cdef Py_ssize_t v, u0, u1
+    cdef Py_ssize_t offset = 0
+    for v in range(u):
+        _unit_range(fc.H, fc.groups, v, &u0, &u1)
+        offset += 4 * packed_len(u1 - u0, fc.H, like)
+    return offset
+
+
+cdef void _unit_step(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t s,
+                     Py_ssize_t u, int worker) noexcept nogil:
+    """TASK_UNIT_STEP: the units of part u at step s (processing order) of direction d."""
+    cdef Py_ssize_t H = fc.H
+    cdef Py_ssize_t T = fc.steps.T
+    cdef Py_ssize_t t = T - 1 - s if d == 1 else s
+    cdef Py_ssize_t u0, u1, w, q, plen
+    cdef long long start = trace_start(&fc.trace)
+    cdef floating *packed
+    _unit_range(H, fc.groups, u, &u0, &u1)
+    w = u1 - u0
+    packed = <floating *>fc.w_packed[d] + _unit_packed_offset(fc, like, u)
+    plen = packed_len(w, H, like)
+    if s == 0 and w > 0 and H > 0:
+        for q in range(4):
+            pack(<floating *>fc.w_hh[d], H, True, H, q * H + u0, w, packed + q * plen)
+    event_wait(&fc.piece_done[t // fc.piece_steps], 1, fc.spin_ns)
+    if w > 0:
+        for q in range(4):
+            _add_recurrent_products(fc, like, d, s, t, 0, 1, fc.steps.sizes[t], q * H + u0, w,
+                                    packed + q * plen)
+        _cells(fc, like, d, t, 0, 1, u0, w)
+        if s == T - 1:
+            _final_h(fc, like, d, 0, 1, u0, w)
+    event_add(&fc.step_done[d], 1)
+    trace_task(&fc.trace, TASK_UNIT_STEP, d, s, u, worker, start, -1)
+
+
+cdef void _units_worker(const ForwardCall *fc, floating *like, int worker) noexcept nogil:
+    """A thread's part of the units split: its own direction and part first (so that a
+    part's columns of w_hh stay with one thread), then whatever is left elsewhere."""
+    cdef Py_ssize_t D = fc.D
+    cdef Py_ssize_t T = fc.steps.T
+    cdef Py_ssize_t parts = fc.groups
+    cdef Py_ssize_t own_d = worker % D
+    cdef Py_ssize_t own_u = (worker // D) % parts
+    cdef Py_ssize_t k, d, s, j, u
+    cdef int *claims
+    cdef bint left
+    for k in range(D):
+        d = (own_d + k) % D
+        for s in range(T):
+            claims = fc.unit_claims + (d * T + s) * parts
+            left = False
+            for j in range(parts):
+                if load_acquire(&claims[j]) == 0:
+                    left = True
+                    break
+            if not left:
+                continue
+            if s > 0:
+                event_wait(&fc.step_done[d], <int>(parts * s), fc.spin_ns)
+            for j in range(parts):
+                u = (own_u + j) % parts if d == own_d else j
+                if claim(&claims[u]):
+                    _unit_step(fc, like, d, s, u, worker)
+
+
+cdef void _forward_worker(ForwardCall *fc, floating *like, int worker) noexcept nogil:
+    """One thread's part of a forward call: tasks from the shared list until none is left,
+    then (units split) the per-step tasks."""
+    cdef int k
+    cdef const Task *task
+    cdef long long start
+    while True:
+        k = take_next(fc.next_task)
+        if k >= fc.n_tasks:
+            break
+        task = &fc.tasks[k]
+        start = trace_start(&fc.trace)
+        if task.kind == TASK_PACK:
+            _pack_piece(fc, like, task.d, task.i)
+            event_add(&fc.pack_done[task.d], 1)
+            trace_task(&fc.trace, TASK_PACK, task.d, task.i, 0, worker, start, k)
+        elif task.kind == TASK_PROJECT:
+            _project(fc, like, task.i)
+            event_set(&fc.piece_done[task.i], 1)
+            trace_task(&fc.trace, TASK_PROJECT, 0, task.i, 0, worker, start, k)
+        else:
+            _recurrence_rows(fc, like, task.d, task.i, worker, k)
+    if fc.split == SPLIT_UNITS:
+        _units_worker(fc, like, worker)
+
+
+cdef void _forward_job_float(void *ctx, int worker, int n_workers) noexcept nogil:
+    _forward_worker(<ForwardCall *>ctx, <float *>NULL, worker)
+
+
+cdef void _forward_job_double(void *ctx, int worker, int n_workers) noexcept nogil:
+    _forward_worker(<ForwardCall *>ctx, <double *>NULL, worker)

@@ -1,0 +1,193 @@
+# What one kernel call (one layer, both directions) gets: sizes, the row tables of the
+# caller's arrays, the saved activations, workspaces, the schedule and the trace, in one
+# struct per call (ForwardCall, BackwardCall), filled by the entry points in
+# _lstm_kernels.pxi and read by reference everywhere below them.
+#
+# Pointers are untyped (char *): a call is float32 or float64 throughout, and the fused
+# kernel functions cast them to their type.
+from cython cimport floating
+
+from lstmcy._sync cimport lstmcy_event, now_ns, take_next
+
+
+cdef enum Split:
+    # How the forward recurrence of one direction is split between threads.
+    SPLIT_ROWS = 0   # each group of batch rows runs all steps alone (rows never interact)
+    SPLIT_UNITS = 1  # each part runs the hidden units of every step; a step waits for
+                     # every part of the previous one (for batches too small for rows)
+
+
+cdef enum TaskKind:
+    # The tasks of a call, as listed in its task table and named in its trace.
+    TASK_PACK = 0          # i: piece of the packed w_hh of direction d
+    TASK_PROJECT = 1       # i: projection piece (a range of steps, both directions)
+    TASK_RECURRENCE = 2    # i: row group of direction d (traced per chunk j of its steps)
+    TASK_UNIT_STEP = 3     # i: step in processing order, j: unit part (forward, units split)
+    TASK_GATHER_X = 4      # i: piece of x gathered into packed row order (backward)
+    TASK_GATHER_H = 5      # i: chunk of h_{t-1} gathered into packed row order (backward)
+    TASK_WEIGHTS = 6       # i: chunk, j: block of gate rows of dW and db (backward)
+    TASK_DX = 7            # i: dx piece (a range of steps, both directions; backward)
+
+
+cdef struct Task:
+    int kind
+    int d
+    int i
+    int j
+
+
+cdef enum:
+    TRACE_FIELDS = 8       # a trace entry: kind, direction, i, j, worker, start, end (ns),
+                           # and the task's place in the task list (-1: not listed)
+
+
+cdef struct Trace:
+    # Task timings of one call, when benchmarks ask for them (entries NULL otherwise).
+    # A task that runs through many steps (a recurrence) has an entry per chunk of them.
+    long long *entries     # [capacity, TRACE_FIELDS]
+    int capacity
+    int *count             # entries written (atomic)
+
+
+cdef struct Steps:
+    # The batch layout shared by every array of a call: at step t the rows b < sizes[t]
+    # are active (longest first) and their packed rows are start[t] + b.
+    Py_ssize_t T
+    Py_ssize_t B
+    Py_ssize_t N                    # sum of sizes: rows of the packed workspaces
+    const Py_ssize_t *sizes         # [T]
+    const Py_ssize_t *start         # [T]
+
+
+cdef struct RowTable:
+    # A caller-layout 2-D array: the row of (t, b) is step_row[t] + b * batch_stride.
+    # Time-major, batch-first, packed and padded layouts are all this, without copies.
+    char *data
+    Py_ssize_t ld                   # elements per row
+    Py_ssize_t col                  # first column this call uses (direction d: + d*H)
+    const Py_ssize_t *step_row      # [T]
+    Py_ssize_t batch_stride
+
+
+cdef struct Saved:
+    # The forward's saved activations of one direction: [T*B, H] each, row t*B + b.
+    char *i
+    char *f
+    char *g
+    char *o
+    char *c
+    char *tanhc
+    char *h
+
+
+cdef struct ForwardCall:
+    Steps steps
+    Py_ssize_t D, I, H
+    bint training                   # save the activations (else y only)
+    RowTable x                      # layer input [rows, I]
+    bint x_rows_packed              # x row n is packed row n (else gathered into x_packed)
+    RowTable y                      # layer output, direction d at columns d*H ..
+    char *w_ih[2]                   # [4H, I] per direction
+    char *w_hh[2]                   # [4H, H]
+    char *bias[2]                   # [4H]: b_ih + b_hh
+    char *h0[2]                     # [B, H]: the initial state (read only)
+    char *h_n[2]                    # [B, H]: the final state (written at the end)
+    char *c_state[2]                # [B, H]: in c0, out c_n
+    Saved saved[2]
+    char *gates[2]                  # workspace [N, 4H]: pre-activations
+    char *x_packed                  # workspace [N, I]
+    char *w_packed[2]               # workspace: packed w_hh^T (see forward_packed_len)
+    # schedule (a function of the shape, but for groups and split: of the thread count)
+    Split split
+    Py_ssize_t groups               # row groups or unit parts per direction
+    Py_ssize_t piece_steps          # steps per projection piece
+    Py_ssize_t n_pieces
+    Py_ssize_t pack_pieces          # pieces of the packing of w_hh per direction (rows split)
+    # the tasks, in the order threads take them, and the synchronisation (per call)
+    Task *tasks
+    int n_tasks
+    int *next_task
+    lstmcy_event *piece_done        # [n_pieces]
+    lstmcy_event *pack_done         # [2]: pack pieces done per direction
+    int *unit_claims                # [D, T, groups] (units split)
+    lstmcy_event *step_done         # [2]: unit parts done per direction (units split)
+    long long spin_ns
+    Trace trace
+
+
+cdef struct BackwardCall:
+    Steps steps
+    Py_ssize_t D, I, H
+    RowTable x                      # layer input [rows, I]; dx has the same rows
+    bint x_rows_packed
+    RowTable dy                     # gradient of the layer output, direction d at d*H ..
+    RowTable dx                     # written at active rows when want_dx
+    bint want_dx, want_dparams
+    char *w_ih[2]                   # [4H, I]
+    char *w_hh[2]                   # [4H, H]
+    char *h0[2]                     # [B, H]
+    char *c0[2]
+    Saved saved[2]
+    char *dh_state[2]               # [B, H]: in the gradient of h_n, out that of h0
+    char *dc_state[2]               # [B, H]: likewise for c
+    char *dw_ih[2]                  # [4H, I] results
+    char *dw_hh[2]                  # [4H, H]
+    char *db[2]                     # [4H]
+    char *dgates[2]                 # workspace [N, 4H]: gate gradients
+    char *zh[2]                     # workspace [N, H]: h_{t-1} in packed row order
+    char *zx                        # workspace [N, I]: x in packed row order (if not packed)
+    double *db_acc[2]               # workspace [4H]: db summed in float64
+    char *dx_packed                 # workspace [N, I]: dx in packed row order (if not packed)
+    char *w_packed[2]               # workspace: packed w_hh (see backward_packed_len)
+    # schedule: chunks of processing steps (the first `first` long, then `chunk`), dW in
+    # blocks of `block_rows` gate rows, dx in pieces of `dx_steps` time steps, the
+    # recurrence in `groups` row groups per direction
+    Py_ssize_t groups
+    Py_ssize_t first, chunk, n_chunks
+    Py_ssize_t block_rows, n_blocks
+    Py_ssize_t dx_steps, n_dx_pieces
+    Py_ssize_t n_x_gathers          # TASK_GATHER_X tasks (0 when x is read in place)
+    Py_ssize_t pack_pieces
+    # the tasks, in the order threads take them, and the synchronisation (per call)
+    Task *tasks
+    int n_tasks
+    int *next_task
+    lstmcy_event *pack_done         # [2]
+    lstmcy_event *progress          # [2, groups]: steps done by each row group
+    lstmcy_event *x_gathered        # [1]: pieces of zx done
+    lstmcy_event *h_gathered        # [2, n_chunks]
+    lstmcy_event *block_done        # [2, n_blocks]: chunks added to each dW block
+    long long spin_ns
+    Trace trace
+
+
+cdef inline void trace_task(const Trace *trace, int kind, Py_ssize_t d, Py_ssize_t i, Py_ssize_t j,
+                            int worker, long long start, int order) noexcept nogil:
+    """Record a task that ran from ``start`` until now, if this call is traced."""
+    cdef int k
+    cdef long long *entry
+    if trace.entries == NULL:
+        return
+    k = take_next(trace.count)
+    if k >= trace.capacity:
+        return
+    entry = trace.entries + k * TRACE_FIELDS
+    entry[0] = kind
+    entry[1] = d
+    entry[2] = i
+    entry[3] = j
+    entry[4] = worker
+    entry[5] = start
+    entry[6] = now_ns()
+    entry[7] = order
+
+
+cdef inline long long trace_start(const Trace *trace) noexcept nogil:
+    """The start time of a task, if this call is traced."""
+    return now_ns() if trace.entries != NULL else 0
+
+
+cdef inline floating *row_of(floating *base, const RowTable *table, Py_ssize_t t,
+                             Py_ssize_t b) noexcept nogil:
+    """Row ``(t, b)`` of ``table``, whose data is ``base``, from its first column."""
+    return base + (table.step_row[t] + b * table.batch_stride) * table.ld + table.col

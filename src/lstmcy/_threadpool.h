@@ -1,0 +1,234 @@
+/* lstmcy's thread pool: persistent worker threads that run the kernels' jobs.
+
+   A job is one function run by n threads at once, fn(ctx, worker, n_workers) with worker
+   0 the calling thread; it returns once every part has returned. The kernels split their
+   work into tasks that any part may take, so a job is correct on any number of threads,
+   and the pool may give a call fewer than it asked for: when several threads call the
+   kernels at once, each takes the idle workers there are, and a call that finds none runs
+   on its own thread. The pool holds at most n - 1 workers for the largest n asked for,
+   so lstmcy adds no more threads than that to the callers' own.
+
+   Workers wait for a job by spinning briefly (consecutive kernel calls, such as the
+   layers of one forward, then find them awake) and then sleeping on a futex; they never
+   spin without bound. The pool starts workers when a job first needs them.
+
+   Fork: a child process has only the thread that called fork. A handler run in the
+   child (pthread_atfork) forgets the parent's workers, so the child's first job starts
+   its own; the child's calls complete and give the same results.
+
+   The thread limit is where threadpoolctl's controller for lstmcy reads and writes the
+   limit of automatic thread counts (exported symbols: lstmcy_thread_limit and
+   lstmcy_set_thread_limit). */
+#ifndef LSTMCY_THREADPOOL_H
+#define LSTMCY_THREADPOOL_H
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include "_sync.h"
+
+typedef void (*lstmcy_job_fn)(void *ctx, int worker, int n_workers);
+
+typedef struct {
+    lstmcy_job_fn fn;
+    void *ctx;
+    int n_workers;
+    int flush_denormals;
+    lstmcy_event finished;  /* parts returned, the caller's own excepted */
+} lstmcy_job;
+
+typedef struct {
+    pthread_t thread;
+    lstmcy_event go;        /* jobs handed to this worker so far */
+    lstmcy_job *job;        /* the job handed with the latest go */
+    int part;               /* its worker index in that job */
+    int busy;               /* taken by a caller (under the pool lock) */
+} lstmcy_worker;
+
+/* How long an idle worker spins for the next job before it sleeps. */
+#define LSTMCY_IDLE_SPIN_NS 100000LL
+/* How long a wait inside a job spins before it sleeps (see _sync.h). */
+#define LSTMCY_WAIT_SPIN_NS 50000LL
+
+static struct {
+    pthread_mutex_t lock;
+    lstmcy_worker **workers;  /* stable addresses: workers read their own struct */
+    int n_workers;
+    int capacity;
+    int cpus;                 /* CPUs the process may use (set from Python) */
+    int forks;                /* fork()s this process has come from, counted in the child */
+} lstmcy_pool = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 1, 0};
+
+/* 0: no limit. Written by threadpoolctl (through ctypes) and by lstmcy's Python. */
+int lstmcy_thread_limit_value = 0;
+
+int lstmcy_thread_limit(void) { return __atomic_load_n(&lstmcy_thread_limit_value, __ATOMIC_RELAXED); }
+
+void lstmcy_set_thread_limit(int limit)
+{
+    __atomic_store_n(&lstmcy_thread_limit_value, limit > 0 ? limit : 0, __ATOMIC_RELAXED);
+}
+
+/* A wait's spin time in a job of n threads: none when they outnumber the CPUs, since the
+   thread waited for may then be the one not running. */
+static inline long long lstmcy_pool_spin_ns(int n_threads)
+{
+    return n_threads > __atomic_load_n(&lstmcy_pool.cpus, __ATOMIC_RELAXED) ? 0 : LSTMCY_WAIT_SPIN_NS;
+}
+
+#ifdef LSTMCY_TEST_HOOKS
+/* Debug builds: LSTMCY_TEST_START_DELAY_US="part:us[,part:us...]" makes the part of every
+   job with that worker index start late (tests: a thread that wakes late or loses its
+   core must only delay the result, never change it). */
+#include <stdio.h>
+static void lstmcy_test_start_delay(int part)
+{
+    const char *spec = getenv("LSTMCY_TEST_START_DELAY_US");
+    while (spec != NULL && *spec) {
+        int which = -1;
+        long long us = 0;
+        if (sscanf(spec, "%d:%lld", &which, &us) == 2 && which == part && us > 0)
+            lstmcy_sleep_ns(us * 1000);
+        spec = strchr(spec, ',');
+        if (spec != NULL)
+            spec++;
+    }
+}
+#endif
+
+static void lstmcy_run_part(lstmcy_job *job, int part)
+{
+    unsigned mode = 0;
+    if (job->flush_denormals)
+        mode = lstmcy_flush_denormals();
+#ifdef LSTMCY_TEST_HOOKS
+    lstmcy_test_start_delay(part);
+#endif
+    job->fn(job->ctx, part, job->n_workers);
+    if (job->flush_denormals)
+        lstmcy_restore_fp_mode(mode);
+}
+
+static void *lstmcy_worker_main(void *arg)
+{
+    lstmcy_worker *self = (lstmcy_worker *)arg;
+    int seen = 0;
+    for (;;) {
+        lstmcy_event_wait(&self->go, seen + 1, LSTMCY_IDLE_SPIN_NS);
+        seen++;
+        lstmcy_job *job = self->job;  /* published before go (release/acquire) */
+        lstmcy_run_part(job, self->part);
+        /* job lives on the caller's stack: not touched after this */
+        lstmcy_event_add(&job->finished, 1);
+    }
+    return NULL;
+}
+
+/* Start one more worker (under the lock); 0 on failure. */
+static int lstmcy_pool_grow(void)
+{
+    if (lstmcy_pool.n_workers == lstmcy_pool.capacity) {
+        int capacity = lstmcy_pool.capacity ? 2 * lstmcy_pool.capacity : 8;
+        lstmcy_worker **grown = (lstmcy_worker **)realloc(lstmcy_pool.workers,
+                                                          capacity * sizeof(lstmcy_worker *));
+        if (grown == NULL)
+            return 0;
+        lstmcy_pool.workers = grown;
+        lstmcy_pool.capacity = capacity;
+    }
+    lstmcy_worker *w = (lstmcy_worker *)calloc(1, sizeof(lstmcy_worker));
+    if (w == NULL)
+        return 0;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    /* the kernels and BLAS use little stack: 4 MiB rather than the 8 MiB default */
+    pthread_attr_setstacksize(&attr, 4 << 20);
+    int failed = pthread_create(&w->thread, &attr, lstmcy_worker_main, w);
+    pthread_attr_destroy(&attr);
+    if (failed) {
+        free(w);
+        return 0;
+    }
+    lstmcy_pool.workers[lstmcy_pool.n_workers++] = w;
+    return 1;
+}
+
+/* Run fn on up to n_threads threads (this one included); returns how many ran it. */
+static int lstmcy_pool_run(int n_threads, lstmcy_job_fn fn, void *ctx, int flush_denormals)
+{
+    lstmcy_job job;
+    lstmcy_worker *taken[256];
+    int n_taken = 0;
+    memset(&job, 0, sizeof job);
+    job.fn = fn;
+    job.ctx = ctx;
+    job.flush_denormals = flush_denormals;
+    if (n_threads > 257)
+        n_threads = 257;
+    if (n_threads > 1) {
+        pthread_mutex_lock(&lstmcy_pool.lock);
+        for (int k = 0; k < lstmcy_pool.n_workers && n_taken < n_threads - 1; k++) {
+            if (!lstmcy_pool.workers[k]->busy) {
+                lstmcy_pool.workers[k]->busy = 1;
+                taken[n_taken++] = lstmcy_pool.workers[k];
+            }
+        }
+        /* Start workers only while every existing one is taken, and never more than a
+           call asks for: concurrent callers share the pool rather than each growing it,
+           so lstmcy never adds more threads than the largest count asked for. */
+        while (n_taken < n_threads - 1 && lstmcy_pool.n_workers < n_threads - 1
+               && lstmcy_pool_grow()) {
+            lstmcy_worker *w = lstmcy_pool.workers[lstmcy_pool.n_workers - 1];
+            w->busy = 1;
+            taken[n_taken++] = w;
+        }
+        pthread_mutex_unlock(&lstmcy_pool.lock);
+    }
+    job.n_workers = 1 + n_taken;
+    for (int k = 0; k < n_taken; k++) {
+        taken[k]->job = &job;
+        taken[k]->part = k + 1;
+        lstmcy_event_add(&taken[k]->go, 1);
+    }
+    lstmcy_run_part(&job, 0);
+    if (n_taken > 0) {
+        lstmcy_event_wait(&job.finished, n_taken, lstmcy_pool_spin_ns(job.n_workers));
+        pthread_mutex_lock(&lstmcy_pool.lock);
+        for (int k = 0; k < n_taken; k++)
+            taken[k]->busy = 0;
+        pthread_mutex_unlock(&lstmcy_pool.lock);
+    }
+    return job.n_workers;
+}
+
+/* In a forked child: the workers did not come along. Their structs are left allocated
+   (a worker of the parent may have been mid-job; nothing in the child reads them). */
+static void lstmcy_pool_after_fork_child(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    lstmcy_pool.lock = fresh;
+    lstmcy_pool.workers = NULL;
+    lstmcy_pool.n_workers = 0;
+    lstmcy_pool.capacity = 0;
+    lstmcy_pool.forks++;
+}
+
+static int lstmcy_pool_init(void)
+{
+    return pthread_atfork(NULL, NULL, lstmcy_pool_after_fork_child);
+}
+
+static void lstmcy_pool_set_cpus(int cpus)
+{
+    __atomic_store_n(&lstmcy_pool.cpus, cpus > 0 ? cpus : 1, __ATOMIC_RELAXED);
+}
+
+static int lstmcy_pool_size(void)
+{
+    pthread_mutex_lock(&lstmcy_pool.lock);
+    int n = lstmcy_pool.n_workers;
+    pthread_mutex_unlock(&lstmcy_pool.lock);
+    return n;
+}
+
+#endif

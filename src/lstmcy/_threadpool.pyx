@@ -1,0 +1,77 @@
+"""lstmcy's thread pool: the worker threads that run the kernels' jobs.
+
+The implementation is C (``_threadpool.h``); the kernel modules call :func:`run_job`
+through this module, so that the whole process shares one pool. The Python functions
+here serve :mod:`lstmcy._threads` (CPU count, thread limit) and the tests (pool size, fork
+count, whether the debug build's test hooks are compiled in).
+"""
+
+cdef extern from "_threadpool.h" nogil:
+    ctypedef void (*lstmcy_job_fn)(void *ctx, int worker, int n_workers) noexcept nogil
+    int lstmcy_pool_run(int n_threads, lstmcy_job_fn fn, void *ctx, int flush_denormals)
+    long long lstmcy_pool_spin_ns(int n_threads)
+    int lstmcy_pool_init()
+    void lstmcy_pool_set_cpus(int cpus)
+    int lstmcy_pool_size()
+    int lstmcy_thread_limit()
+    void lstmcy_set_thread_limit(int limit)
+    int lstmcy_fork_count "lstmcy_pool.forks"
+    unsigned lstmcy_fp_mode()
+
+cdef extern from *:
+    """
+    #ifdef LSTMCY_TEST_HOOKS
+    #define LSTMCY_HAS_TEST_HOOKS 1
+    #else
+    #define LSTMCY_HAS_TEST_HOOKS 0
+    #endif
+    """
+    bint LSTMCY_HAS_TEST_HOOKS
+
+#: Whether this build reads the test hooks (``LSTMCY_DEBUG=1`` builds only).
+HAS_TEST_HOOKS = LSTMCY_HAS_TEST_HOOKS
+
+if lstmcy_pool_init() != 0:
+    raise OSError("lstmcy: could not register the thread pool's fork handler")
+
+
+cdef int run_job(int n_threads, job_fn fn, void *ctx, bint flush_denormals) noexcept nogil:
+    """Run ``fn(ctx, worker, n_workers)`` on up to ``n_threads`` threads, the calling one
+    as worker 0; returns ``n_workers``, the number that ran it."""
+    return lstmcy_pool_run(n_threads, <lstmcy_job_fn>fn, ctx, flush_denormals)
+
+
+cdef long long wait_spin_ns(int n_threads) noexcept nogil:
+    """How long a wait inside a job of ``n_threads`` spins before it sleeps."""
+    return lstmcy_pool_spin_ns(n_threads)
+
+
+def set_cpu_count(int cpus):
+    """Tell the pool how many CPUs the process may use (waits stop spinning in jobs with
+    more threads than that)."""
+    lstmcy_pool_set_cpus(cpus)
+
+
+def pool_size():
+    """Worker threads started in this process (the callers' own threads not counted)."""
+    return lstmcy_pool_size()
+
+
+def fork_count():
+    """How many fork()s this process descends from since the pool was loaded."""
+    return lstmcy_fork_count
+
+
+def thread_limit():
+    """The limit of automatic thread counts (threadpoolctl's), or 0 for none."""
+    return lstmcy_thread_limit()
+
+
+def set_thread_limit(int limit):
+    """Set the limit of automatic thread counts (0: none)."""
+    lstmcy_set_thread_limit(limit)
+
+
+def fp_mode():
+    """The calling thread's floating-point control word (x86: MXCSR), for tests."""
+    return lstmcy_fp_mode()

@@ -1,0 +1,189 @@
+"""The automatic thread count: the CPUs this process may really use.
+
+Affinity, the cgroup CPU quota (v1 and v2, faked as file trees), OMP_NUM_THREADS and
+threadpoolctl's limit each cap it; an explicit count is obeyed as given; the work rule
+gives small calls fewer threads. One test sets a real affinity in a child process.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import threadpoolctl
+
+import lstmcy
+from lstmcy import _lstm, _schedule, _threadpool, _threads
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def fake_cgroup_v2(root, cpu_max, nested=None):
+    """A cgroup v2 tree: the process in /docker/app, ``cpu_max`` at /docker/app (and
+    ``nested`` at its parent /docker, if given)."""
+    write(root / "proc/self/cgroup", "0::/docker/app\n")
+    write(root / "proc/self/mountinfo",
+          "30 25 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n")
+    write(root / "sys/fs/cgroup/docker/app/cpu.max", cpu_max)
+    if nested is not None:
+        write(root / "sys/fs/cgroup/docker/cpu.max", nested)
+
+
+def fake_cgroup_v1(root, quota, period, path="/kubepods/pod1"):
+    write(root / "proc/self/cgroup",
+          f"12:memory:{path}\n4:cpu,cpuacct:{path}\n1:name=systemd:{path}\n0::/\n")
+    write(root / "proc/self/mountinfo",
+          "30 25 0:26 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid - cgroup cgroup rw,cpu,cpuacct\n"
+          "31 25 0:27 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory\n")
+    write(root / f"sys/fs/cgroup/cpu,cpuacct{path}/cpu.cfs_quota_us", f"{quota}\n")
+    write(root / f"sys/fs/cgroup/cpu,cpuacct{path}/cpu.cfs_period_us", f"{period}\n")
+
+
+@pytest.mark.parametrize("cpu_max, nested, expected", [
+    ("200000 100000\n", None, 2),
+    ("150000 100000\n", None, 2),   # 1.5 CPUs: rounded up
+    ("50000 100000\n", None, 1),
+    ("max 100000\n", None, None),
+    ("max 100000\n", "300000 100000\n", 3),  # the parent's quota holds the child
+    ("800000 100000\n", "400000 100000\n", 4),
+    ("garbage\n", None, None),
+])
+def test_cgroup_v2_quota(tmp_path, cpu_max, nested, expected):
+    fake_cgroup_v2(tmp_path, cpu_max, nested)
+    assert _threads.cgroup_cpu_limit(str(tmp_path)) == expected
+
+
+@pytest.mark.parametrize("quota, period, expected", [
+    (200000, 100000, 2), (-1, 100000, None), (250000, 100000, 3), (100000, 0, None)])
+def test_cgroup_v1_quota(tmp_path, quota, period, expected):
+    fake_cgroup_v1(tmp_path, quota, period)
+    assert _threads.cgroup_cpu_limit(str(tmp_path)) == expected
+
+
+def test_no_cgroup_files_means_no_quota(tmp_path):
+    assert _threads.cgroup_cpu_limit(str(tmp_path)) is None
+
+
+def test_this_machines_cgroups_are_read_without_error():
+    limit = _threads.cgroup_cpu_limit()
+    assert limit is None or limit >= 1
+
+
+@pytest.fixture
+def machine(monkeypatch, tmp_path):
+    """``machine(cpus, quota=None)``: fake the affinity and the cgroup quota."""
+    read_quota = _threads.cgroup_cpu_limit
+
+    def fake(cpus, quota=None):
+        monkeypatch.setattr(_threads, "affinity_cpus", lambda: cpus)
+        if quota is not None:
+            fake_cgroup_v2(tmp_path, f"{quota * 100000} 100000\n")
+        monkeypatch.setattr(_threads, "cgroup_cpu_limit", lambda root="/": read_quota(str(tmp_path)))
+        _threads._machine_cpus.clear()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    yield fake
+    _threads._machine_cpus.clear()
+
+
+def test_affinity_and_quota_cap_the_count(machine, monkeypatch):
+    machine(64)
+    assert _threads.available_cpus() == 64
+    machine(64, quota=2)  # a container limited to 2 CPUs on a 64-core host
+    assert _threads.available_cpus() == 2
+    machine(3, quota=8)
+    assert _threads.available_cpus() == 3
+
+
+def test_omp_num_threads_caps_the_count(machine, monkeypatch):
+    machine(16)
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert _threads.available_cpus() == 4
+    monkeypatch.setenv("OMP_NUM_THREADS", "6,2")  # nested levels: the first counts
+    assert _threads.available_cpus() == 6
+    monkeypatch.setenv("OMP_NUM_THREADS", "32")  # more than the CPUs: no effect
+    assert _threads.available_cpus() == 16
+    monkeypatch.setenv("OMP_NUM_THREADS", "nonsense")
+    assert _threads.available_cpus() == 16
+
+
+@pytest.mark.parametrize("user_api", [None, "openmp"])
+def test_threadpoolctl_limit_caps_the_count(machine, user_api):
+    machine(16)
+    info = [lib for lib in threadpoolctl.threadpool_info() if lib["internal_api"] == "lstmcy"]
+    assert len(info) == 1 and info[0]["user_api"] == "openmp" and info[0]["num_threads"] == 16
+    with threadpoolctl.threadpool_limits(limits=3, user_api=user_api):
+        assert _threads.available_cpus() == 3
+        assert _threads.threads_for(1e12) == 3
+    assert _threads.available_cpus() == 16
+    assert _threadpool.thread_limit() == 0  # restored: no limit left behind
+
+
+def test_work_rule_gives_small_calls_fewer_threads(machine):
+    machine(32)
+    per = _schedule.FLOPS_PER_THREAD
+    assert _threads.threads_for(0.5 * per) == 1
+    assert _threads.threads_for(5.5 * per) == 5
+    assert _threads.threads_for(1e6 * per) == 32
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 17])
+def test_explicit_counts_are_obeyed(machine, monkeypatch, n):
+    """set_num_threads(n) and LSTMPlan(n_threads=n) run the kernels on n threads, more
+    than the CPUs included, whatever the work rule says."""
+    machine(2)
+    seen = []
+    real_forward, real_backward = _lstm.forward_layer, _lstm.backward_layer
+
+    def forward(*args):
+        n_workers, _ = real_forward(*args)
+        seen.append((args[-2], n_workers))
+        return n_workers, 0
+
+    def backward(*args):
+        n_workers, _ = real_backward(*args)
+        seen.append((args[-2], n_workers))
+        return n_workers, 0
+
+    from lstmcy import _core
+    monkeypatch.setattr(_core._lstm, "forward_layer", forward)
+    monkeypatch.setattr(_core._lstm, "backward_layer", backward)
+    import numpy as np
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 2, 2))  # tiny: the work rule alone would give one thread
+    params = [rng.standard_normal(s) for s in [(8, 2), (8, 2), (8,), (8,)]]
+    plan = lstmcy.LSTMPlan(n_threads=n)
+    y, h_n, c_n, cache = plan.forward(x, None, params)
+    plan.backward(x, None, params, np.ones_like(y), None, None, *cache.saved())
+    lstmcy.set_num_threads(n)
+    try:
+        lstmcy.lstm_forward(x, None, params)
+    finally:
+        lstmcy.set_num_threads(None)
+    assert seen == [(n, n)] * 3
+
+
+def test_bad_counts_are_refused():
+    for bad in (0, -1, 2.5, True, "4"):
+        with pytest.raises(ValueError, match="n_threads must be a positive int or None"):
+            lstmcy.set_num_threads(bad)
+        with pytest.raises(ValueError, match="n_threads must be a positive int or None"):
+            lstmcy.LSTMPlan(n_threads=bad)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs sched_setaffinity")
+def test_real_affinity_in_a_child_process():
+    script = textwrap.dedent("""
+        import os
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+        from lstmcy import _threads
+        print(_threads.available_cpus(), _threads.threads_for(1e12))
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    env.pop("OMP_NUM_THREADS", None)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "1"]

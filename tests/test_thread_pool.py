@@ -1,0 +1,109 @@
+"""lstmcy's thread pool: shared by concurrent callers, safe when oversubscribed, and the
+callers' floating-point mode left as it was.
+
+* Several Python threads asking for several kernel threads each, at once, on a 2-core
+  machine: every call completes (within a deadline) with the serial bits, and the pool
+  never holds more workers than the largest count asked for, less one.
+* Subnormal numbers are flushed inside the kernels by default and kept with
+  ``set_flush_denormals(False)``; the calling thread's MXCSR (or equivalent) is the same
+  after a call, also after a call that raised.
+"""
+import threading
+
+import numpy as np
+import pytest
+
+import lstmcy
+from lstmcy import _threadpool
+from hostile import Config, make_call, run_with_threads
+
+
+def test_concurrent_callers_share_the_pool_and_get_the_serial_bits():
+    cfg = Config(T=12, B=16, I=20, H=40, L=2, bidirectional=True, dtype=np.dtype(np.float32))
+    call = make_call(cfg, np.random.default_rng(3), seed=2)
+    expected, _ = run_with_threads(call, 1)
+    counts = [2, 3, 4, 6]
+    workers_before = _threadpool.pool_size()
+    results, errors = {}, []
+    barrier = threading.Barrier(len(counts))
+
+    def worker(n):
+        try:
+            plan = lstmcy.LSTMPlan(n_threads=n)
+            barrier.wait()
+            for _ in range(5):
+                y, h_n, c_n, cache = plan.forward(*call.fwd_args, **call.fwd_kwargs)
+                args = list(call.bwd_args)
+                args[6:13] = cache.saved()
+                grads = plan.backward(*args, **dict(call.bwd_kwargs, dropout_masks=cache.dropout_masks))
+            results[n] = [np.array(a) for a in (y, h_n, c_n, grads[0], grads[1], grads[2], *grads[3])]
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in counts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a caller hung"
+    assert not errors, errors
+    for n, got in results.items():
+        for k, (a, b) in enumerate(zip(expected, got)):
+            assert a.tobytes() == b.tobytes(), f"output {k} on {n} threads"
+    # The callers took the idle workers there were: no more than 6 - 1 were ever needed.
+    assert _threadpool.pool_size() <= max(workers_before, max(counts) - 1)
+
+
+def test_many_more_threads_than_cores_complete():
+    cfg = Config(T=30, B=33, I=16, H=24, L=1, dtype=np.dtype(np.float64))
+    call = make_call(cfg, np.random.default_rng(4), seed=2)
+    expected, _ = run_with_threads(call, 1)
+    got, _ = run_with_threads(call, 32)
+    for k, (a, b) in enumerate(zip(expected, got)):
+        assert a.tobytes() == b.tobytes(), f"output {k}"
+
+
+def cell_with_subnormal_state(flush):
+    """c_n of a cell whose gates are all 1/2 and g = 0: c_n = c0 / 2, a subnormal."""
+    lstmcy.set_flush_denormals(flush)
+    try:
+        H = 4
+        params = [np.zeros((4 * H, 1), np.float32), np.zeros((4 * H, H), np.float32),
+                  np.zeros(4 * H, np.float32), np.zeros(4 * H, np.float32)]
+        tiny = np.finfo(np.float32).tiny
+        c0 = np.full((1, 2, H), tiny * 0.75, np.float32)  # subnormal
+        h0 = np.zeros((1, 2, H), np.float32)
+        x = np.zeros((1, 2, 1), np.float32)
+        _, _, c_n, _ = lstmcy.lstm_forward(x, (h0, c0), params, train=False)
+        return c_n
+    finally:
+        lstmcy.set_flush_denormals(True)
+
+
+def test_subnormals_are_flushed_by_default_and_kept_on_request():
+    assert lstmcy.get_flush_denormals()
+    assert not np.any(cell_with_subnormal_state(True))
+    kept = cell_with_subnormal_state(False)
+    np.testing.assert_array_equal(kept, np.float32(np.finfo(np.float32).tiny * 0.75) * np.float32(0.5))
+    with pytest.raises(TypeError, match="flush must be a bool"):
+        lstmcy.set_flush_denormals("no")
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_callers_floating_point_mode_is_restored(threads):
+    before = _threadpool.fp_mode()
+    cfg = Config(T=5, B=8, I=4, H=16, dtype=np.dtype(np.float32))
+    call = make_call(cfg, np.random.default_rng(0), seed=0)
+    run_with_threads(call, threads)
+    assert _threadpool.fp_mode() == before
+    # A call refused by the validation leaves it alone too.
+    with pytest.raises(ValueError):
+        lstmcy.lstm_forward(call.fwd_args[0][:, :, :2], *call.fwd_args[1:], **call.fwd_kwargs)
+    assert _threadpool.fp_mode() == before
+    # And so does one that runs with IEEE subnormals.
+    lstmcy.set_flush_denormals(False)
+    try:
+        run_with_threads(call, threads)
+    finally:
+        lstmcy.set_flush_denormals(True)
+    assert _threadpool.fp_mode() == before
