@@ -133,7 +133,138 @@ def tables(doc):
                      f"{m['T_B_4H_bytes'] / 2**20:.2f}", ", ".join(r["torch_ops"]["bwd"][:3])])
     out.append(("Memory per call (tracemalloc: numpy allocations, results included) and PyTorch's "
                 "backward kernels", header, rows, []))
+    return out + peer_tables(doc)
+
+
+# --------------------------------------------------------------------------- peers
+
+def peer_names(cases):
+    """``["torch", ...]`` and the other peers any case tried, in the order first seen."""
+    names = ["torch"]
+    for r in cases:
+        names += [name for name in r.get("peers", {}) if name not in names]
+    return names
+
+
+def _peer_cell(r, name, value, fmt):
+    """``fmt(value)`` for one peer in one case, or why it has no value."""
+    if name != "torch":
+        status = r["peers"].get(name)
+        if status is None:
+            return "-"
+        if status["status"] != "ran":
+            return "FAILED check" if status["status"] == "failed cross-check" else "error"
+    return "-" if value is None else fmt(value)
+
+
+def _median(r, name):
+    """Median of a timed callable, or a derived time (``derived_times``), or None."""
+    if name in r["times"]:
+        return r["times"][name]["median"]
+    return r.get("derived_times", {}).get(name)
+
+
+def _ratio(r, name, kind):
+    key = "bwd_ratio" if (name, kind) == ("torch", "bwd") else "fwd_ratio" if (name, kind) == ("torch", "fwd") \
+        else f"{name}_{kind}_ratio"
+    return r["ratios"].get(key)
+
+
+def _gf(g):
+    return f"{g:.1f}"
+
+
+def peer_tables(doc):
+    """Tables of the peer comparison (runs with ``--peers`` beyond torch); ``[]`` otherwise."""
+    cases = [r for r in doc["cases"] if "peers" in r]
+    if not cases:
+        return []
+    names = peer_names(cases)
+    others = names[1:]
+    meta_peers = doc["meta"].get("peers", {})
+    labels = {name: st["label"] for r in cases for name, st in r["peers"].items() if "label" in st}
+    out = []
+
+    header = (["case", "(T,B,I,H,L)", "dtype", "lstmcy ms"] + [f"{n} ms" for n in names]
+              + [f"{n}/lstmcy" for n in names] + ["lstmcy GF/s"] + [f"{n} GF/s" for n in names])
+    rows = []
+    for r in cases:
+        rows.append([r["name"], r["label"] + (" packed" if r["packed"] else ""), r["dtype"].replace("float", "f"),
+                     _ms(r["times"]["lstmcy_fwdbwd"]["median"])]
+                    + [_peer_cell(r, n, _median(r, f"{n}_fwdbwd"), _ms) for n in names]
+                    + [_peer_cell(r, n, _ratio(r, n, "fwdbwd"), _x) for n in names]
+                    + [_gf(r["gflops"]["lstmcy_fwdbwd"])]
+                    + [_peer_cell(r, n, r["gflops"].get(f"{n}_fwdbwd"), _gf) for n in names])
+    out.append(("Peers: forward+backward, one training step's gradients (median; peer time / lstmcy time, "
+                "above 1: lstmcy is faster)", header, rows,
+                ["lstmcy: lstm_forward(train=True) then lstm_backward; torch: nn.LSTM forward then "
+                 "torch.autograd.grad; " + "; ".join(f"{n}: {labels[n]}" for n in others if n in labels) + ".",
+                 "Same data, weights and cotangents for every framework, timed in the same interleaved "
+                 f"rounds, {meta_peers.get('threads')} threads each ({_thread_note(meta_peers)}).",
+                 "GF/s from 24·T·B·H·(I_l+H) per layer-direction (the forward and backward GEMMs)."]))
+
+    derived = sorted({k.rsplit("_", 1)[0] for r in cases for k in r.get("derived_times", {})})
+    header = (["case", "dtype", "lstmcy bwd ms"] + [f"{n} bwd ms" for n in names]
+              + [f"{n}/lstmcy bwd" for n in names] + ["lstmcy fwd ms"] + [f"{n} fwd ms" for n in names]
+              + [f"{n}/lstmcy fwd" for n in names])
+    rows = []
+    for r in cases:
+        rows.append([r["name"], r["dtype"].replace("float", "f"), _ms(r["times"]["lstmcy_bwd"]["median"])]
+                    + [_peer_cell(r, n, _median(r, f"{n}_bwd"), _ms) + ("*" if n in derived else "")
+                       for n in names]
+                    + [_peer_cell(r, n, _ratio(r, n, "bwd"), _x) for n in names]
+                    + [_ms(r["times"]["lstmcy_fwd"]["median"])]
+                    + [_peer_cell(r, n, _median(r, f"{n}_fwd"), _ms) for n in names]
+                    + [_peer_cell(r, n, _ratio(r, n, "fwd"), _x) for n in names])
+    notes = ["bwd: gradients from a saved forward (torch: autograd.grad(retain_graph=True); JAX: the jitted "
+             "vjp pullback). fwd: the training forward (JAX: jax.vjp's forward, residuals kept; Keras: the "
+             "forward alone, nothing kept for a backward)."]
+    if derived:
+        notes.append("* " + ", ".join(derived) + ": (forward+backward) - forward, the difference of the two "
+                     "medians (a GradientTape's backward cannot run apart from its forward).")
+    out.append(("Peers: backward and training forward (median)", header, rows, notes))
+
+    header = ["case", "dtype"] + [f"{n} max rel err (array)" for n in others]
+    rows = []
+    for r in cases:
+        row = [r["name"], r["dtype"].replace("float", "f")]
+        for n in others:
+            st = r["peers"].get(n)
+            if st is None:
+                row.append("-")
+            elif "check" not in st:
+                row.append("error: " + st["error"][:80])
+            else:
+                c = st["check"]
+                row.append(f"{c['max_rel_err']:.1e} ({c['worst']})" + ("" if c["ok"] else " FAILED"))
+        rows.append(row)
+    tolerances = sorted({(r["dtype"], st["check"]["tolerance"]) for r in cases
+                         for st in r["peers"].values() if "check" in st})
+    out.append(("Peers: cross-check against lstmcy before timing (outputs and every gradient)", header, rows,
+                ["max over the arrays of max|peer - lstmcy| / max|lstmcy|; allowed: "
+                 + ", ".join(f"{dt} {tol:g}" for dt, tol in tolerances) + "; a peer above it is not timed."]
+                + [f"{n}: skipped, {why}" for n, why in meta_peers.get("skipped", {}).items()]))
+
+    header = ["case", "dtype", "peer", "required", "measured", "met"]
+    rows = [[r["name"], r["dtype"].replace("float", "f"), c["metric"].split("_")[0], "> 1.00x",
+             _x(c["measured"]), "yes" if c["met"] else "NO"] for r in cases for c in r.get("peer_targets", [])]
+    n_met = sum(1 for row in rows if row[-1] == "yes")
+    out.append((f"Peer targets: forward+backward ahead of each peer ({n_met} of {len(rows)} met)",
+                header, rows, []))
     return out
+
+
+def _thread_note(meta_peers):
+    parts = ["lstmcy and torch: --threads or the libraries' default"]
+    for name, info in meta_peers.get("loaded", {}).items():
+        if name == "jax":
+            parts.append(f"JAX: NPROC={info.get('NPROC')}, XLA Eigen pool {info.get('xla_eigen_threads')}"
+                         + (f", XLA_FLAGS={info['XLA_FLAGS']}" if info.get("XLA_FLAGS") else ""))
+        elif name == "tf":
+            parts.append(f"TF: intra-op {info.get('intra_op_threads')}, inter-op {info.get('inter_op_threads')}")
+        else:
+            parts.append(f"{name}: {info.get('threads')}")
+    return "; ".join(parts)
 
 
 def _text_table(header, rows):
@@ -221,7 +352,11 @@ def markdown_report(doc):
 
 
 def chart(doc, path):
-    """Bar chart of torch/lstmcy backward and forward ratios and of efficiency; False without matplotlib."""
+    """Bar chart of torch/lstmcy backward and forward ratios and of efficiency; False without matplotlib.
+
+    A run with peers beyond torch gets a third panel: each peer's forward+backward
+    time over lstmcy's, and their GF/s.
+    """
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -231,7 +366,10 @@ def chart(doc, path):
     cases = doc["cases"]
     names = [r["name"] for r in cases]
     xs = range(len(cases))
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(8, 0.6 * len(cases) + 3), 8), sharex=True)
+    with_peers = any("peers" in r for r in cases)
+    fig, axes = plt.subplots(3 if with_peers else 2, 1, sharex=True,
+                             figsize=(max(8, 0.6 * len(cases) + 3), 12 if with_peers else 8))
+    ax1, ax2 = axes[:2]
     width = 0.4
     bwd = [r["ratios"]["bwd_ratio"] for r in cases]
     fwd = [r["ratios"]["fwd_ratio"] for r in cases]
@@ -252,13 +390,38 @@ def chart(doc, path):
     ax2.bar([x + width / 2 for x in xs], eff_pt, width, label="torch backward")
     ax2.axhline(80, color="black", lw=0.8, ls="--")
     ax2.set_ylabel("% of GEMM peak (same run)")
-    ax2.set_xticks(list(xs))
-    ax2.set_xticklabels(names, rotation=45, ha="right")
+    if with_peers:
+        _peer_panel(axes[2], cases)
+    axes[-1].set_xticks(list(xs))
+    axes[-1].set_xticklabels(names, rotation=45, ha="right")
     ax2.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
+
+
+def _peer_panel(ax, cases):
+    """Bars of peer forward+backward time / lstmcy's per case (missing: not timed), GF/s on top."""
+    names = peer_names(cases)
+    width = 0.8 / len(names)
+    for k, name in enumerate(names):
+        xs, ratios, gflops = [], [], []
+        for x, r in enumerate(cases):
+            ratio = r.get("ratios", {}).get(f"{name}_fwdbwd_ratio")
+            if ratio is not None:
+                xs.append(x - 0.4 + (k + 0.5) * width)
+                ratios.append(ratio)
+                gflops.append(r["gflops"][f"{name}_fwdbwd"])
+        bars = ax.bar(xs, ratios, width, label=name)
+        for bar, g in zip(bars, gflops):
+            ax.annotate(f"{g:.0f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom", fontsize=6)
+    ax.axhline(1.0, color="black", lw=0.8, ls="--")
+    ax.set_yscale("log")
+    ax.set_ylabel("peer time / lstmcy time")
+    ax.set_title("forward+backward vs peers (above 1: lstmcy faster; numbers: the peer's GF/s)")
+    ax.legend()
 
 
 def main(argv=None):
