@@ -8,11 +8,11 @@ from numbers import Integral, Real
 
 import numpy as np
 
+from lstmcy._cache import SAVED_NAMES
+
 #: The parameters of one layer and direction, in the order of ``params`` (PyTorch's
 #: ``_flat_weights``): the biases only with ``has_bias``, w_hr only with a projection.
 PARAM_NAMES = ("w_ih", "w_hh", "b_ih", "b_hh", "w_hr")
-#: The saved activations, in the order of ``lstm_backward``'s arguments.
-SAVED_NAMES = ("i", "g", "f", "o", "h", "c", "tanhc")
 # Native-byte-order float32 / float64 (a byte-swapped dtype compares unequal).
 _NATIVE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _F32, _F64 = _NATIVE_FLOATS

@@ -20,11 +20,10 @@ import functools
 
 import numpy as np
 
-from ._cache import LSTMCache
+from ._cache import SAVED_NAMES, LSTMCache
 
 __all__ = ["lstm_forward", "lstm_backward", "LSTMCache"]
 
-_GATE_NAMES = ("i", "g", "f", "o", "h", "c", "tanhc")
 
 
 # ---------------------------------------------------------------------------
@@ -243,7 +242,7 @@ def _forward_direction(x, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_sizes, reverse, 
     T, B = x.shape[0], x.shape[1]
     H = w_hh.shape[0] // 4
     P = w_hh.shape[1]
-    saved = {name: np.zeros((T, B, P if name == "h" else H)) for name in _GATE_NAMES}
+    saved = {name: np.zeros((T, B, P if name == "h" else H)) for name in SAVED_NAMES}
     h = h0.copy()
     c = c0.copy()
     steps = range(T - 1, -1, -1) if reverse else range(T)
@@ -264,7 +263,7 @@ def _forward_direction(x, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_sizes, reverse, 
             h_new = h_new @ w_hr.T
         h[:n] = h_new
         c[:n] = c_new
-        for name, value in zip(_GATE_NAMES, (i, g, f, o, h_new, c_new, tanhc)):
+        for name, value in zip(SAVED_NAMES, (i, g, f, o, h_new, c_new, tanhc)):
             saved[name][t, :n] = value
     return saved, h, c
 
@@ -429,7 +428,7 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
         masks = [((rng.random((T, B, D * P)) >= dropout) / (1.0 - dropout))
                  .astype(_mask_dtype(dtype)) for _ in range(L - 1)]
 
-    saved_all = {name: [] for name in _GATE_NAMES}
+    saved_all = {name: [] for name in SAVED_NAMES}
     h_n = np.zeros((D * L, B, P))
     c_n = np.zeros((D * L, B, H))
     layer_input = layout.to_time_major(x_in)
@@ -445,7 +444,7 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
             layer_output[:, :, direction * P:(direction + 1) * P] = saved["h"]
             h_n[k] = h_last
             c_n[k] = c_last
-            for name in _GATE_NAMES:
+            for name in SAVED_NAMES:
                 saved_all[name].append(saved[name].astype(dtype))
         if masks is not None and layer < L - 1:
             layer_input = layer_output * masks[layer].astype(np.float64)
@@ -453,7 +452,7 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
             layer_input = layer_output
 
     y = layout.from_time_major(layer_output, dtype)
-    cache = LSTMCache(*(saved_all[name] for name in _GATE_NAMES),
+    cache = LSTMCache(*(saved_all[name] for name in SAVED_NAMES),
                       dropout_masks=masks)
     return y, h_n.astype(dtype), c_n.astype(dtype), cache
 
@@ -517,7 +516,7 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
     saved_all = []
     for k in range(D * L):
         saved_all.append({name: np.asarray(arr[k]).astype(np.float64)
-                          for name, arr in zip(_GATE_NAMES, (i, g, f, o, h, c, tanhc))})
+                          for name, arr in zip(SAVED_NAMES, (i, g, f, o, h, c, tanhc))})
 
     masks = None
     if dropout > 0 and train and L > 1:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from lstmcy import reference
+from lstmcy._cache import SAVED_NAMES as SAVED
 
 try:
     import ml_dtypes
@@ -27,7 +28,6 @@ except ImportError:  # pragma: no cover - ml_dtypes is a test dependency
 LAYOUTS = ("time_major", "batch_first", "packed", "padded_2d", "padded_3d")
 FLOAT_DTYPES = tuple(d for d in (np.dtype(np.float64), np.dtype(np.float32),
                                  np.dtype(np.float16), BFLOAT16) if d is not None)
-SAVED = ("i", "g", "f", "o", "h", "c", "tanhc")
 
 
 @dataclass(frozen=True)

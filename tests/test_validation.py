@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import lstmcy
+from lstmcy._cache import SAVED_NAMES as SAVED
 from hostile import Config, make_call
 
 T, B, I, H, L, D = 3, 2, 5, 4, 2, 2
@@ -34,7 +35,6 @@ ARRAY_MSG = r"floating-point array"
 # Positions in lstm_backward's argument list.
 BWD = {"input": 0, "hx": 1, "params": 2, "dy": 3, "dh": 4, "dc": 5,
        "i": 6, "g": 7, "f": 8, "o": 9, "h": 10, "c": 11, "tanhc": 12}
-SAVED = ("i", "g", "f", "o", "h", "c", "tanhc")
 
 
 @functools.lru_cache(maxsize=None)
