@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""lstmcy vs PyTorch CPU LSTM: backward and training forward, side by side (issue 7).
+"""lstmcy vs PyTorch CPU LSTM: backward and training forward, side by side.
 
 Usage::
 
