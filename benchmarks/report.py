@@ -10,6 +10,7 @@ into Markdown (as pasted into ``RESULTS.md``)::
 import argparse
 import json
 import sys
+import textwrap
 
 __all__ = ["format_peaks", "tables", "text_report", "markdown_report", "chart"]
 
@@ -70,8 +71,8 @@ def tables(doc):
     cases = doc["cases"]
     out = []
     merged = any("run" in r for r in cases)
-    header = ["case", "(T,B,I,H,L)", "dtype", "GFLOP", "lstmcy ms", "torch ms", "torch/lstmcy",
-              "lstmcy GF/s (peak)", "torch GF/s (peak)", "others' cores"] + (["run"] if merged else [])
+    header = ["case", "T,B,I,H,L", "dtype", "GFLOP", "lstmcy ms", "torch ms", "torch/ours",
+              "ours GF/s (%)", "torch GF/s (%)", "load"] + (["run"] if merged else [])
     rows = []
     for r in cases:
         t, g, e = r["times"], r["gflops"], r.get("efficiency", {})
@@ -86,19 +87,20 @@ def tables(doc):
                 ["torch = torch.autograd.grad(retain_graph=True) on a recorded forward; packed rows "
                  "compare PyTorch's PackedSequence path.",
                  "GF/s from 16·T·B·H·(I_l+H) per layer-direction, tokens actually processed for packed "
-                 "cases; (peak) = share of the GEMM peak of that dtype measured in the same run.",
-                 f"others' cores = CPU other processes used during the case's timing (/proc/stat): "
-                 f"above {LOAD_LIMIT} the case is contaminated by outside load and its targets are "
-                 "not graded."]))
-    header = ["case", "dtype", "lstmcy fwd ms", "torch fwd ms", "torch/lstmcy", "LSTMPlan bwd / fwd ms",
-              "numpy ref fwd / bwd ms", "max rel err vs torch"]
+                 "cases; (%) = share of the GEMM peak of that dtype measured in the same run.",
+                 f"load = cores other processes used during the case's timing (/proc/stat): above "
+                 f"{LOAD_LIMIT} the case is contaminated by outside load and its targets are not "
+                 "graded."]))
+    header = ["case", "dtype", "lstmcy fwd ms", "torch fwd ms", "torch/ours", "plan bwd / fwd ms",
+              "numpy fwd / bwd ms", "max rel err"]
     rows = [[r["name"], r["dtype"].replace("float", "f"), _spread(r["times"]["lstmcy_fwd"]),
              _spread(r["times"]["torch_fwd"]), _x(r["ratios"]["fwd_ratio"]),
              (f"{_ms(r['times']['lstmcy_plan_bwd']['median'])} / "
               f"{_ms(r['times']['lstmcy_plan_fwd']['median'])}" if "lstmcy_plan_bwd" in r["times"] else "-"),
              _ref(r), f"{r['max_rel_err_vs_torch']:.1e}"] for r in cases]
     out.append(("Training forward, plans and the numpy reference", header, rows,
-                ["GF/s of the forward: half the backward's FLOPs."]))
+                ["plan = the same calls through one LSTMPlan; numpy = lstmcy.reference; max rel err = "
+                 "the largest relative difference of any output from PyTorch's."]))
 
     packed = [r for r in cases if r["packed"]]
     if packed:
@@ -139,8 +141,8 @@ def tables(doc):
                  "GF/s / GEMM peak. A case timed while other processes used more than "
                  f"{LOAD_LIMIT} cores is not graded."]))
 
-    header = ["case", "lstmcy fwd peak MB (results MB)", "lstmcy bwd peak MB (results MB)",
-              "LSTMPlan fwd / bwd peak MB", "T·B·4H MB", "torch bwd top ops (self CPU)"]
+    header = ["case", "fwd peak (results) MB", "bwd peak (results) MB", "plan fwd / bwd MB",
+              "T·B·4H MB", "torch's top bwd op"]
     rows = []
     for r in cases:
         m = r["memory"]
@@ -149,9 +151,10 @@ def tables(doc):
                      f"{m['bwd_peak_bytes'] / 2**20:.2f} ({m['bwd_result_bytes'] / 2**20:.2f})",
                      (f"{mp['fwd_peak_bytes'] / 2**20:.2f} / {mp['bwd_peak_bytes'] / 2**20:.2f}"
                       if mp else "-"),
-                     f"{m['T_B_4H_bytes'] / 2**20:.2f}", ", ".join(r["torch_ops"]["bwd"][:3])])
+                     f"{m['T_B_4H_bytes'] / 2**20:.2f}", (r["torch_ops"]["bwd"] or ["-"])[0][:26]])
     out.append(("Memory per call (tracemalloc: numpy allocations, results included) and PyTorch's "
-                "backward kernels", header, rows, []))
+                "backward kernels", header, rows, ["peak = the most numpy memory a call held; results = "
+                                                   "what it returned; plan = the same through an LSTMPlan."]))
     return out + peer_tables(doc)
 
 
@@ -204,46 +207,49 @@ def peer_tables(doc):
     labels = {name: st["label"] for r in cases for name, st in r["peers"].items() if "label" in st}
     out = []
 
-    header = (["case", "(T,B,I,H,L)", "dtype", "lstmcy ms"] + [f"{n} ms" for n in names]
-              + [f"{n}/lstmcy" for n in names] + ["lstmcy GF/s"] + [f"{n} GF/s" for n in names])
+    header = (["case", "T,B,I,H,L", "dtype", "lstmcy ms"] + [f"{n} ms" for n in names]
+              + [f"{n}/lstmcy" for n in names])
     rows = []
     for r in cases:
         rows.append([r["name"], r["label"] + (" packed" if r["packed"] else ""), r["dtype"].replace("float", "f"),
                      _ms(r["times"]["lstmcy_fwdbwd"]["median"])]
                     + [_peer_cell(r, n, _median(r, f"{n}_fwdbwd"), _ms) for n in names]
-                    + [_peer_cell(r, n, _ratio(r, n, "fwdbwd"), _x) for n in names]
-                    + [_gf(r["gflops"]["lstmcy_fwdbwd"])]
-                    + [_peer_cell(r, n, r["gflops"].get(f"{n}_fwdbwd"), _gf) for n in names])
+                    + [_peer_cell(r, n, _ratio(r, n, "fwdbwd"), _x) for n in names])
     out.append(("Peers: forward+backward, one training step's gradients (median; peer time / lstmcy time, "
                 "above 1: lstmcy is faster)", header, rows,
                 ["lstmcy: lstm_forward(train=True) then lstm_backward; torch: nn.LSTM forward then "
                  "torch.autograd.grad; " + "; ".join(f"{n}: {labels[n]}" for n in others if n in labels) + ".",
                  "Same data, weights and cotangents for every framework, timed in the same interleaved "
-                 f"rounds, {meta_peers.get('threads')} threads each ({_thread_note(meta_peers)}).",
-                 "GF/s from 24·T·B·H·(I_l+H) per layer-direction (the forward and backward GEMMs)."]))
+                 f"rounds, {meta_peers.get('threads')} threads each ({_thread_note(meta_peers)})."]))
+    header = ["case", "dtype", "lstmcy GF/s"] + [f"{n} GF/s" for n in names]
+    rows = [[r["name"], r["dtype"].replace("float", "f"), _gf(r["gflops"]["lstmcy_fwdbwd"])]
+            + [_peer_cell(r, n, r["gflops"].get(f"{n}_fwdbwd"), _gf) for n in names] for r in cases]
+    out.append(("Peers: GF/s of forward+backward", header, rows,
+                ["GF/s from 24·T·B·H·(I_l+H) per layer-direction (the forward and backward GEMMs)."]))
 
     derived = sorted({k.rsplit("_", 1)[0] for r in cases for k in r.get("derived_times", {})})
-    header = (["case", "dtype", "lstmcy bwd ms"] + [f"{n} bwd ms" for n in names]
-              + [f"{n}/lstmcy bwd" for n in names] + ["lstmcy fwd ms"] + [f"{n} fwd ms" for n in names]
-              + [f"{n}/lstmcy fwd" for n in names])
-    rows = []
-    for r in cases:
-        rows.append([r["name"], r["dtype"].replace("float", "f"), _ms(r["times"]["lstmcy_bwd"]["median"])]
-                    + [_peer_cell(r, n, _median(r, f"{n}_bwd"), _ms) + ("*" if n in derived else "")
-                       for n in names]
-                    + [_peer_cell(r, n, _ratio(r, n, "bwd"), _x) for n in names]
-                    + [_ms(r["times"]["lstmcy_fwd"]["median"])]
-                    + [_peer_cell(r, n, _median(r, f"{n}_fwd"), _ms) for n in names]
-                    + [_peer_cell(r, n, _ratio(r, n, "fwd"), _x) for n in names])
-    notes = ["bwd: gradients from a saved forward (torch: autograd.grad(retain_graph=True); JAX: the jitted "
-             "vjp pullback). fwd: the training forward (JAX: jax.vjp's forward, residuals kept; Keras: the "
-             "forward alone, nothing kept for a backward)."]
-    if derived:
-        notes.append("* " + ", ".join(derived) + ": (forward+backward) - forward, the difference of the two "
-                     "medians (a GradientTape's backward cannot run apart from its forward).")
-    out.append(("Peers: backward and training forward (median)", header, rows, notes))
+    for kind, title in (("bwd", "backward"), ("fwd", "training forward")):
+        header = (["case", "dtype", f"lstmcy {kind} ms"] + [f"{n} {kind} ms" for n in names]
+                  + [f"{n}/lstmcy {kind}" for n in names])
+        rows = []
+        for r in cases:
+            rows.append([r["name"], r["dtype"].replace("float", "f"), _ms(r["times"][f"lstmcy_{kind}"]["median"])]
+                        + [_peer_cell(r, n, _median(r, f"{n}_{kind}"), _ms)
+                           + ("*" if kind == "bwd" and n in derived else "") for n in names]
+                        + [_peer_cell(r, n, _ratio(r, n, kind), _x) for n in names])
+        notes = []
+        if kind == "bwd":
+            notes.append("bwd: gradients from a saved forward (torch: autograd.grad(retain_graph=True); "
+                         "JAX: the jitted vjp pullback).")
+            if derived:
+                notes.append("* " + ", ".join(derived) + ": (forward+backward) - forward, the difference of "
+                             "the two medians (a GradientTape's backward cannot run apart from its forward).")
+        else:
+            notes.append("fwd: the training forward (JAX: jax.vjp's forward, residuals kept; Keras: the "
+                         "forward alone, nothing kept for a backward).")
+        out.append((f"Peers: {title} (median)", header, rows, notes))
 
-    header = ["case", "dtype"] + [f"{n} max rel err (array)" for n in others]
+    header = ["case", "dtype"] + [f"{n} max rel err (worst array)" for n in others]
     rows = []
     for r in cases:
         row = [r["name"], r["dtype"].replace("float", "f")]
@@ -311,10 +317,16 @@ def _peak_lines(doc, detail=False):
     return lines
 
 
+def _wrap(line, width=118):
+    return textwrap.fill(line, width, subsequent_indent="    ", break_on_hyphens=False)
+
+
 def text_report(doc):
-    parts = ["GEMM peak (GF/s, same run):"] + ["  " + ln for ln in _peak_lines(doc, detail=True)]
+    """The report as plain text, no line over 120 columns but a table's (which fit for the
+    suite's cases)."""
+    parts = ["GEMM peak (GF/s, same run):"] + [_wrap("  " + ln) for ln in _peak_lines(doc, detail=True)]
     for title, header, rows, notes in tables(doc):
-        parts += ["", title, _text_table(header, rows)] + notes
+        parts += ["", _wrap(title), _text_table(header, rows)] + [_wrap(n) for n in notes]
     return "\n".join(parts)
 
 
