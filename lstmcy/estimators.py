@@ -724,6 +724,8 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
 
     _stratify = True
 
+    # scikit-learn reads an estimator's parameters from its own __init__ signature, so the
+    # base class's parameters are repeated here (as MLPClassifier does) with class_weight.
     def __init__(self, hidden_size=64, num_layers=1, bidirectional=False, dropout=0.0,
                  head="last", channels_first=False, solver="adam", batch_size="auto",
                  learning_rate_init=0.001, alpha=0.0001, clip_norm=5.0, max_iter=200, tol=1e-4,

@@ -23,8 +23,8 @@ from sklearn.pipeline import make_pipeline  # noqa: E402
 from sklearn.preprocessing import StandardScaler  # noqa: E402
 from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
 
-from estimator_helpers import (params_equal, quiet_fit, ragged_sequences,  # noqa: E402
-                               sum_sign_problem)
+from estimator_helpers import (motions, params_equal, quiet_fit,  # noqa: E402
+                               ragged_sequences, sum_sign_problem)
 from lstmcy._sequences import Sequences  # noqa: E402
 from lstmcy.estimators import LSTMClassifier, LSTMRegressor, auto_batch_size  # noqa: E402
 
@@ -131,22 +131,6 @@ def test_solvers_reduce_the_loss(solver):
                                    batch_size=20, max_iter=15, random_state=0), X, y)
     assert clf.loss_curve_[-1] < 0.7 * clf.loss_curve_[0]
     assert clf.score(X, y) > 0.8
-
-
-def motions(n, seed, steps=30):
-    """Four classes of 3-channel series, like accelerometer recordings of four movements.
-
-    Class k oscillates slowly (even k) or fast (odd k), with a random phase, on channel
-    k // 2; every channel has noise.
-    """
-    rng = np.random.default_rng(seed)
-    y = np.arange(n) % 4
-    X = 0.2 * rng.standard_normal((n, steps, 3))
-    t = np.arange(steps)
-    for i, label in enumerate(y):
-        X[i, :, label // 2] += np.sin((0.25 if label % 2 == 0 else 0.9) * t
-                                      + rng.uniform(0, 2 * np.pi))
-    return X, y
 
 
 def test_defaults_learn_a_small_multichannel_set():
