@@ -6,9 +6,10 @@ Usage::
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE nice -n 15 python benchmarks/bench_estimators.py
     python benchmarks/bench_estimators.py --datasets BasicMotions,digits --seeds 2
 
-Needs the ``estimators-bench`` extra (``pip install -e ".[estimators-bench]"``: skorch and
-sktime, whose wheel ships the UCR/UEA datasets used here; install skorch with
-``--no-deps`` if pip would otherwise touch torch) and torch.
+Needs torch (installed as for the ``torch`` extra) and the ``estimators-bench`` extra
+(``pip install -e ".[estimators-bench]"``: skorch, and sktime, whose wheel ships the
+UCR/UEA datasets used here). ``--threads N`` gives both libraries N threads (default:
+their own defaults, two each on two cores).
 
 For every dataset and seed, one default-constructed ``LSTMClassifier(random_state=seed)``
 and one skorch ``NeuralNetClassifier`` with the same model and training settings are
@@ -159,8 +160,36 @@ def skorch_inputs(X, channels_first):
 def fit_skorch(X, y, seed, channels_first, plan):
     import torch
     from skorch import NeuralNetClassifier
-    from skorch.callbacks import EarlyStopping, GradientNormClipping
+    from skorch.callbacks import Callback, GradientNormClipping
     from skorch.dataset import ValidSplit
+
+    class StopLikeLSTMClassifier(Callback):
+        """LSTMClassifier's (and MLP's) rule: the best loss is the lowest so far, an epoch
+        improves on it by more than ``TOL`` or counts, and training stops once the count
+        exceeds ``PATIENCE``; with a validation set, the lowest epoch's parameters are
+        restored. (skorch's EarlyStopping measures from the last improvement instead, so
+        it runs on through slow declines.)"""
+
+        def __init__(self, monitor, restore):
+            self.monitor, self.restore = monitor, restore
+
+        def initialize(self):
+            self.best, self.count, self.state = np.inf, 0, None
+            return self
+
+        def on_epoch_end(self, net, **kwargs):
+            loss = net.history[-1, self.monitor]
+            self.count = 0 if loss < self.best - TOL else self.count + 1
+            if loss < self.best:
+                self.best = loss
+                if self.restore:
+                    self.state = {k: v.clone() for k, v in net.module_.state_dict().items()}
+            if self.count > PATIENCE:
+                raise KeyboardInterrupt  # skorch's way to end training early
+
+        def on_train_end(self, net, **kwargs):
+            if self.state is not None:
+                net.module_.load_state_dict(self.state)
 
     class LSTMHead(torch.nn.Module):
         def __init__(self, input_size, n_classes):
@@ -190,9 +219,8 @@ def fit_skorch(X, y, seed, channels_first, plan):
         train_split=(ValidSplit(VALIDATION_FRACTION, stratified=True, random_state=seed)
                      if early_stopping else None),
         callbacks=[GradientNormClipping(CLIP),
-                   EarlyStopping(monitor="valid_loss" if early_stopping else "train_loss",
-                                 patience=PATIENCE + 1, threshold=TOL, threshold_mode="abs",
-                                 load_best=early_stopping, sink=lambda *args: None)],
+                   StopLikeLSTMClassifier("valid_loss" if early_stopping else "train_loss",
+                                          restore=early_stopping)],
         verbose=0, device="cpu")
     start = time.perf_counter()
     net.fit(inputs, codes.astype(np.int64))
@@ -248,7 +276,8 @@ def summarise(records, dataset):
         accuracy = np.array([r["accuracy"] for r in rows])
         out[library] = {"accuracy": accuracy.mean(), "accuracy_sd": accuracy.std(),
                         "accuracies": accuracy, "seconds": np.median([r["fit_seconds"] for r in rows]),
-                        "epochs": np.median([r["epochs"] for r in rows])}
+                        "epochs": np.median([r["epochs"] for r in rows]),
+                        "per_epoch": np.median([r["fit_seconds"] / r["epochs"] for r in rows])}
     paired = {(r["seed"], r["library"]): r["fit_seconds"] for r in records if r["dataset"] == dataset}
     seeds = sorted({seed for seed, _ in paired})
     out["ratios"] = [paired[s, "skorch"] / paired[s, "lstmcy"] for s in seeds]
@@ -292,11 +321,14 @@ def write_markdown(path, records, datasets, meta):
         "where `early_stopping='auto'` holds one out; else the training loss), at most 200 "
         "epochs. Accuracy on the dataset's test split: mean ± standard deviation over seeds. "
         "Fit time: median over seeds; speed-up: skorch's median over lstmcy's (per-seed ratios "
-        "in brackets).",
+        "in brackets); the two stop on the same rule (skorch through a callback that applies "
+        "LSTMClassifier's), but not after the same number of epochs, so the median time per "
+        "epoch is shown too.",
         "",
         "| dataset | train / test | channels × steps | classes | batch, early stopping | "
-        "lstmcy accuracy | skorch accuracy | lstmcy fit | skorch fit | speed-up | epochs (lstmcy / skorch) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "lstmcy accuracy | skorch accuracy | lstmcy fit | skorch fit | speed-up | "
+        "epochs (lstmcy / skorch) | per epoch (lstmcy / skorch) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for dataset in datasets:
         info = meta["datasets"][dataset]
@@ -311,7 +343,8 @@ def write_markdown(path, records, datasets, meta):
             f"{s['lstmcy']['accuracy_sd']:.3f} | {s['skorch']['accuracy']:.3f} ± "
             f"{s['skorch']['accuracy_sd']:.3f} | {s['lstmcy']['seconds']:.1f} s | "
             f"{s['skorch']['seconds']:.1f} s | **{s['speedup']:.1f}×** ({ratios}) | "
-            f"{s['lstmcy']['epochs']:.0f} / {s['skorch']['epochs']:.0f} |")
+            f"{s['lstmcy']['epochs']:.0f} / {s['skorch']['epochs']:.0f} | "
+            f"{1e3 * s['lstmcy']['per_epoch']:.0f} / {1e3 * s['skorch']['per_epoch']:.0f} ms |")
     others = [r["others_cores"] for r in records if r["others_cores"] is not None]
     lines += [
         "",

@@ -26,7 +26,6 @@ Input ``X`` can be (see :mod:`lstmcy._sequences` and docs/estimators.md)
 Trailing NaN ends a sequence, so NaN-padded arrays hold variable-length data too.
 """
 import math
-import time
 import warnings
 from numbers import Integral, Real
 
@@ -221,7 +220,8 @@ class _BaseLSTM(BaseEstimator):
             return from_padded(table[:, :, None], dtype)
 
         if kind == "list":
-            data = Sequences.from_arrays(check_sequence_list(X, dtype, channels_first=channels_first))
+            arrays = check_sequence_list(X, dtype, channels_first=channels_first)
+            data = Sequences.from_arrays(arrays)
         else:
             data = check_3d(X, dtype, channels_first=channels_first, warn_layout=reset)
         if reset:
@@ -435,8 +435,8 @@ class _BaseLSTM(BaseEstimator):
             counts = np.bincount(targets)
             rarest = np.flatnonzero(counts)[np.argmin(counts[counts > 0])]
             if counts[rarest] < 2:
-                reason = (f"class {self.classes_[rarest].item()!r} has 1 sample, and a stratified split "
-                          f"needs 2 of each class")
+                reason = (f"class {self.classes_[rarest].item()!r} has 1 sample, and a "
+                          f"stratified split needs 2 of each class")
             elif smaller_part < max(2, np.count_nonzero(counts)):
                 reason = (f"{min(n_validation, n_samples - n_validation)} samples cannot hold "
                           f"each of the {np.count_nonzero(counts)} classes")
@@ -463,7 +463,8 @@ class _BaseLSTM(BaseEstimator):
                 stratify=targets if self._stratify else None)
             val_data, val_targets, val_weights = (data.subset(val_index), targets[val_index],
                                                   weights[val_index])
-            data, targets, weights = data.subset(train_index), targets[train_index], weights[train_index]
+            data, targets, weights = (data.subset(train_index), targets[train_index],
+                                      weights[train_index])
             if self.validation_scores_ is None:
                 self.validation_scores_, self.validation_loss_curve_ = [], []
             self.best_validation_loss_ = np.inf
@@ -616,8 +617,8 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
     solver : {'adam', 'sgd'}, default='adam'
         Optimiser; 'sgd' uses ``momentum`` and ``nesterovs_momentum``.
     batch_size : int or 'auto', default='auto'
-        Mini-batch size; 'auto' gives about ten steps per epoch, with batches of 8 to 64
-        sequences (``min(64, max(8, n // 10))``, at most ``n``, for ``n`` training
+        Mini-batch size; 'auto' gives about ten steps per epoch, with batches of 4 to 64
+        sequences (``min(64, max(4, n // 10))``, at most ``n``, for ``n`` training
         sequences).
     learning_rate_init : float, default=0.001
         Step size.
@@ -635,11 +636,13 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
         Stop after this many epochs without an improvement of ``tol``. None trains for
         exactly ``max_iter`` epochs (and does not warn about convergence).
     early_stopping : 'auto' or bool, default='auto'
-        Hold out ``validation_fraction`` of the data (stratified by class), watch the loss on
-        it after every epoch, stop when it has not improved for ``n_iter_no_change``
-        epochs and keep the parameters of the epoch where it was lowest. 'auto' does so
-        when the data has enough samples for a validation set (at least two per class and one per class on each side, in practice from about 20 samples); otherwise
-        (and with False) training stops on the training loss.
+        Hold out ``validation_fraction`` of the data (stratified by class), watch the
+        weighted loss on it after every epoch, stop when it has not improved by ``tol``
+        for ``n_iter_no_change`` epochs and keep the parameters of the epoch where it was
+        lowest. 'auto' does so when the held-out part has at least 10 samples and every
+        class can be on both sides (from 91 samples on in practice); smaller sets, and
+        False, train on all samples and stop on the training loss. True holds out at any
+        size where the split is possible.
     validation_fraction : float in (0, 1), default=0.1
         Share of the training data held out for early stopping.
     shuffle : bool, default=True
@@ -925,8 +928,7 @@ batch_size, learning_rate_init, alpha, clip_norm, max_iter, tol, n_iter_no_chang
 early_stopping, validation_fraction, shuffle, random_state, warm_start, verbose, momentum, \
 nesterovs_momentum, beta_1, beta_2, epsilon, dtype
         As in :class:`LSTMClassifier`. The validation set of early stopping is not
-        stratified, and its score is R² (weighted by ``sample_weight``); 'auto' holds one
-        out from 20 samples on.
+        stratified, and its score is R² (weighted by ``sample_weight``).
 
     Attributes
     ----------
