@@ -235,7 +235,7 @@ class _BaseLSTM(BaseEstimator):
                              f"expecting {self.input_size_} features per time step as input")
         return data
 
-    def _sample_weights(self, sample_weight, y, codes, n_samples, *, incremental):
+    def _sample_weights(self, sample_weight, targets, n_samples, *, incremental):
         """Per-sample weights (``sample_weight`` times any class weight), float64."""
         weights = _check_sample_weight(sample_weight, np.empty((n_samples, 0)),
                                        dtype=np.float64, ensure_non_negative=True)
@@ -270,6 +270,7 @@ class _BaseLSTM(BaseEstimator):
         self.best_validation_score_ = None
         self.best_validation_loss_ = None
         self.best_loss_ = np.inf
+        self._no_improvement_count = 0
         if hasattr(self, "_optimizer"):
             del self._optimizer
 
@@ -405,7 +406,7 @@ class _BaseLSTM(BaseEstimator):
         data = self._validate_X(X, reset=first_pass, dtype=dtype)
         targets = self._validate_targets(y, data.n_samples, first_pass=first_pass,
                                          incremental=incremental, classes=classes, dtype=dtype)
-        weights = self._sample_weights(sample_weight, y, targets, data.n_samples,
+        weights = self._sample_weights(sample_weight, targets, data.n_samples,
                                        incremental=incremental)
         if not weights.any():
             raise ValueError("The weights of the samples (sample_weight times class_weight) "
@@ -438,10 +439,10 @@ class _BaseLSTM(BaseEstimator):
                 reason = (f"class {self.classes_[rarest].item()!r} has 1 sample, and a "
                           f"stratified split needs 2 of each class")
             elif smaller_part < max(2, np.count_nonzero(counts)):
-                reason = (f"{min(n_validation, n_samples - n_validation)} samples cannot hold "
-                          f"each of the {np.count_nonzero(counts)} classes")
+                reason = (f"{smaller_part} samples cannot hold each of the "
+                          f"{np.count_nonzero(counts)} classes")
         elif smaller_part < 2:
-            reason = f"{smaller_part} sample is too few"
+            reason = f"a part of {smaller_part} sample{'s' if smaller_part != 1 else ''} is too small"
         if self.early_stopping == "auto":
             return reason is None and n_validation >= _AUTO_MIN_VALIDATION
         if reason is not None:
@@ -783,8 +784,8 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
         self.out_activation_ = "softmax"
         return np.searchsorted(self.classes_, y)
 
-    def _sample_weights(self, sample_weight, y, codes, n_samples, *, incremental):
-        weights = super()._sample_weights(sample_weight, y, codes, n_samples,
+    def _sample_weights(self, sample_weight, codes, n_samples, *, incremental):
+        weights = super()._sample_weights(sample_weight, codes, n_samples,
                                           incremental=incremental)
         if self.class_weight is None:
             return weights
