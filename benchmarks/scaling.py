@@ -36,7 +36,7 @@ from lstmcy import _core, _schedule  # noqa: E402
 from cases import CASES, lstm_kwargs, make_inputs  # noqa: E402
 
 # Task kinds (src/lstmcy/_layer.pxd, TaskKind)
-PACK, PROJECT, RECURRENCE, UNIT_STEP, GATHER, WEIGHTS, DX = range(7)
+PACK, PROJECT, RECURRENCE, UNIT_STEP, GATHER, WEIGHTS, DX, FINISH = range(8)
 KIND, DIRECTION, I, J, WORKER, START, END, ORDER = range(8)
 COUNTS = (1, 2, 4, 8, 16, 32)
 
@@ -86,14 +86,15 @@ def graph(call, T):
     """The call's task graph, rebuilt from the kernels' rules: per node (a trace entry) its
     duration and dependencies, the listed tasks in list order (each a sequence of nodes
     one worker runs), the unit steps, and the backward's gradients (dx pieces, and per
-    dW block its chunks with each chunk's gather)."""
+    chain of dW, a lane of a block, its chunks with each chunk's gather; per block the
+    addition of its lanes' sums)."""
     entries, durations, schedule = call["entries"], call["durations"], call["schedule"]
     by_key = {}
     for n, e in enumerate(entries):
         by_key[(int(e[KIND]), int(e[DIRECTION]), int(e[I]), int(e[J]))] = n
     deps = defaultdict(list)
     listed = defaultdict(list)  # list position -> nodes in run order
-    units, dx, weights = [], [], defaultdict(dict)
+    units, dx, weights, finishes = [], [], defaultdict(dict), {}
     chunk_ends = defaultdict(list)  # (direction, chunk) -> the recurrence nodes ending it
     packs = defaultdict(list)
     for n, e in enumerate(entries):
@@ -102,8 +103,10 @@ def graph(call, T):
             units.append(n)
         elif kind == DX:
             dx.append(n)
-        elif kind == WEIGHTS:
-            weights[d, j][i] = n
+        elif kind == WEIGHTS:  # chain (direction, lane, block) of chunk i
+            weights[d, i % schedule.lanes, j][i] = n
+        elif kind == FINISH:
+            finishes[d, i] = n
         elif kind != GATHER:
             listed[order].append(n)
         if kind == RECURRENCE:
@@ -139,7 +142,9 @@ def graph(call, T):
                 deps[n].extend(chunk_ends[direction, _chunk_of(step, schedule, n_chunks)])
     gathers = {(int(e[DIRECTION]), int(e[I])): n for n, e in enumerate(entries)
                if int(e[KIND]) == GATHER}
-    blocks = [[weights[key][c] for c in sorted(weights[key])] for key in sorted(weights)]
+    chains = sorted(weights)
+    blocks = [[weights[key][c] for c in sorted(weights[key])] for key in chains]
+    finish_of = [finishes.get((key[0], key[2])) for key in chains]
 
     def steps_needed(n):  # the kernels take dx pieces in this order
         t_lo = int(entries[n][I]) * schedule.dx_steps
@@ -148,7 +153,8 @@ def graph(call, T):
 
     return dict(entries=entries, durations=durations, deps=deps,
                 tasks=[listed[k] for k in sorted(listed)], units=units,
-                dx=sorted(dx, key=steps_needed), blocks=blocks, gathers=gathers)
+                dx=sorted(dx, key=steps_needed), blocks=blocks, gathers=gathers,
+                finish_of=finish_of)
 
 
 def replay(g, workers):
@@ -157,7 +163,8 @@ def replay(g, workers):
     unit steps, each part of a direction on its own worker; then the backward's
     gradients, each worker taking a ready dx piece first, else the next ready chunk of a
     block nobody holds (its own block first, kept while its chunks are ready and no dx
-    piece is), else waiting until something is ready."""
+    piece is), else waiting until something is ready. The worker that ends a block's last
+    chain adds the block's lanes."""
     entries, durations, deps = g["entries"], g["durations"], g["deps"]
     done = {}
     free = [0.0] * workers
@@ -191,6 +198,8 @@ def replay(g, workers):
         gathered = set()
         own = [w % max(1, len(blocks)) for w in range(workers)]
 
+        finish_of = g["finish_of"]
+
         def run_chunk(b, t):
             n = blocks[b][next_chunk[b]]
             key = (int(entries[n][DIRECTION]), int(entries[n][I]))
@@ -199,6 +208,11 @@ def replay(g, workers):
                 t += float(durations[g["gathers"][key]])
             next_chunk[b] += 1
             done[n] = t + float(durations[n])
+            f = finish_of[b]
+            if f is not None and all(next_chunk[o] == len(blocks[o])
+                                     for o in range(len(blocks)) if finish_of[o] == f):
+                done[f] = done[n] + float(durations[f])
+                return done[f]
             return done[n]
 
         active = set(range(workers))

@@ -18,7 +18,7 @@ from lstmcy import _fpmode
 from lstmcy._dispatch import kernels as _lstm
 from lstmcy._cache import LSTMCache
 from lstmcy._pool import ALIGN, ResultPool, aligned_empty, aligned_offset
-from lstmcy._schedule import SPLIT_UNITS, backward_schedule, forward_schedule
+from lstmcy._schedule import SPLIT_UNITS, backward_lanes, backward_schedule, forward_schedule
 from lstmcy._threads import (ThreadTuner, _check_count, blas_single_threaded, is_automatic,
                              threads_for)
 from lstmcy._validation import (SAVED_NAMES, check_backward, check_bool, check_dropout,
@@ -235,8 +235,9 @@ class LSTMPlan:
         input is not in packed order, a packed copy of the input (gradient), plus a
         panel-packed copy of ``w_hh`` (and ``w_hr``) per direction for the recurrent
         products; the backward adds, per direction, ``[x | h_{t-1} (| r_t)]`` in packed row
-        order for the weight gradients, a ``[4H, I + P]`` weight-gradient accumulator and
-        a float64 bias one, and with a projection the rows of dh and of dh @ w_hr. An upper
+        order for the weight gradients, ``lanes`` ``[4H, I + P]`` weight-gradient sums and
+        float64 bias ones (see :func:`lstmcy._schedule.backward_lanes`), and with a
+        projection the rows of dh and of dh @ w_hr and dW_hr's sums. An upper
         bound of what :attr:`workspace_size` reaches after such calls.
         """
         D = 2 if bidirectional else 1
@@ -258,13 +259,14 @@ class LSTMPlan:
         if backward:
             packed = max(packed, _lstm.backward_packed_len(H, P, projected, is_double))
         elements += D * packed
-        extra_bytes = 8 * (ALIGN - 1)  # room to align each of the (at most 8) named buffers
+        extra_bytes = 9 * (ALIGN - 1)  # room to align each of the (at most 9) named buffers
         if backward:
             z_width = width + P + (H if projected else 0)
-            elements += D * (N * z_width + 4 * H * (width + P))
+            lanes = max(backward_lanes(T, B, I, H) for I in {input_size, width})
+            elements += D * (N * z_width + lanes * 4 * H * (width + P))
             if projected:
-                elements += D * N * P  # dh of every row
-            extra_bytes += D * 4 * H * 8
+                elements += D * N * P + D * lanes * P * H  # dh of every row, dW_hr's lanes
+            extra_bytes += D * lanes * 4 * H * 8
         return int(elements * itemsize + extra_bytes)
 
     def _take(self, name, shape, dtype):
@@ -516,6 +518,8 @@ class LSTMPlan:
                 scattered = layer_dx_needed and not in_packed  # dx through packed row order
                 z_width = in_size + P + (H if projected else 0)
                 rows = N if projected else 0
+                # Each lane of the weight gradients sums its own dW (shape only).
+                lanes = backward_schedule(T, B, in_size, H, D, 1).lanes
                 args = (layer_in, in_step_row, in_stride, in_packed,
                         upper_dy, dy_step_row, dy_stride,
                         w_ih, w_hh, w_hr, p.h0[ks], p.c0[ks], saved,
@@ -525,8 +529,9 @@ class LSTMPlan:
                         self._take("dh_rows", (D, rows, P), cdt),
                         self._take("r_rows", (D, rows, H), cdt),
                         self._take("z", (D, N if want_dparams else 0, z_width), cdt),
-                        self._take("dw", (D, 4 * H if want_dparams else 0, in_size + P), cdt),
-                        self._take("db_acc", (D, 4 * H if want_dparams else 0), np.dtype(np.float64)),
+                        self._take("dw", (D, lanes * 4 * H if want_dparams else 0, in_size + P), cdt),
+                        self._take("db_acc", (D, lanes * 4 * H if want_dparams else 0), np.dtype(np.float64)),
+                        self._take("dw_hr_acc", (D, lanes * hr if want_dparams else 0, H), cdt),
                         self._take("packed_rows", (N if scattered else 0, in_size), cdt),
                         self._take("w_packed", (D * _backward_packed_len(H, P, projected, cdt),), cdt))
 

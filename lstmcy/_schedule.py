@@ -30,9 +30,10 @@ FLOPS_PER_THREAD = 1e6
 MIN_GROUP_ROWS = 4
 GROUP_ROW_UNITS = 512
 #: A forward too narrow for row groups splits the hidden units of every step between
-#: threads once a step's recurrent product per part reaches this (FLOPs), since every
-#: step then waits for every part of the previous one.
-MIN_UNIT_PART_FLOPS = 1e5
+#: threads once a step's recurrent product per part reaches this (FLOPs): every step
+#: waits for every part of the previous one, a wait of a few microseconds between cores
+#: (more on a loaded machine), which smaller parts do not earn back.
+MIN_UNIT_PART_FLOPS = 1e6
 #: Rows (steps x batch) of one projection piece of the forward (a BLAS GEMM of 4H columns).
 PROJECTION_ROWS = 256
 #: The backward's chunks of steps: about this many rows, and at least T / MAX_CHUNKS steps.
@@ -41,12 +42,19 @@ MAX_CHUNKS = 8
 #: Rows of one dx piece of the backward (a BLAS GEMM that packs w_ih anew, which costs
 #: about 6 % of its work at this size).
 DX_PIECE_ROWS = 256
-#: Gate rows of one block of dW: the blocks are the weight gradients' parallel tasks; a
-#: block's GEMM over a chunk is at least BLOCK_FLOPS of work (smaller ones lose much of
-#: their time to BLAS's per-call cost), and a layer has at most MAX_BLOCKS of them.
-MIN_BLOCK_ROWS = 64
+#: Gate rows of one block of dW: a block's GEMM over a chunk re-packs the chunk's
+#: [x | h_{t-1}] rows, so a block has at least MIN_BLOCK_ROWS rows (fewer lose a
+#: noticeable share of a GEMM's time to that packing) and is at least BLOCK_FLOPS of work
+#: (smaller ones lose much of it to BLAS's per-call cost); a layer has at most MAX_BLOCKS.
+MIN_BLOCK_ROWS = 256
 MAX_BLOCKS = 16
 BLOCK_FLOPS = 2e6
+#: Lanes of the weight gradients: chunk c adds into lane c % lanes's own sums, which are
+#: added up at the end, so that as many threads add consecutive chunks of one block at
+#: once. At most MAX_LANES, at most the chunks, and at most LANE_BYTES of sums per
+#: direction (in float64; the sums' final addition reads them all once).
+MAX_LANES = 4
+LANE_BYTES = 32 << 20
 
 # The kernels' split of a forward recurrence (lstmcy._layer.Split).
 SPLIT_ROWS = 0
@@ -61,12 +69,13 @@ piece_steps : steps per projection piece (shape only)
 pack_pieces : pieces of the packing of w_hh per direction
 """
 BackwardSchedule = namedtuple("BackwardSchedule",
-                              "groups first chunk block_rows dx_steps pack_pieces")
+                              "groups first chunk block_rows lanes dx_steps pack_pieces")
 BackwardSchedule.__doc__ = """The schedule of one backward layer call.
 
 groups : row groups per direction
 first, chunk : steps of the first chunk and of the others (shape only)
 block_rows : gate rows per block of dW (shape only)
+lanes : lanes of chunks of dW, each with its own sums (shape only)
 dx_steps : steps per dx piece (shape only)
 pack_pieces : pieces of the packing of w_hh per direction
 """
@@ -119,6 +128,16 @@ def _block_rows(I, H, chunk_rows):
 
 
 @functools.lru_cache(maxsize=512)
+def backward_lanes(T, B, I, H):
+    """Lanes of the backward's weight gradients (shape only): the workspace of the
+    gradients' sums is ``lanes`` times ``[4H, I + H]`` per direction."""
+    chunk = chunk_steps(T, B)
+    n_chunks = 1 if T <= chunk else 1 + math.ceil((T - chunk) / chunk)
+    by_memory = LANE_BYTES // max(8 * 4 * H * (I + H), 1)
+    return int(max(1, min(MAX_LANES, n_chunks, by_memory)))
+
+
+@functools.lru_cache(maxsize=512)
 def backward_schedule(T, B, I, H, D, n_threads):
     """The :class:`BackwardSchedule` of a layer of input size ``I`` on ``n_threads``
     threads. The first chunk is short with one direction, so that the weight gradients can
@@ -127,5 +146,5 @@ def backward_schedule(T, B, I, H, D, n_threads):
     first = chunk if D == 2 else max(1, math.ceil(chunk / 4))
     dx_steps = max(1, math.ceil(DX_PIECE_ROWS / max(B, 1)))
     block_rows = _block_rows(I, H, chunk * B)
-    return BackwardSchedule(_row_groups(B, H, D, n_threads), first, chunk, block_rows, dx_steps,
-                            _pack_pieces(H, n_threads))
+    return BackwardSchedule(_row_groups(B, H, D, n_threads), first, chunk, block_rows,
+                            backward_lanes(T, B, I, H), dx_steps, _pack_pieces(H, n_threads))

@@ -26,10 +26,12 @@ CONFIGS = {
                                        layout="padded_3d", dtype=np.dtype(np.float64),
                                        lengths_seed=2),
 }
-# (first, chunk, block_rows, dx_steps): the policy never has first > chunk, but the kernels
-# take any positive values (a block of 1000 rows is the whole of dW).
-BACKWARD = [(1, 1, 16, 1), (1, 3, 64, 2), (2, 5, 32, 1), (3, 3, 1000, 3), (1000, 1000, 16, 1),
-            (4, 4, 48, 100), (2, 7, 64, 2), (6, 1, 16, 5), (5, 2, 80, 1)]
+# (first, chunk, block_rows, lanes, dx_steps): the policy never has first > chunk, but the
+# kernels take any positive values (a block of 1000 rows is the whole of dW; more lanes
+# than chunks leave some lanes empty).
+BACKWARD = [(1, 1, 16, 1, 1), (1, 3, 64, 2, 2), (2, 5, 32, 3, 1), (3, 3, 1000, 4, 3),
+            (1000, 1000, 16, 2, 1), (4, 4, 48, 1, 100), (2, 7, 64, 5, 2), (6, 1, 16, 7, 5),
+            (5, 2, 80, 2, 1), (1, 1, 1000, 30, 1)]
 # (split, piece_steps) of the forward
 FORWARD = [(_schedule.SPLIT_ROWS, 1), (_schedule.SPLIT_ROWS, 5), (_schedule.SPLIT_UNITS, 2),
            (_schedule.SPLIT_UNITS, 1000)]
@@ -40,7 +42,7 @@ def schedules(backward, forward):
     """Schedule functions with the bit-fixing fields forced; the split between threads
     still follows the thread count (a group or part per thread, up to one row or 16
     units each)."""
-    first, chunk, block_rows, dx_steps = backward
+    first, chunk, block_rows, lanes, dx_steps = backward
     split, piece_steps = forward
 
     def fwd(T, B, I, H, D, n_threads, projected=False):
@@ -51,7 +53,7 @@ def schedules(backward, forward):
 
     def bwd(T, B, I, H, D, n_threads):
         return _schedule.BackwardSchedule(max(1, min(n_threads // D, B)), first, chunk,
-                                          block_rows, dx_steps, n_threads)
+                                          block_rows, lanes, dx_steps, n_threads)
 
     return fwd, bwd
 
@@ -72,8 +74,8 @@ def check_against_reference(call, outputs):
 
 
 @pytest.mark.parametrize("forward", FORWARD, ids=[f"{'units' if s else 'rows'}-piece{p}" for s, p in FORWARD])
-@pytest.mark.parametrize("backward", BACKWARD, ids=[f"first{f}-chunk{c}-block{b}-dx{d}"
-                                                    for f, c, b, d in BACKWARD])
+@pytest.mark.parametrize("backward", BACKWARD, ids=[f"first{f}-chunk{c}-block{b}-lanes{n}-dx{d}"
+                                                    for f, c, b, n, d in BACKWARD])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_schedule_matches_reference_and_is_thread_independent(name, backward, forward, calls,
                                                               monkeypatch):
@@ -93,9 +95,11 @@ def test_bit_fixing_fields_are_a_function_of_the_shape():
         forward = {n: _schedule.forward_schedule(*shape, n) for n in (1, 2, 3, 8, 64)}
         backward = {n: _schedule.backward_schedule(*shape, n) for n in (1, 2, 3, 8, 64)}
         assert len({s.piece_steps for s in forward.values()}) == 1
-        assert len({(s.first, s.chunk, s.block_rows, s.dx_steps) for s in backward.values()}) == 1
+        assert len({(s.first, s.chunk, s.block_rows, s.lanes, s.dx_steps)
+                    for s in backward.values()}) == 1
         for n, s in backward.items():
             assert 1 <= s.first <= s.chunk and s.block_rows >= 16 and s.dx_steps >= 1
+            assert 1 <= s.lanes <= _schedule.MAX_LANES
             assert 1 <= s.groups <= max(1, n)
         for n, s in forward.items():
             assert 1 <= s.groups <= max(1, n) and s.pack_pieces >= 1
@@ -114,6 +118,7 @@ def test_no_steps_gives_zero_weight_gradients(threads, monkeypatch):
 
 
 BAD = [("backward", dict(first=0)), ("backward", dict(chunk=0)), ("backward", dict(block_rows=0)),
+       ("backward", dict(lanes=0)),
        ("backward", dict(dx_steps=0)), ("backward", dict(groups=0)), ("backward", dict(pack_pieces=0)),
        ("forward", dict(piece_steps=0)), ("forward", dict(groups=0)), ("forward", dict(pack_pieces=0)),
        ("forward", dict(split=7))]

@@ -11,19 +11,21 @@
 # as they become ready, while the recurrences still run on other threads:
 #   * TASK_DX: a piece of steps, dx = sum over directions of dgates @ w_ih (taken first:
 #     large and independent);
-#   * TASK_WEIGHTS: the next chunk of a block of gate rows, [dW_ih | dW_hh] +=
-#     dgates^T [x | h_{t-1}] (one GEMM) and db += sum(dgates) over the chunk's rows (its
-#     TASK_GATHER first puts the chunk's [x | h_{t-1}] rows in packed order); with a
-#     projection also blocks of its rows, dW_hr += dh^T r (r = o * tanh(c)). A block has
-#     one owner at a time and adds its chunks in processing order; a thread keeps to its
-#     block while it can, so two threads never wait on one block's chain.
+#   * TASK_WEIGHTS: the next chunk of a chain: a lane (chunks l, l + lanes, ...) of a block
+#     of gate rows, [dW_ih | dW_hh] += dgates^T [x | h_{t-1}] (one GEMM) and db +=
+#     sum(dgates) over the chunk's rows into the lane's own sums (its TASK_GATHER first puts
+#     the chunk's [x | h_{t-1}] rows in packed order); with a projection also blocks of its
+#     rows, dW_hr += dh^T r (r = o * tanh(c)). A chain has one owner at a time and adds its
+#     chunks in processing order; a thread keeps to its chain while it can, so two threads
+#     never wait on one chain. The last lane of a block to finish adds the lanes' sums in
+#     lane order (TASK_FINISH). Lanes let large blocks (efficient GEMMs) run in parallel.
 # Nothing waits for anything that needs a thread it holds, so any number of threads (one
 # included) completes the call.
 #
-# Bits: the recurrence's products of a row do not depend on the group; the chunks, blocks
-# and dx pieces are a function of the shape, and each block adds its chunks in order (db in
-# float64, row by row), whichever thread runs them. So the results are bitwise identical
-# for any number of threads or groups.
+# Bits: the recurrence's products of a row do not depend on the group; the chunks, blocks,
+# lanes and dx pieces are a function of the shape, each chain adds its chunks in order and
+# the lanes are added in order (db in float64, row by row), whichever thread runs them. So
+# the results are bitwise identical for any number of threads or groups.
 
 
 cdef inline void _chunk_steps(const BackwardCall *bc, Py_ssize_t c, Py_ssize_t *s_lo,
@@ -197,56 +199,93 @@ cdef void _gather(const BackwardCall *bc, floating *like, Py_ssize_t d,
                     dst[I + P + j] = o_row[j] * tc_row[j]
 
 
-cdef long long _weights(const BackwardCall *bc, floating *like, Py_ssize_t d, Py_ssize_t c,
-                        Py_ssize_t k) noexcept nogil:
-    """TASK_WEIGHTS: chunk c added to block k (the first chunk overwrites). A block of gate
-    rows (k < n_gate_blocks) takes [dW_ih | dW_hh] += dgates^T [x | h_{t-1}] and db, and its
-    last chunk writes dW_ih, dW_hh and db; a block of the projection's rows takes dW_hr +=
-    dh^T r. The caller owns the block and the recurrences have done the chunk. Returns
+cdef inline void _block_rows(const BackwardCall *bc, Py_ssize_t k, Py_ssize_t *k0,
+                             Py_ssize_t *kb) noexcept nogil:
+    """The rows [k0, k0 + kb) of block k: of the gate rows (k < n_gate_blocks), else of
+    the projection's P rows."""
+    cdef Py_ssize_t rows = bc.P if k >= bc.n_gate_blocks else 4 * bc.H
+    k0[0] = (k - bc.n_gate_blocks if k >= bc.n_gate_blocks else k) * bc.block_rows
+    kb[0] = bc.block_rows if k0[0] + bc.block_rows < rows else rows - k0[0]
+
+
+cdef long long _weights(const BackwardCall *bc, floating *like, Py_ssize_t d, Py_ssize_t lane,
+                        Py_ssize_t c, Py_ssize_t k) noexcept nogil:
+    """TASK_WEIGHTS: chunk c added to lane ``lane``'s sums of block k (the lane's first
+    chunk overwrites). A block of gate rows (k < n_gate_blocks) takes [dW_ih | dW_hh] +=
+    dgates^T [x | h_{t-1}] and db (in float64), a block of the projection's rows dW_hr +=
+    dh^T r. The caller holds the chain and the recurrences have done the chunk. Returns
     when the work started (for the trace: after the wait for the chunk's gathered rows)."""
-    cdef Py_ssize_t I = bc.I
     cdef Py_ssize_t H = bc.H
     cdef Py_ssize_t P = bc.P
-    cdef Py_ssize_t K = I + P
+    cdef Py_ssize_t K = bc.I + P
     cdef Py_ssize_t Z = bc.z_width
     cdef Py_ssize_t G4 = 4 * H
-    cdef Py_ssize_t rows = P if k >= bc.n_gate_blocks else G4
-    cdef Py_ssize_t k0 = (k - bc.n_gate_blocks if k >= bc.n_gate_blocks else k) * bc.block_rows
-    cdef Py_ssize_t kb = bc.block_rows if k0 + bc.block_rows < rows else rows - k0
-    cdef Py_ssize_t t_lo, t_hi, r0, r1, n, j, q
+    cdef Py_ssize_t k0, kb, t_lo, t_hi, r0, r1, n, j
     cdef const floating *dg = <floating *>bc.dgates[d]
     cdef const floating *z = <floating *>bc.z[d]
-    cdef floating *dw = <floating *>bc.dw[d] + k0 * K
-    cdef double *db_acc = bc.db_acc[d] + k0
-    cdef floating *db = <floating *>bc.db[d] + k0
-    cdef floating *dw_ih = <floating *>bc.dw_ih[d] + k0 * I
-    cdef floating *dw_hh = <floating *>bc.dw_hh[d] + k0 * P
-    cdef floating beta = 0 if c == 0 else 1
+    cdef floating beta = 0 if c < bc.lanes else 1
+    cdef double *db_acc
     cdef long long start
+    _block_rows(bc, k, &k0, &kb)
     _chunk_rows(bc, d, c, &t_lo, &t_hi, &r0, &r1)
     event_wait(&bc.gathered[d * bc.n_chunks + c], 1, bc.spin_ns)  # maybe another block's owner
     start = trace_start(&bc.trace)
     if k >= bc.n_gate_blocks:
         gemm(Trans, NoTrans, <int>kb, <int>H, <int>(r1 - r0), <floating>1,
              <floating *>bc.dh_rows[d] + r0 * P + k0, <int>P, z + r0 * Z + K, <int>Z, beta,
-             <floating *>bc.dw_hr[d] + k0 * H, <int>H)
+             <floating *>bc.dw_hr_acc[d] + (lane * P + k0) * H, <int>H)
         return start
     gemm(Trans, NoTrans, <int>kb, <int>K, <int>(r1 - r0), <floating>1, dg + r0 * G4 + k0,
-         <int>G4, z + r0 * Z, <int>Z, beta, dw, <int>K)
-    if c == 0:
+         <int>G4, z + r0 * Z, <int>Z, beta, <floating *>bc.dw[d] + (lane * G4 + k0) * K, <int>K)
+    db_acc = bc.db_acc[d] + lane * G4 + k0
+    if c < bc.lanes:
         for j in range(kb):
             db_acc[j] = 0
     for n in range(r0, r1):  # in row order: the same sum whichever thread adds it
         for j in range(kb):
             db_acc[j] += dg[n * G4 + k0 + j]
-    if c == bc.n_chunks - 1:
-        for q in range(kb):
-            db[q] = <floating>db_acc[q]
-            for j in range(I):
-                dw_ih[q * I + j] = dw[q * K + j]
-            for j in range(P):
-                dw_hh[q * P + j] = dw[q * K + I + j]
     return start
+
+
+cdef void _finish_block(const BackwardCall *bc, floating *like, Py_ssize_t d,
+                        Py_ssize_t k) noexcept nogil:
+    """Block k's results from its lanes' sums, added in lane order: dW_ih, dW_hh and db
+    (the sum of the float64 sums), or dW_hr."""
+    cdef Py_ssize_t I = bc.I
+    cdef Py_ssize_t H = bc.H
+    cdef Py_ssize_t P = bc.P
+    cdef Py_ssize_t K = I + P
+    cdef Py_ssize_t G4 = 4 * H
+    cdef Py_ssize_t lanes = bc.lanes if bc.lanes < bc.n_chunks else bc.n_chunks
+    cdef Py_ssize_t k0, kb, q, j, lane
+    cdef const floating *acc
+    cdef floating *out
+    cdef floating value
+    cdef double total
+    _block_rows(bc, k, &k0, &kb)
+    if k >= bc.n_gate_blocks:
+        for q in range(k0, k0 + kb):
+            out = <floating *>bc.dw_hr[d] + q * H
+            for j in range(H):
+                value = (<floating *>bc.dw_hr_acc[d])[q * H + j]
+                for lane in range(1, lanes):
+                    value = value + (<floating *>bc.dw_hr_acc[d])[(lane * P + q) * H + j]
+                out[j] = value
+        return
+    acc = <floating *>bc.dw[d]
+    for q in range(k0, k0 + kb):
+        total = bc.db_acc[d][q]
+        for lane in range(1, lanes):
+            total = total + bc.db_acc[d][lane * G4 + q]
+        (<floating *>bc.db[d])[q] = <floating>total
+        for j in range(K):
+            value = acc[q * K + j]
+            for lane in range(1, lanes):
+                value = value + acc[(lane * G4 + q) * K + j]
+            if j < I:
+                (<floating *>bc.dw_ih[d])[q * I + j] = value
+            else:
+                (<floating *>bc.dw_hh[d])[q * P + j - I] = value
 
 
 cdef long long _dx_piece(const BackwardCall *bc, floating *like, Py_ssize_t q) noexcept nogil:
@@ -327,29 +366,38 @@ cdef bint _take_dx_piece(BackwardCall *bc, floating *like, int worker) noexcept 
     return True
 
 
-cdef void _block_chunk(BackwardCall *bc, floating *like, Py_ssize_t d, Py_ssize_t k,
-                       Py_ssize_t c, int worker) noexcept nogil:
-    """Chunk c of block k of direction d, its [x | h_{t-1}] rows gathered first (by
-    whichever block's owner gets there first)."""
+cdef void _chain_chunk(BackwardCall *bc, floating *like, Py_ssize_t d, Py_ssize_t lane,
+                       Py_ssize_t k, Py_ssize_t c, int worker) noexcept nogil:
+    """Chunk c of lane ``lane`` of block k of direction d, the chunk's [x | h_{t-1}] rows
+    gathered first (by whichever chain gets there first); the block's results once it was
+    the last chunk of the block's last lane to finish."""
     cdef Py_ssize_t slot = d * bc.n_chunks + c
+    cdef Py_ssize_t lanes = bc.lanes if bc.lanes < bc.n_chunks else bc.n_chunks
     cdef long long start
     if claim(&bc.gather_claims[slot]):
         start = trace_start(&bc.trace)
         _gather(bc, like, d, c)
         event_set(&bc.gathered[slot], 1)
         trace_task(&bc.trace, TASK_GATHER, d, c, 0, worker, start, -1)
-    start = _weights(bc, like, d, c, k)
+    start = _weights(bc, like, d, lane, c, k)
     trace_task(&bc.trace, TASK_WEIGHTS, d, c, k, worker, start, -1)
+    if c + bc.lanes >= bc.n_chunks and take_next(&bc.lanes_done[d * bc.n_blocks + k]) == lanes - 1:
+        start = trace_start(&bc.trace)
+        _finish_block(bc, like, d, k)
+        trace_task(&bc.trace, TASK_FINISH, d, k, 0, worker, start, -1)
 
 
 cdef void _gradients_worker(BackwardCall *bc, floating *like, int worker) noexcept nogil:
     """A thread's part of the gradients: ready dx pieces first, then the next chunk of a
-    block nobody holds, its own block first (held until it is done or not ready), waiting
-    for the recurrences when nothing is ready; it returns once every dx piece is taken
-    and every block with chunks left is held by another thread."""
-    cdef Py_ssize_t n_blocks = bc.D * bc.n_blocks if bc.want_dparams else 0
-    cdef Py_ssize_t own = worker % n_blocks if n_blocks > 0 else 0
-    cdef Py_ssize_t j, b, d, k, c, s_lo, s_hi
+    chain (a lane of a block) nobody holds, its own chain first (held while its chunks are
+    ready), waiting for the recurrences when nothing is ready; it returns once every dx
+    piece is taken and every chain with chunks left is held by another thread. Chain b is
+    direction b // (lanes * n_blocks), lane b // n_blocks % lanes, block b % n_blocks; lane
+    l adds chunks l, l + lanes, ..."""
+    cdef Py_ssize_t per_direction = bc.lanes * bc.n_blocks
+    cdef Py_ssize_t n_chains = bc.D * per_direction if bc.want_dparams else 0
+    cdef Py_ssize_t own = worker % n_chains if n_chains > 0 else 0
+    cdef Py_ssize_t j, b, d, k, c, lane, s_lo, s_hi
     cdef bint ran, free_left
     cdef int seen
     while True:
@@ -357,26 +405,27 @@ cdef void _gradients_worker(BackwardCall *bc, floating *like, int worker) noexce
             continue
         ran = False
         free_left = False
-        for j in range(n_blocks):
-            b = (own + j) % n_blocks
-            c = load_acquire(&bc.block_next[b])
+        for j in range(n_chains):
+            b = (own + j) % n_chains
+            d = b // per_direction
+            lane = b // bc.n_blocks % bc.lanes
+            k = b % bc.n_blocks
+            c = lane + bc.lanes * load_acquire(&bc.block_next[b])
             if c >= bc.n_chunks or load_acquire(&bc.block_busy[b]) != 0:
                 continue
             free_left = True
-            d = b // bc.n_blocks
-            k = b % bc.n_blocks
             _chunk_steps(bc, c, &s_lo, &s_hi)
             if not _steps_done(bc, d, s_hi) or not claim(&bc.block_busy[b]):
                 continue
-            # The block is this thread's: its chunks while they are ready and no dx piece
-            # is (the block is let go before a dx piece, so others may take it).
+            # The chain is this thread's: its chunks while they are ready and no dx piece
+            # is (the chain is let go before a dx piece, so others may take it).
             while True:
-                c = bc.block_next[b]
-                _block_chunk(bc, like, d, k, c, worker)
-                store_release(&bc.block_next[b], <int>(c + 1))
-                if c + 1 >= bc.n_chunks:
+                c = lane + bc.lanes * bc.block_next[b]
+                _chain_chunk(bc, like, d, lane, k, c, worker)
+                store_release(&bc.block_next[b], bc.block_next[b] + 1)
+                if c + bc.lanes >= bc.n_chunks:
                     break
-                _chunk_steps(bc, c + 1, &s_lo, &s_hi)
+                _chunk_steps(bc, c + bc.lanes, &s_lo, &s_hi)
                 if not _steps_done(bc, d, s_hi) or (bc.want_dx and _dx_ready(bc)):
                     break
             store_release(&bc.block_busy[b], 0)

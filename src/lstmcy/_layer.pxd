@@ -27,6 +27,7 @@ cdef enum TaskKind:
     TASK_GATHER = 4        # i: chunk whose [x | h_{t-1}] rows are gathered (backward)
     TASK_WEIGHTS = 5       # i: chunk, j: block of gate rows of dW and db (backward)
     TASK_DX = 6            # i: dx piece (a range of steps, both directions; backward)
+    TASK_FINISH = 7        # i: block whose lanes' sums are added up (backward)
 
 
 cdef struct Task:
@@ -148,19 +149,21 @@ cdef struct BackwardCall:
     char *dr_rows[2]                # workspace [N, H]: dh_t @ w_hr (projected)
     char *z[2]                      # workspace [N, I + P (+ H)]: [x | h_{t-1} (| r_t)]
     Py_ssize_t z_width              # I + P, + H when projected
-    char *dw[2]                     # workspace [4H, I + P]: [dW_ih | dW_hh] summed
-    double *db_acc[2]               # workspace [4H]: db summed in float64
+    char *dw[2]                     # workspace [lanes, 4H, I + P]: [dW_ih | dW_hh] per lane
+    double *db_acc[2]               # workspace [lanes, 4H]: db per lane, in float64
+    char *dw_hr_acc[2]              # workspace [lanes, P, H]: dW_hr per lane (projected)
     char *dx_packed                 # workspace [N, I]: dx in packed row order (if not packed)
     char *w_packed[2]               # workspace: packed w_hh, then w_hr (projected)
     Py_ssize_t hr_offset            # where w_hr starts in w_packed
     # schedule: chunks of processing steps (the first `first` long, then `chunk`), dW in
-    # blocks of `block_rows` gate rows (then dW_hr in blocks of as many of its P rows),
-    # dx in pieces of `dx_steps` time steps, the recurrence in `groups` row groups per
-    # direction
+    # blocks of `block_rows` gate rows (then dW_hr in blocks of as many of its P rows) and
+    # `lanes` lanes of chunks, dx in pieces of `dx_steps` time steps, the recurrence in
+    # `groups` row groups per direction
     Py_ssize_t groups
     Py_ssize_t first, chunk, n_chunks
     Py_ssize_t block_rows, n_blocks  # n_blocks: per direction, dW's and then dW_hr's
     Py_ssize_t n_gate_blocks         # dW's blocks (the others are dW_hr's)
+    Py_ssize_t lanes                 # chunks c go to lane c % lanes, each with its own sums
     Py_ssize_t dx_steps, n_dx_pieces
     Py_ssize_t pack_pieces
     # the tasks, in the order threads take them, and the synchronisation (per call)
@@ -171,8 +174,9 @@ cdef struct BackwardCall:
     lstmcy_event *progress          # [2, groups]: steps done by each row group
     lstmcy_event *gathered          # [2, n_chunks]
     int *gather_claims              # [2, n_chunks]
-    int *block_next                 # [2, n_blocks]: the next chunk each dW block adds
-    int *block_busy                 # [2, n_blocks]: whether a thread holds the block
+    int *block_next                 # [2, lanes, n_blocks]: chunks each chain has added
+    int *block_busy                 # [2, lanes, n_blocks]: whether a thread holds the chain
+    int *lanes_done                 # [2, n_blocks]: lanes of each block finished
     int *dx_next                    # how many dx pieces are taken
     const int *dx_order             # [n_dx_pieces]: the pieces in the order they get ready
     long long spin_ns

@@ -33,7 +33,7 @@ from lstmcy._cell cimport backward_cell, forward_cell, forward_cell_inference
 from lstmcy._fastmath cimport fast_sigmoid, fast_tanh
 from lstmcy._layer cimport (
     BackwardCall, ForwardCall, RowTable, Saved, SPLIT_ROWS, SPLIT_UNITS, Split, Task, TaskKind, Trace,
-    TASK_DX, TASK_GATHER, TASK_PACK, TASK_PROJECT, TASK_RECURRENCE,
+    TASK_DX, TASK_FINISH, TASK_GATHER, TASK_PACK, TASK_PROJECT, TASK_RECURRENCE,
     TASK_UNIT_STEP, TASK_WEIGHTS, TRACE_FIELDS, row_of, trace_start, trace_task)
 from lstmcy._packed_gemm cimport (pack, packed_gemm, packed_len, panel_width, pg_d_packed_len,
                                   pg_s_packed_len)
@@ -378,7 +378,8 @@ def backward_layer(
         floating[:, :, ::1] dw_hr, bint want_dparams,
         floating[:, :, ::1] dgates, floating[:, :, ::1] dh_rows, floating[:, :, ::1] dr_rows,
         floating[:, :, ::1] z, floating[:, :, ::1] dw,
-        double[:, ::1] db_acc, floating[:, ::1] dx_packed, floating[::1] w_packed,
+        double[:, ::1] db_acc, floating[:, :, ::1] dw_hr_acc,
+        floating[:, ::1] dx_packed, floating[::1] w_packed,
         schedule, int n_threads, bint flush_denormals=True, trace=None):
     """Backpropagate through one layer, both directions.
 
@@ -411,10 +412,14 @@ def backward_layer(
     z : ndarray [D, N, I + P] (with a projection [D, N, I + P + H])
         Workspace: ``[x | h_{t-1} (| o * tanh(c_t))]`` in packed row order (when
         ``want_dparams``).
-    dw : ndarray [D, 4H, I + P]
-        Workspace: ``[dW_ih | dW_hh]`` summed over the chunks (when ``want_dparams``).
-    db_acc : ndarray [D, 4H] of float64
-        Workspace: db summed in float64.
+    dw : ndarray [D, lanes*4H, I + P]
+        Workspace: ``[dW_ih | dW_hh]`` summed over each lane's chunks (when
+        ``want_dparams``).
+    db_acc : ndarray [D, lanes*4H] of float64
+        Workspace: db summed over each lane's chunks, in float64.
+    dw_hr_acc : ndarray [D, lanes*P, H]
+        Workspace with a projection: dW_hr summed over each lane's chunks (else
+        ``[D, 0, H]``).
     dx_packed : ndarray [N, I]
         Workspace: dx in packed row order (``want_dx`` and not ``x_rows_packed``).
     w_packed : ndarray
@@ -422,8 +427,8 @@ def backward_layer(
     schedule
         ``groups`` (row groups per direction), ``first`` and ``chunk`` (steps of the first
         chunk and of the others), ``block_rows`` (gate rows per block of dW, and rows of
-        the projection's per block of dW_hr),
-        ``dx_steps`` (steps per dx piece), ``pack_pieces``.
+        the projection's per block of dW_hr), ``lanes`` (chunk c adds to lane
+        ``c % lanes``'s sums), ``dx_steps`` (steps per dx piece), ``pack_pieces``.
     n_threads, flush_denormals, trace
         As for :func:`forward_layer`.
 
@@ -446,6 +451,7 @@ def backward_layer(
     cdef Py_ssize_t first = schedule.first
     cdef Py_ssize_t chunk = schedule.chunk
     cdef Py_ssize_t block_rows = schedule.block_rows
+    cdef Py_ssize_t lanes = schedule.lanes
     cdef Py_ssize_t dx_steps = schedule.dx_steps
     cdef Py_ssize_t pack_pieces = schedule.pack_pieces
     cdef Py_ssize_t n_chunks, n_blocks, n_dx, n_tasks, d, g, q, c, k, plen, which
@@ -463,18 +469,21 @@ def backward_layer(
           "batch_sizes, packed_start and the step rows must have T entries")
     _need(N == (packed_start[T - 1] + batch_sizes[T - 1] if T > 0 else 0) and dgates.shape[0] >= D
           and dgates.shape[2] == G4, "dgates must be [D, N, 4H]")
-    _need(groups >= 1 and first >= 1 and chunk >= 1 and block_rows >= 1 and dx_steps >= 1
-          and pack_pieces >= 1, f"bad schedule {schedule!r}")
+    _need(groups >= 1 and first >= 1 and chunk >= 1 and block_rows >= 1 and lanes >= 1
+          and dx_steps >= 1 and pack_pieces >= 1, f"bad schedule {schedule!r}")
     _need(not want_dx or (dx.shape[0] == x.shape[0] and dx.shape[1] == I
                           and (x_rows_packed or (dx_packed.shape[0] >= N and dx_packed.shape[1] == I))),
           "dx must be shaped like x, and dx_packed [N, I]")
     _need(not want_dparams or (tuple(dw_ih.shape)[:3] == (D, G4, I) and tuple(dw_hh.shape)[:3] == (D, G4, P)
-                               and tuple(db.shape)[:2] == (D, G4) and tuple(db_acc.shape)[:2] == (D, G4)
+                               and tuple(db.shape)[:2] == (D, G4)
                                and tuple(dw_hr.shape)[:3] == (D, w_hr.shape[1], H)
                                and tuple(z.shape)[:3] == (D, N, Z)
-                               and tuple(dw.shape)[:3] == (D, G4, I + P)),
-          "dw_ih, dw_hh, db, db_acc, dw_hr must be [D, 4H, I], [D, 4H, P], [D, 4H], [D, 4H], "
-          "[D, P, H]; z [D, N, I + P (+ H)], dw [D, 4H, I + P]")
+                               and tuple(dw.shape)[:3] == (D, lanes * G4, I + P)
+                               and tuple(db_acc.shape)[:2] == (D, lanes * G4)
+                               and tuple(dw_hr_acc.shape)[:3] == (D, lanes * w_hr.shape[1], H)),
+          "dw_ih, dw_hh, db, dw_hr must be [D, 4H, I], [D, 4H, P], [D, 4H], [D, P, H]; "
+          "z [D, N, I + P (+ H)]; dw, db_acc, dw_hr_acc [D, lanes*4H, I + P], [D, lanes*4H], "
+          "[D, lanes*P, H]")
     _need(not projected or (tuple(dh_rows.shape)[:3] == (D, N, P)
                             and tuple(dr_rows.shape)[:3] == (D, N, H)),
           "dh_rows and dr_rows must be [D, N, P] and [D, N, H]")
@@ -533,6 +542,7 @@ def backward_layer(
             bc.z[d] = _data3(z, d)
             bc.dw[d] = _data3(dw, d)
             bc.dw_hr[d] = _data3(dw_hr, d) if projected else NULL
+            bc.dw_hr_acc[d] = _data3(dw_hr_acc, d) if projected else NULL
     bc.dx_packed = _data2(dx_packed) if want_dx and not x_rows_packed else NULL
     bc.groups = groups
     bc.first = first
@@ -541,6 +551,7 @@ def backward_layer(
     bc.block_rows = block_rows
     bc.n_gate_blocks = _count(G4, block_rows)
     n_blocks = bc.n_blocks = bc.n_gate_blocks + (_count(P, block_rows) if projected else 0)
+    bc.lanes = lanes
     bc.dx_steps = dx_steps
     n_dx = bc.n_dx_pieces = _count(T, dx_steps)
     bc.pack_pieces = pack_pieces
@@ -551,8 +562,11 @@ def backward_layer(
     # next_task, pack_done[2], progress[D*groups], gathered[D*n_chunks], the trace's count
     cdef Py_ssize_t n_events = 4 + D * groups + D * n_chunks
     cdef lstmcy_event *events = <lstmcy_event *>calloc(n_events, sizeof(lstmcy_event))
-    # gather claims [D*n_chunks], block_next and block_busy [D*n_blocks], dx_next, dx_order
-    cdef int *flags = <int *>calloc(D * n_chunks + 2 * D * n_blocks + 1 + n_dx, sizeof(int))
+    # gather claims [D*n_chunks], block_next and block_busy [D*lanes*n_blocks], lanes_done
+    # [D*n_blocks], dx_next, dx_order
+    cdef Py_ssize_t n_chains = D * lanes * n_blocks
+    cdef int *flags = <int *>calloc(D * n_chunks + 2 * n_chains + D * n_blocks + 1 + n_dx,
+                                    sizeof(int))
     if tasks == NULL or events == NULL or flags == NULL:
         free(tasks)
         free(events)
@@ -565,9 +579,10 @@ def backward_layer(
     bc.trace = _trace_of(trace, &events[n_events - 1].value)
     bc.gather_claims = flags
     bc.block_next = flags + D * n_chunks
-    bc.block_busy = flags + D * n_chunks + D * n_blocks
-    bc.dx_next = flags + D * n_chunks + 2 * D * n_blocks
-    _order_dx_pieces(&bc, flags + D * n_chunks + 2 * D * n_blocks + 1)
+    bc.block_busy = bc.block_next + n_chains
+    bc.lanes_done = bc.block_busy + n_chains
+    bc.dx_next = bc.lanes_done + D * n_blocks
+    _order_dx_pieces(&bc, bc.dx_next + 1)
     if not want_dx:
         bc.n_dx_pieces = 0
 
