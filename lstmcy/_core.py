@@ -18,22 +18,14 @@ from lstmcy import _fpmode
 from lstmcy._dispatch import kernels as _lstm
 from lstmcy._cache import LSTMCache
 from lstmcy._pool import ALIGN, ResultPool, aligned_empty, aligned_offset
-from lstmcy._schedule import SPLIT_UNITS, backward_lanes, backward_schedule, forward_schedule
+from lstmcy._schedule import (SINGLE_THREADED_GEMM, SPLIT_UNITS, TUNED_STEP_FLOPS, backward_lanes,
+                              backward_schedule, forward_schedule)
 from lstmcy._threads import (ThreadTuner, _check_count, blas_single_threaded, is_automatic,
                              threads_for)
 from lstmcy._validation import (SAVED_NAMES, check_backward, check_bool, check_dropout,
                                 check_output_mask, check_problem, check_seed, to_compute)
 
 __all__ = ["lstm_forward", "lstm_backward", "LSTMPlan", "release_workspaces"]
-
-# OpenBLAS runs a GEMM on one thread when m*n*k <= 65536 * GEMM_MULTITHREAD_THRESHOLD (4):
-# a call whose largest GEMM is that small needs no cap on BLAS threads.
-_SINGLE_THREADED_GEMM = 65536 * 4
-# Kernel calls whose time step is at most this much work (FLOPs) may be moved to one
-# thread by the ThreadTuner (the small shapes: (B, I, H) = (32, 64, 128) has 6 MFLOP a step
-# forward, 13 backward). Beyond it the threads' synchronisation is a small part of a step,
-# and each try of one thread would cost a long call.
-_TUNED_STEP_FLOPS = 1.6e7
 
 
 def _as_rows(array):
@@ -296,7 +288,7 @@ class LSTMPlan:
         compares times per row (``rows`` rows), so that calls of other lengths inform one
         another."""
         n_threads = threads_for(flops, self.n_threads)
-        if (n_threads == 1 or rows == 0 or step_flops > _TUNED_STEP_FLOPS
+        if (n_threads == 1 or rows == 0 or step_flops > TUNED_STEP_FLOPS
                 or not is_automatic(self.n_threads)):
             return run(n_threads)
         key = key + (n_threads,)
@@ -326,7 +318,7 @@ class LSTMPlan:
         small that BLAS runs it on one thread anyway: the cap costs tens of microseconds."""
         width = max(problem.I, problem.D * problem.P) if problem.L > 1 else problem.I
         largest = problem.N * 4 * problem.H * (width + problem.P + problem.H)
-        return blas_single_threaded(active=largest > _SINGLE_THREADED_GEMM)
+        return blas_single_threaded(active=largest > SINGLE_THREADED_GEMM)
 
     def forward(self, input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0, train=True,
                 bidirectional=False, batch_first=False, batch_sizes=None, seed=None, proj_size=0):

@@ -24,6 +24,15 @@ from collections import namedtuple
 
 #: Work (floating-point operations) per thread before another one is worth its start.
 FLOPS_PER_THREAD = 1e6
+#: Kernel calls whose time step is at most this much work (FLOPs) may be moved to one
+#: thread by the ThreadTuner (the small shapes: (B, I, H) = (32, 64, 128) has 6 MFLOP a
+#: step forward, 13 backward). Beyond it the threads' synchronisation is a small part of a
+#: step, and each try of one thread would cost a long call.
+TUNED_STEP_FLOPS = 1.6e7
+#: OpenBLAS runs a GEMM on one thread when m*n*k <= 65536 * GEMM_MULTITHREAD_THRESHOLD (4):
+#: a call whose largest GEMM is that small needs no cap on BLAS threads (which costs tens
+#: of microseconds).
+SINGLE_THREADED_GEMM = 65536 * 4
 #: Fewest batch rows in one row group of a recurrence: with fewer, a step's packed GEMM
 #: mostly loads w_hh. A narrow w_hh (small H) is loaded fastest, so it wants more rows:
 #: at least GROUP_ROW_UNITS / H.

@@ -361,7 +361,7 @@ def check_proj_size(proj_size):
 
 
 def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, batch_first,
-                  batch_sizes, proj_size=0, arrays_for_dtype=()):
+                  batch_sizes=None, proj_size=0, arrays_for_dtype=()):
     """Validate the arguments common to forward and backward; return a :class:`Problem`.
 
     ``arrays_for_dtype`` lists further ``(name, array)`` pairs that must share the dtype.

@@ -79,7 +79,7 @@ class _Layout:
     ----------
     kind : str
         ``"time_major"`` ([T,B,W]), ``"batch_first"`` ([B,T,W]), ``"packed"``
-        (2-D, sum(batch_sizes) rows) or ``"padded2d"`` (2-D, T*B rows,
+        (2-D, sum(batch_sizes) rows) or ``"padded_2d"`` (2-D, T*B rows,
         time-major).
     T, B : int
         Sequence length and batch size.
@@ -120,7 +120,7 @@ class _Layout:
             if rows == int(bs.sum()):
                 self.kind = "packed"
             elif rows == self.T * self.B:
-                self.kind = "padded2d"
+                self.kind = "padded_2d"
             else:
                 raise ValueError(
                     f"2-D input has {rows} rows; expected sum(batch_sizes)="
@@ -140,7 +140,7 @@ class _Layout:
             out = arr.astype(np.float64)
         elif self.kind == "batch_first":
             out = arr.astype(np.float64).transpose(1, 0, 2)
-        elif self.kind == "padded2d":
+        elif self.kind == "padded_2d":
             out = arr.astype(np.float64).reshape(self.T, self.B, width)
         else:  # packed: the rows of step t are contiguous, steps in order
             out = np.zeros((self.T, self.B, width))
@@ -160,7 +160,7 @@ class _Layout:
             out = arr
         elif self.kind == "batch_first":
             out = arr.transpose(1, 0, 2)
-        elif self.kind == "padded2d":
+        elif self.kind == "padded_2d":
             out = arr.reshape(self.T * self.B, arr.shape[-1])
         else:
             out = np.concatenate(
