@@ -130,3 +130,38 @@ def test_kernels_refuse_a_bad_schedule(kind, bad, calls, monkeypatch):
     force_schedules(monkeypatch, **{kind: lambda *shape: own(*shape)._replace(**bad)})
     with pytest.raises(ValueError, match="bad schedule"):
         run_with_threads(calls["f32-time-major"], 1)
+
+
+# Many short chains (a lane per block of 16 gate rows, a step per chunk) on more threads
+# than cores: threads keep taking a chain just as its holder lets it go, after its last
+# chunk too. Run in a child so that a crash or a hang fails the test.
+CHAIN_HANDOVER = """
+import sys
+import numpy as np
+from lstmcy import _core, _schedule
+from hostile import Config, make_call, run_with_threads
+
+def backward(T, B, I, H, D, n_threads):
+    return _schedule.BackwardSchedule(max(1, min(n_threads // D, B)), 1, 1, 16, 4, 1, n_threads)
+
+_core.backward_schedule = backward
+call = make_call(Config(T=12, B=8, I=16, H=16, bidirectional=True, dtype=np.dtype(np.float64)),
+                 np.random.default_rng(3), seed=0)
+want = [a.tobytes() for a in run_with_threads(call, 1)[0]]
+for _ in range(300):
+    got = [a.tobytes() for a in run_with_threads(call, 8)[0]]
+    assert got == want, "8 threads differ from 1"
+print("ok")
+"""
+
+
+def test_chains_handed_over_between_threads_stay_in_bounds():
+    import os
+    import subprocess
+    import sys
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", CHAIN_HANDOVER], capture_output=True, text=True,
+                          timeout=240, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

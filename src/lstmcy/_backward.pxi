@@ -418,20 +418,25 @@ cdef void _gradients_worker(BackwardCall *bc, floating *like, int worker) noexce
             if not _steps_done(bc, d, s_hi) or not claim(&bc.block_busy[b]):
                 continue
             # The chain is this thread's: its chunks while they are ready and no dx piece
-            # is (the chain is let go before a dx piece, so others may take it).
+            # is (the chain is let go before a dx piece, so others may take it). What was
+            # read before the claim is looked at again: meanwhile another holder may have
+            # run the chain's next chunks, its last one included.
             while True:
                 c = lane + bc.lanes * bc.block_next[b]
+                if c >= bc.n_chunks:
+                    break
+                _chunk_steps(bc, c, &s_lo, &s_hi)
+                if not _steps_done(bc, d, s_hi):
+                    break
                 _chain_chunk(bc, like, d, lane, k, c, worker)
                 store_release(&bc.block_next[b], bc.block_next[b] + 1)
-                if c + bc.lanes >= bc.n_chunks:
-                    break
-                _chunk_steps(bc, c + bc.lanes, &s_lo, &s_hi)
-                if not _steps_done(bc, d, s_hi) or (bc.want_dx and _dx_ready(bc)):
+                ran = True
+                if bc.want_dx and _dx_ready(bc):
                     break
             store_release(&bc.block_busy[b], 0)
-            own = b
-            ran = True
-            break
+            if ran:
+                own = b
+                break
         if ran:
             continue
         if not free_left and not (bc.want_dx and load_acquire(bc.dx_next) < bc.n_dx_pieces):
