@@ -10,8 +10,25 @@ into Markdown (as pasted into ``RESULTS.md``)::
 import argparse
 import json
 import sys
+import textwrap
 
 __all__ = ["format_peaks", "tables", "text_report", "markdown_report", "chart"]
+
+
+#: Outside load (cores other processes used during a case) above which a case's targets
+#: are not graded: its times measure the other processes as much as lstmcy.
+LOAD_LIMIT = 0.3
+
+
+def _graded(result):
+    others = result.get("others_cores")
+    return others is not None and others <= LOAD_LIMIT
+
+
+def _verdict(result, check):
+    if not _graded(result):
+        return "not graded"
+    return "yes" if check["met"] else "NO"
 
 
 def format_peaks(peaks):
@@ -53,43 +70,43 @@ def tables(doc):
     """``[(title, header, rows, notes)]`` for a results document."""
     cases = doc["cases"]
     out = []
-    header = ["case", "(T,B,I,H,L)", "dtype", "bwd GFLOP", "lstmcy bwd ms", "torch bwd ms",
-              "torch/lstmcy bwd", "lstmcy bwd GF/s (peak)", "torch bwd GF/s (peak)",
-              "lstmcy fwd ms", "torch fwd ms", "torch/lstmcy fwd", "LSTMPlan bwd / fwd ms",
-              "numpy ref fwd/bwd ms",
-              "max rel err vs torch", "others' cores"]
     merged = any("run" in r for r in cases)
-    if merged:
-        header = header + ["run"]
+    header = ["case", "T,B,I,H,L", "dtype", "GFLOP", "lstmcy ms", "torch ms", "torch/ours",
+              "ours GF/s (%)", "torch GF/s (%)", "load"] + (["run"] if merged else [])
     rows = []
     for r in cases:
         t, g, e = r["times"], r["gflops"], r.get("efficiency", {})
-        rows.append([r["name"], r["label"] + (" packed" if r["packed"] else ""), r["dtype"].replace("float", "f"),
-                     f"{r['flops']['bwd'] / 1e9:.3f}",
+        rows.append([r["name"], r["label"] + (" packed" if r["packed"] else ""),
+                     r["dtype"].replace("float", "f"), f"{r['flops']['bwd'] / 1e9:.3f}",
                      _spread(t["lstmcy_bwd"]), _spread(t["torch_bwd"]), _x(r["ratios"]["bwd_ratio"]),
                      f"{g['lstmcy_bwd']:.1f} ({_pct(e.get('lstmcy_bwd', 0))})",
                      f"{g['torch_bwd']:.1f} ({_pct(e.get('torch_bwd', 0))})",
-                     _spread(t["lstmcy_fwd"]), _spread(t["torch_fwd"]), _x(r["ratios"]["fwd_ratio"]),
-                     (f"{_ms(t['lstmcy_plan_bwd']['median'])} / {_ms(t['lstmcy_plan_fwd']['median'])}"
-                      if "lstmcy_plan_bwd" in t else "-"),
-                     _ref(r), f"{r['max_rel_err_vs_torch']:.1e}",
                      "-" if r.get("others_cores") is None else f"{r['others_cores']:.1f}"]
                     + ([r.get("run", "")] if merged else []))
-    out.append(("Backward and training forward (median ± half the inter-quartile range)", header, rows,
-                ["torch bwd = torch.autograd.grad(retain_graph=True) on a recorded forward; packed rows "
+    out.append(("Backward (median ± half the inter-quartile range)", header, rows,
+                ["torch = torch.autograd.grad(retain_graph=True) on a recorded forward; packed rows "
                  "compare PyTorch's PackedSequence path.",
-                 "GF/s from 16·T·B·H·(I_l+H) per layer-direction (backward) and half that (forward), "
-                 "tokens actually processed for packed cases; (peak) = share of the GEMM peak of that "
-                 "dtype measured in the same run.",
-                 "others' cores = CPU other processes used during the case's timing (/proc/stat), out of "
-                 "the machine's cores: above 0.2 the numbers are contaminated by outside load."]))
+                 "GF/s from 16·T·B·H·(I_l+H) per layer-direction, tokens actually processed for packed "
+                 "cases; (%) = share of the GEMM peak of that dtype measured in the same run.",
+                 f"load = cores other processes used during the case's timing (/proc/stat): above "
+                 f"{LOAD_LIMIT} the case is contaminated by outside load and its targets are not "
+                 "graded."]))
+    header = ["case", "dtype", "lstmcy fwd ms", "torch fwd ms", "torch/ours", "plan bwd / fwd ms",
+              "numpy fwd / bwd ms", "max rel err"]
+    rows = [[r["name"], r["dtype"].replace("float", "f"), _spread(r["times"]["lstmcy_fwd"]),
+             _spread(r["times"]["torch_fwd"]), _x(r["ratios"]["fwd_ratio"]),
+             (f"{_ms(r['times']['lstmcy_plan_bwd']['median'])} / "
+              f"{_ms(r['times']['lstmcy_plan_fwd']['median'])}" if "lstmcy_plan_bwd" in r["times"] else "-"),
+             _ref(r), f"{r['max_rel_err_vs_torch']:.1e}"] for r in cases]
+    out.append(("Training forward, plans and the numpy reference", header, rows,
+                ["plan = the same calls through one LSTMPlan; numpy = lstmcy.reference; max rel err = "
+                 "the largest relative difference of any output from PyTorch's."]))
 
     packed = [r for r in cases if r["packed"]]
     if packed:
-        header = ["case", "tokens / T·B", "lstmcy packed bwd ms", "lstmcy padded bwd ms",
-                  "torch packed bwd ms", "torch padded bwd ms", "torch packed / lstmcy packed",
-                  "lstmcy padded / lstmcy packed", "torch packed / torch padded",
-                  "lstmcy packed / padded fwd"]
+        header = ["case", "tokens / T·B", "lstmcy packed ms", "lstmcy padded ms",
+                  "torch packed ms", "torch padded ms", "torch packed / lstmcy",
+                  "lstmcy padded / packed", "torch packed / padded", "fwd padded / packed"]
         rows = []
         for r in packed:
             t, q = r["times"], r["ratios"]
@@ -98,8 +115,8 @@ def tables(doc):
                          _ms(t["torch_bwd"]["median"]), _ms(t["torch_padded_bwd"]["median"]),
                          _x(q["packed_vs_torch_packed"]), _x(q["packed_vs_own_padded"]),
                          _x(q["torch_packed_over_padded"]), _x(q["packed_fwd_vs_own_padded"])])
-        out.append(("Variable-length batch (lengths spread 1..T): packed vs padded with the same tokens",
-                    header, rows, []))
+        out.append(("Variable-length batch (lengths spread 1..T): packed vs padded backward with the "
+                    "same tokens", header, rows, []))
 
     header = ["case", "dtype", "target", "required", "measured", "met", "source"]
     rows = []
@@ -113,15 +130,19 @@ def tables(doc):
             else:
                 req, got = f">= {c['min']:.2f}x", _x(c["measured"])
             rows.append([r["name"], r["dtype"].replace("float", "f"), metric, req, got,
-                         "yes" if c["met"] else "NO", c["source"]])
-    n_met = sum(1 for r in cases for c in r.get("targets", []) if c["met"])
+                         _verdict(r, c), c["source"]])
+    graded = [(r, c) for r in cases for c in r.get("targets", []) if _graded(r)]
+    n_met = sum(1 for r, c in graded if c["met"])
     n_all = sum(len(r.get("targets", [])) for r in cases)
-    out.append((f"Targets ({n_met} of {n_all} met)", header, rows,
+    title = f"Targets ({n_met} of {len(graded)} graded met"
+    title += f"; {n_all - len(graded)} not graded: outside load)" if n_all > len(graded) else ")"
+    out.append((title, header, rows,
                 ["bwd_ratio / fwd_ratio = torch time / lstmcy time; bwd_efficiency = lstmcy backward "
-                 "GF/s / GEMM peak."]))
+                 "GF/s / GEMM peak. A case timed while other processes used more than "
+                 f"{LOAD_LIMIT} cores is not graded."]))
 
-    header = ["case", "lstmcy fwd peak MB (results MB)", "lstmcy bwd peak MB (results MB)",
-              "LSTMPlan fwd / bwd peak MB", "T·B·4H MB", "torch bwd top ops (self CPU)"]
+    header = ["case", "fwd peak (results) MB", "bwd peak (results) MB", "plan fwd / bwd MB",
+              "T·B·4H MB", "torch's top bwd op"]
     rows = []
     for r in cases:
         m = r["memory"]
@@ -130,10 +151,145 @@ def tables(doc):
                      f"{m['bwd_peak_bytes'] / 2**20:.2f} ({m['bwd_result_bytes'] / 2**20:.2f})",
                      (f"{mp['fwd_peak_bytes'] / 2**20:.2f} / {mp['bwd_peak_bytes'] / 2**20:.2f}"
                       if mp else "-"),
-                     f"{m['T_B_4H_bytes'] / 2**20:.2f}", ", ".join(r["torch_ops"]["bwd"][:3])])
+                     f"{m['T_B_4H_bytes'] / 2**20:.2f}", (r["torch_ops"]["bwd"] or ["-"])[0][:26]])
     out.append(("Memory per call (tracemalloc: numpy allocations, results included) and PyTorch's "
-                "backward kernels", header, rows, []))
+                "backward kernels", header, rows, ["peak = the most numpy memory a call held; results = "
+                                                   "what it returned; plan = the same through an LSTMPlan."]))
+    return out + peer_tables(doc)
+
+
+# --------------------------------------------------------------------------- peers
+
+def peer_names(cases):
+    """``["torch", ...]`` and the other peers any case tried, in the order first seen."""
+    names = ["torch"]
+    for r in cases:
+        names += [name for name in r.get("peers", {}) if name not in names]
+    return names
+
+
+def _peer_cell(r, name, value, fmt):
+    """``fmt(value)`` for one peer in one case, or why it has no value."""
+    if name != "torch":
+        status = r["peers"].get(name)
+        if status is None:
+            return "-"
+        if status["status"] != "ran":
+            return "FAILED check" if status["status"] == "failed cross-check" else "error"
+    return "-" if value is None else fmt(value)
+
+
+def _median(r, name):
+    """Median of a timed callable, or a derived time (``derived_times``), or None."""
+    if name in r["times"]:
+        return r["times"][name]["median"]
+    return r.get("derived_times", {}).get(name)
+
+
+def _ratio(r, name, kind):
+    key = "bwd_ratio" if (name, kind) == ("torch", "bwd") else "fwd_ratio" if (name, kind) == ("torch", "fwd") \
+        else f"{name}_{kind}_ratio"
+    return r["ratios"].get(key)
+
+
+def _gf(g):
+    return f"{g:.1f}"
+
+
+def peer_tables(doc):
+    """Tables of the peer comparison (runs with ``--peers`` beyond torch); ``[]`` otherwise."""
+    cases = [r for r in doc["cases"] if "peers" in r]
+    if not cases:
+        return []
+    names = peer_names(cases)
+    others = names[1:]
+    meta_peers = doc["meta"].get("peers", {})
+    labels = {name: st["label"] for r in cases for name, st in r["peers"].items() if "label" in st}
+    out = []
+
+    header = (["case", "T,B,I,H,L", "dtype", "lstmcy ms"] + [f"{n} ms" for n in names]
+              + [f"{n}/lstmcy" for n in names])
+    rows = []
+    for r in cases:
+        rows.append([r["name"], r["label"] + (" packed" if r["packed"] else ""), r["dtype"].replace("float", "f"),
+                     _ms(r["times"]["lstmcy_fwdbwd"]["median"])]
+                    + [_peer_cell(r, n, _median(r, f"{n}_fwdbwd"), _ms) for n in names]
+                    + [_peer_cell(r, n, _ratio(r, n, "fwdbwd"), _x) for n in names])
+    out.append(("Peers: forward+backward, one training step's gradients (median; peer time / lstmcy time, "
+                "above 1: lstmcy is faster)", header, rows,
+                ["lstmcy: lstm_forward(train=True) then lstm_backward; torch: nn.LSTM forward then "
+                 "torch.autograd.grad; " + "; ".join(f"{n}: {labels[n]}" for n in others if n in labels) + ".",
+                 "Same data, weights and cotangents for every framework, timed in the same interleaved "
+                 f"rounds, {meta_peers.get('threads')} threads each ({_thread_note(meta_peers)})."]))
+    header = ["case", "dtype", "lstmcy GF/s"] + [f"{n} GF/s" for n in names]
+    rows = [[r["name"], r["dtype"].replace("float", "f"), _gf(r["gflops"]["lstmcy_fwdbwd"])]
+            + [_peer_cell(r, n, r["gflops"].get(f"{n}_fwdbwd"), _gf) for n in names] for r in cases]
+    out.append(("Peers: GF/s of forward+backward", header, rows,
+                ["GF/s from 24·T·B·H·(I_l+H) per layer-direction (the forward and backward GEMMs)."]))
+
+    derived = sorted({k.rsplit("_", 1)[0] for r in cases for k in r.get("derived_times", {})})
+    for kind, title in (("bwd", "backward"), ("fwd", "training forward")):
+        header = (["case", "dtype", f"lstmcy {kind} ms"] + [f"{n} {kind} ms" for n in names]
+                  + [f"{n}/lstmcy {kind}" for n in names])
+        rows = []
+        for r in cases:
+            rows.append([r["name"], r["dtype"].replace("float", "f"), _ms(r["times"][f"lstmcy_{kind}"]["median"])]
+                        + [_peer_cell(r, n, _median(r, f"{n}_{kind}"), _ms)
+                           + ("*" if kind == "bwd" and n in derived else "") for n in names]
+                        + [_peer_cell(r, n, _ratio(r, n, kind), _x) for n in names])
+        notes = []
+        if kind == "bwd":
+            notes.append("bwd: gradients from a saved forward (torch: autograd.grad(retain_graph=True); "
+                         "JAX: the jitted vjp pullback).")
+            if derived:
+                notes.append("* " + ", ".join(derived) + ": (forward+backward) - forward, the difference of "
+                             "the two medians (a GradientTape's backward cannot run apart from its forward).")
+        else:
+            notes.append("fwd: the training forward (JAX: jax.vjp's forward, residuals kept; Keras: the "
+                         "forward alone, nothing kept for a backward).")
+        out.append((f"Peers: {title} (median)", header, rows, notes))
+
+    header = ["case", "dtype"] + [f"{n} max rel err (worst array)" for n in others]
+    rows = []
+    for r in cases:
+        row = [r["name"], r["dtype"].replace("float", "f")]
+        for n in others:
+            st = r["peers"].get(n)
+            if st is None:
+                row.append("-")
+            elif "check" not in st:
+                row.append("error: " + st["error"][:80])
+            else:
+                c = st["check"]
+                row.append(f"{c['max_rel_err']:.1e} ({c['worst']})" + ("" if c["ok"] else " FAILED"))
+        rows.append(row)
+    tolerances = sorted({(r["dtype"], st["check"]["tolerance"]) for r in cases
+                         for st in r["peers"].values() if "check" in st})
+    out.append(("Peers: cross-check against lstmcy before timing (outputs and every gradient)", header, rows,
+                ["max over the arrays of max|peer - lstmcy| / max|lstmcy|; allowed: "
+                 + ", ".join(f"{dt} {tol:g}" for dt, tol in tolerances) + "; a peer above it is not timed."]
+                + [f"{n}: skipped, {why}" for n, why in meta_peers.get("skipped", {}).items()]))
+
+    header = ["case", "dtype", "peer", "required", "measured", "met"]
+    rows = [[r["name"], r["dtype"].replace("float", "f"), c["metric"].split("_")[0], "> 1.00x",
+             _x(c["measured"]), "yes" if c["met"] else "NO"] for r in cases for c in r.get("peer_targets", [])]
+    n_met = sum(1 for row in rows if row[-1] == "yes")
+    out.append((f"Peer targets: forward+backward ahead of each peer ({n_met} of {len(rows)} met)",
+                header, rows, []))
     return out
+
+
+def _thread_note(meta_peers):
+    parts = ["lstmcy and torch: --threads or the libraries' default"]
+    for name, info in meta_peers.get("loaded", {}).items():
+        if name == "jax":
+            parts.append(f"JAX: NPROC={info.get('NPROC')}, XLA Eigen pool {info.get('xla_eigen_threads')}"
+                         + (f", XLA_FLAGS={info['XLA_FLAGS']}" if info.get("XLA_FLAGS") else ""))
+        elif name == "tf":
+            parts.append(f"TF: intra-op {info.get('intra_op_threads')}, inter-op {info.get('inter_op_threads')}")
+        else:
+            parts.append(f"{name}: {info.get('threads')}")
+    return "; ".join(parts)
 
 
 def _text_table(header, rows):
@@ -153,19 +309,24 @@ def _md_table(header, rows):
 def _peak_lines(doc, detail=False):
     lines = []
     for dt, p in doc["peaks"].items():
-        line = (f"{dt}: {p['peak_gflops']:.1f} GF/s ({p['best']}; best at start "
-                f"{p['start']['peak_gflops']:.1f}, at end {p['end']['peak_gflops']:.1f})")
+        lines.append(f"{dt}: {p['peak_gflops']:.1f} GF/s ({p['best']}; best at start "
+                     f"{p['start']['peak_gflops']:.1f}, at end {p['end']['peak_gflops']:.1f})")
         if detail:
-            line += (f"; start: {format_peaks({dt: p['start']}).split(' ', 1)[1]}"
-                     f"; end: {format_peaks({dt: p['end']}).split(' ', 1)[1]}")
-        lines.append(line)
+            for when in ("start", "end"):
+                lines.append(f"  {when}: {format_peaks({dt: p[when]}).split(' ', 1)[1]}")
     return lines
 
 
+def _wrap(line, width=118):
+    return textwrap.fill(line, width, subsequent_indent="    ", break_on_hyphens=False)
+
+
 def text_report(doc):
-    parts = ["GEMM peak (GF/s, same run):"] + ["  " + ln for ln in _peak_lines(doc, detail=True)]
+    """The report as plain text, no line over 120 columns but a table's (which fit for the
+    suite's cases)."""
+    parts = ["GEMM peak (GF/s, same run):"] + [_wrap("  " + ln) for ln in _peak_lines(doc, detail=True)]
     for title, header, rows, notes in tables(doc):
-        parts += ["", title, _text_table(header, rows)] + notes
+        parts += ["", _wrap(title), _text_table(header, rows)] + [_wrap(n) for n in notes]
     return "\n".join(parts)
 
 
@@ -221,7 +382,11 @@ def markdown_report(doc):
 
 
 def chart(doc, path):
-    """Bar chart of torch/lstmcy backward and forward ratios and of efficiency; False without matplotlib."""
+    """Bar chart of torch/lstmcy backward and forward ratios and of efficiency; False without matplotlib.
+
+    A run with peers beyond torch gets a third panel: each peer's forward+backward
+    time over lstmcy's, and their GF/s.
+    """
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -231,7 +396,10 @@ def chart(doc, path):
     cases = doc["cases"]
     names = [r["name"] for r in cases]
     xs = range(len(cases))
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(8, 0.6 * len(cases) + 3), 8), sharex=True)
+    with_peers = any("peers" in r for r in cases)
+    fig, axes = plt.subplots(3 if with_peers else 2, 1, sharex=True,
+                             figsize=(max(8, 0.6 * len(cases) + 3), 12 if with_peers else 8))
+    ax1, ax2 = axes[:2]
     width = 0.4
     bwd = [r["ratios"]["bwd_ratio"] for r in cases]
     fwd = [r["ratios"]["fwd_ratio"] for r in cases]
@@ -252,13 +420,38 @@ def chart(doc, path):
     ax2.bar([x + width / 2 for x in xs], eff_pt, width, label="torch backward")
     ax2.axhline(80, color="black", lw=0.8, ls="--")
     ax2.set_ylabel("% of GEMM peak (same run)")
-    ax2.set_xticks(list(xs))
-    ax2.set_xticklabels(names, rotation=45, ha="right")
+    if with_peers:
+        _peer_panel(axes[2], cases)
+    axes[-1].set_xticks(list(xs))
+    axes[-1].set_xticklabels(names, rotation=45, ha="right")
     ax2.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
+
+
+def _peer_panel(ax, cases):
+    """Bars of peer forward+backward time / lstmcy's per case (missing: not timed), GF/s on top."""
+    names = peer_names(cases)
+    width = 0.8 / len(names)
+    for k, name in enumerate(names):
+        xs, ratios, gflops = [], [], []
+        for x, r in enumerate(cases):
+            ratio = r.get("ratios", {}).get(f"{name}_fwdbwd_ratio")
+            if ratio is not None:
+                xs.append(x - 0.4 + (k + 0.5) * width)
+                ratios.append(ratio)
+                gflops.append(r["gflops"][f"{name}_fwdbwd"])
+        bars = ax.bar(xs, ratios, width, label=name)
+        for bar, g in zip(bars, gflops):
+            ax.annotate(f"{g:.0f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom", fontsize=6)
+    ax.axhline(1.0, color="black", lw=0.8, ls="--")
+    ax.set_yscale("log")
+    ax.set_ylabel("peer time / lstmcy time")
+    ax.set_title("forward+backward vs peers (above 1: lstmcy faster; numbers: the peer's GF/s)")
+    ax.legend()
 
 
 def main(argv=None):

@@ -1,11 +1,12 @@
 #!/usr/bin/env python
-"""lstmcy vs PyTorch CPU LSTM: backward and training forward, side by side (issue 7).
+"""lstmcy vs PyTorch CPU LSTM: backward and training forward, side by side.
 
 Usage::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/run.py            # full suite
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/run.py --quick    # < 60 s subset
     python benchmarks/run.py --shapes 'tiny,small-*' --repeats 11 --threads 1
+    python benchmarks/run.py --peers torch,jax,tf                # also JAX and TensorFlow/Keras
     python benchmarks/run.py --list
 
 (The script also re-executes itself without ``OPENBLAS_CORETYPE`` /
@@ -27,7 +28,10 @@ For every case, in one process and in interleaved rounds (median over
   same tokens as a full padded ``T x B`` batch;
 * sgemm/dgemm peak (numpy, scipy and torch square GEMMs) at the start and end of
   the run; efficiency = achieved GF/s / peak with backward FLOPs
-  ``16 T B H (I_l + H)`` per layer and direction (forward: half).
+  ``16 T B H (I_l + H)`` per layer and direction (forward: half);
+* with ``--peers`` naming ``jax`` or ``tf``: forward+backward in one call for
+  lstmcy, PyTorch and each peer, and the peers' forward and backward, once their
+  outputs and gradients agree with lstmcy's (``peers/``, docs/benchmarks.md).
 
 Output: a table on stdout, ``benchmarks/results/<timestamp>.json`` (or ``--json``)
 and, when matplotlib is importable, a PNG chart beside it.
@@ -78,8 +82,19 @@ def parse_args(argv=None):
     parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                         help="before each case, wait up to this long until other processes use less "
                              "than 0.3 cores (shared machines); default 0: do not wait")
+    parser.add_argument("--peers", default="torch",
+                        help="frameworks to compare with, comma-separated from torch, jax, tf (default "
+                             "torch; PyTorch is always timed). jax and tf add forward+backward timings "
+                             "for all, after a cross-check of their gradients; a peer that is not "
+                             "installed is skipped (pip install 'lstmcy[bench]')")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     args = parser.parse_args(argv)
+    from peers import parse_peers
+
+    try:
+        args.peers = parse_peers(args.peers)
+    except ValueError as exc:
+        parser.error(str(exc))
     args.repeats = args.repeats or (3 if args.quick else 7)
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
@@ -98,11 +113,12 @@ def _torch_dtype(torch, dtype):
     return torch.float32 if np.dtype(dtype) == np.float32 else torch.float64
 
 
-def torch_setup(case, inp, packed):
-    """``torch.nn.LSTM`` with lstmcy's parameters, and forward / backward closures.
+def _torch_model(case, inp, packed):
+    """``torch.nn.LSTM`` with lstmcy's parameters: ``(forward, inputs, cotangents)``.
 
     ``packed`` selects the PackedSequence path (input ``x_packed`` and ``batch_sizes``);
-    otherwise the padded ``[T, B, I]`` input is used.
+    otherwise the padded ``[T, B, I]`` input is used. ``forward()`` returns
+    ``(y, h_n, c_n)``; ``inputs`` are the tensors and weights gradients are taken of.
     """
     import torch
     from torch.nn.utils.rnn import PackedSequence
@@ -130,13 +146,36 @@ def torch_setup(case, inp, packed):
             out, (h_n, c_n) = module(x, (h0, c0))
             return out, h_n, c_n
     dh, dc = torch.from_numpy(inp["dh"].copy()), torch.from_numpy(inp["dc"].copy())
+    return forward, [x, h0, c0] + list(module._flat_weights), [dy, dh, dc]
+
+
+def torch_setup(case, inp, packed):
+    """``torch.nn.LSTM`` with lstmcy's parameters, and forward / backward closures.
+
+    ``packed`` selects the PackedSequence path (input ``x_packed`` and ``batch_sizes``);
+    otherwise the padded ``[T, B, I]`` input is used.
+    """
+    import torch
+
+    forward, inputs, cotangents = _torch_model(case, inp, packed)
     outputs = forward()  # the recorded forward that backward differentiates
-    inputs = [x, h0, c0] + list(module._flat_weights)
 
     def backward():
-        return torch.autograd.grad(list(outputs), inputs, [dy, dh, dc], retain_graph=True)
+        return torch.autograd.grad(list(outputs), inputs, cotangents, retain_graph=True)
 
     return forward, backward
+
+
+def torch_step(case, inp, packed):
+    """PyTorch's forward and backward in one call (a training step's gradients)."""
+    import torch
+
+    forward, inputs, cotangents = _torch_model(case, inp, packed)
+
+    def step():
+        return torch.autograd.grad(list(forward()), inputs, cotangents)
+
+    return step
 
 
 def torch_ops(fn, top=6):
@@ -161,6 +200,17 @@ def torch_ops(fn, top=6):
 
 # --------------------------------------------------------------------------- lstmcy side
 
+def _lstmcy_problem(case, inp, packed):
+    """``(x, hx, dy, kwargs)`` of lstmcy's calls: packed 2-D layout or padded ``[T, B, I]``."""
+    from cases import lstm_kwargs
+
+    kw = lstm_kwargs(case)
+    if packed:
+        kw["batch_sizes"] = inp["batch_sizes"]
+        return inp["x_packed"], (inp["h0"], inp["c0"]), inp["dy_packed"], kw
+    return inp["x"], (inp["h0"], inp["c0"]), inp["dy"], kw
+
+
 def lstmcy_setup(case, inp, packed, plan=False):
     """Forward / backward closures for lstmcy (packed 2-D layout or padded ``[T, B, I]``).
 
@@ -168,19 +218,10 @@ def lstmcy_setup(case, inp, packed, plan=False):
     instead of the plain ``lstm_forward`` / ``lstm_backward``.
     """
     import lstmcy
-    from cases import lstm_kwargs
 
     api = lstmcy.LSTMPlan() if plan else lstmcy
-
-    kw = lstm_kwargs(case)
-    hx = (inp["h0"], inp["c0"])
+    x, hx, dy, kw = _lstmcy_problem(case, inp, packed)
     params = inp["params"]
-    if packed:
-        kw["batch_sizes"] = inp["batch_sizes"]
-        x, dy = inp["x_packed"], inp["dy_packed"]
-    else:
-        x, dy = inp["x"], inp["dy"]
-
     run_forward = api.forward if plan else api.lstm_forward
     run_backward = api.backward if plan else api.lstm_backward
 
@@ -194,6 +235,20 @@ def lstmcy_setup(case, inp, packed, plan=False):
         return run_backward(x, hx, params, dy, inp["dh"], inp["dc"], *saved, **kw)
 
     return forward, backward
+
+
+def lstmcy_step(case, inp, packed):
+    """lstmcy's training forward and its backward in one call (a training step's gradients)."""
+    import lstmcy
+
+    x, hx, dy, kw = _lstmcy_problem(case, inp, packed)
+    params = inp["params"]
+
+    def step():
+        cache = lstmcy.lstm_forward(x, hx, params, train=True, **kw)[3]
+        return lstmcy.lstm_backward(x, hx, params, dy, inp["dh"], inp["dc"], *cache.saved(), **kw)
+
+    return step
 
 
 def reference_run(case, inp, budget, repeats):
@@ -271,7 +326,9 @@ def max_rel_err(ours, theirs):
 
 # --------------------------------------------------------------------------- one case
 
-def run_case(case, args):
+def run_case(case, args, peers=None):
+    """Time one case; ``peers`` (``name -> (module, info)``, see ``peers.load_peers``) adds
+    forward+backward for lstmcy and PyTorch and, after their cross-check, the peers."""
     from cases import backward_flops, forward_flops, make_inputs
     from timing import measure
 
@@ -302,6 +359,14 @@ def run_case(case, args):
 
     result["max_rel_err_vs_torch"] = max_rel_err(cy_bwd(), pt_bwd())
     result["torch_ops"] = {"bwd": torch_ops(pt_bwd), "fwd": torch_ops(pt_fwd)}
+    if peers:
+        from peers import check, compare
+
+        functions.update(lstmcy_fwdbwd=lstmcy_step(case, inp, case.packed),
+                         torch_fwdbwd=torch_step(case, inp, case.packed))
+        peer_functions, result["peers"] = compare.setup_case(case, inp, peers,
+                                                             check.lstmcy_results(cy_fwd, cy_bwd))
+        functions.update(peer_functions)
 
     import machine
 
@@ -324,10 +389,15 @@ def run_case(case, args):
     result["ratios"] = ratios
     gflops = {}
     for name, seconds in med.items():
-        kind = "bwd" if name.endswith("bwd") else "fwd"
-        flops = result["flops"][f"{kind}_padded" if "padded" in name else kind]
+        padded = "_padded" if "padded" in name else ""
+        if name.endswith("fwdbwd"):
+            flops = result["flops"]["fwd" + padded] + result["flops"]["bwd" + padded]
+        else:
+            flops = result["flops"][("bwd" if name.endswith("bwd") else "fwd") + padded]
         gflops[name] = flops / seconds / 1e9
     result["gflops"] = gflops
+    if peers:
+        compare.summarise(result, med)
 
     ref = reference_run(case, inp, args.ref_budget, repeats=1)
     result["reference"] = ref
@@ -423,6 +493,7 @@ def main(argv=None):
     leftover = [k for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ]
     if leftover:
         print(f"  WARNING: {leftover} still set: OpenBLAS may run older kernels")
+    peers = load_peers_for_run(args, meta, torch)
 
     def peaks_now():
         return {dt: machine.gemm_peak(dt, sizes=args.peak_sizes, repeats=3 if args.quick else 7)
@@ -437,7 +508,7 @@ def main(argv=None):
     for case in cases:
         quiet = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
         t0 = time.perf_counter()
-        result = run_case(case, args)
+        result = run_case(case, args, peers)
         if quiet is not None:
             result["wait_quiet"] = {"others_cores_before": quiet[0], "waited_s": quiet[1]}
         result["wall_s"] = time.perf_counter() - t0
@@ -445,6 +516,7 @@ def main(argv=None):
         others = result["others_cores"]
         print(f"  {case.name:18s} {result['wall_s']:5.1f} s: torch/lstmcy bwd "
               f"{result['ratios']['bwd_ratio']:6.2f}x, fwd {result['ratios']['fwd_ratio']:6.2f}x"
+              + (peer_line(result) if peers else "")
               + (f"  (other processes busy on {others:.1f} cores)" if others is not None else ""),
               flush=True)
 
@@ -476,7 +548,40 @@ def main(argv=None):
         else:
             print("chart:   skipped (matplotlib not importable; pip install matplotlib)")
     print(f"total {meta['wall_s']:.1f} s")
+    failed = [f"{r['name']}: {name} {s['status']}" for _, r in results
+              for name, s in r.get("peers", {}).items() if s["status"] != "ran"]
+    if failed:
+        print("peers not timed (their results disagree with lstmcy's, or they failed): " + "; ".join(failed))
+        return 1
     return 0
+
+
+def load_peers_for_run(args, meta, torch):
+    """Import the peers of ``--peers`` with the suite's thread count; print and record what loaded.
+
+    The suite's thread count is ``--threads`` or, by default, PyTorch's (the cores).
+    Returns ``name -> (module, info)`` (empty for PyTorch alone).
+    """
+    from peers import load_peers
+
+    threads = args.threads or torch.get_num_threads()
+    loaded, skipped = load_peers(args.peers, threads)
+    meta["peers"] = {"requested": args.peers, "threads": threads,
+                     "loaded": {name: info for name, (_, info) in loaded.items()}, "skipped": skipped}
+    for name, (_, info) in loaded.items():
+        detail = ", ".join(f"{k}={v}" for k, v in info.items() if k != "version")
+        print(f"  peer {name} {info['version']}: {detail}")
+    for name, reason in skipped.items():
+        print(f"  peer {name} skipped: {reason}")
+    return loaded
+
+
+def peer_line(result):
+    """``, fwd+bwd peer/lstmcy: torch 1.20x jax 2.10x`` and the peers not timed."""
+    parts = [f"{name} {result['ratios'][f'{name}_fwdbwd_ratio']:.2f}x"
+             for name in ["torch"] + list(result["peers"]) if f"{name}_fwdbwd_ratio" in result["ratios"]]
+    parts += [f"{name} {s['status'].upper()}" for name, s in result["peers"].items() if s["status"] != "ran"]
+    return ", fwd+bwd peer/lstmcy: " + " ".join(parts)
 
 
 def _json_default(obj):

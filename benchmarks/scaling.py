@@ -36,7 +36,7 @@ from lstmcy import _core, _schedule  # noqa: E402
 from cases import CASES, lstm_kwargs, make_inputs  # noqa: E402
 
 # Task kinds (src/lstmcy/_layer.pxd, TaskKind)
-PACK, PROJECT, RECURRENCE, UNIT_STEP, GATHER_X, GATHER_H, WEIGHTS, DX = range(8)
+PACK, PROJECT, RECURRENCE, UNIT_STEP, GATHER, WEIGHTS, DX, FINISH = range(8)
 KIND, DIRECTION, I, J, WORKER, START, END, ORDER = range(8)
 COUNTS = (1, 2, 4, 8, 16, 32)
 
@@ -45,12 +45,11 @@ def traced_calls(case, inputs, n_model, n_run, repeats):
     """Per kernel call: its kind, the schedule for ``n_model`` threads, and the median
     duration of each task entry over ``repeats`` runs on ``n_run`` threads; also the median
     makespan of each call."""
-    T, B, H, D = case.T, case.B, case.H, case.D
-    forward = _schedule.forward_schedule.__wrapped__
-    backward = _schedule.backward_schedule.__wrapped__
+    forward = _schedule.forward_schedule
+    backward = _schedule.backward_schedule
     saved = (_core.forward_schedule, _core.backward_schedule)
-    _core.forward_schedule = lambda T_, B_, H_, D_, n: forward(T_, B_, H_, D_, n_model)
-    _core.backward_schedule = lambda T_, B_, H_, D_, n: backward(T_, B_, H_, D_, n_model)
+    _core.forward_schedule = lambda *shape_and_threads: forward(*shape_and_threads[:-1], n_model)
+    _core.backward_schedule = lambda *shape_and_threads: backward(*shape_and_threads[:-1], n_model)
     try:
         plan = lstmcy.LSTMPlan(n_threads=n_run)
         kw = lstm_kwargs(case)
@@ -69,7 +68,9 @@ def traced_calls(case, inputs, n_model, n_run, repeats):
     for k, (kind, layer, first) in enumerate(runs[0]):
         durations = np.median([run[k][2][:, END] - run[k][2][:, START] for run in runs], axis=0)
         spans = [run[k][2][:, END].max() - run[k][2][:, START].min() for run in runs]
-        schedule = (forward if kind == "forward" else backward)(T, B, H, D, n_model)
+        in_size = case.I if layer == 0 else case.D * case.H
+        schedule = (forward if kind == "forward" else backward)(
+            case.T, case.B, in_size, case.H, case.D, n_model)
         calls.append(dict(kind=kind, layer=layer, entries=first, durations=durations,
                           makespan=float(np.median(spans)) if len(first) else 0.0,
                           schedule=schedule))
@@ -77,38 +78,47 @@ def traced_calls(case, inputs, n_model, n_run, repeats):
 
 
 def _chunk_of(step, schedule, n_chunks):
+    """The backward chunk holding processing step ``step``."""
     return 0 if step < schedule.first else min(n_chunks - 1, 1 + (step - schedule.first) // schedule.chunk)
 
 
 def graph(call, T):
     """The call's task graph, rebuilt from the kernels' rules: per node (a trace entry) its
     duration and dependencies, the listed tasks in list order (each a sequence of nodes
-    one worker runs) and the unit steps."""
+    one worker runs), the unit steps, and the backward's gradients (dx pieces, and per
+    chain of dW, a lane of a block, its chunks with each chunk's gather; per block the
+    addition of its lanes' sums)."""
     entries, durations, schedule = call["entries"], call["durations"], call["schedule"]
     by_key = {}
     for n, e in enumerate(entries):
         by_key[(int(e[KIND]), int(e[DIRECTION]), int(e[I]), int(e[J]))] = n
     deps = defaultdict(list)
     listed = defaultdict(list)  # list position -> nodes in run order
-    units = []
-    groups_done = defaultdict(list)  # (direction, chunk) -> recurrence nodes ending it
+    units, dx, weights, finishes = [], [], defaultdict(dict), {}
+    chunk_ends = defaultdict(list)  # (direction, chunk) -> the recurrence nodes ending it
+    packs = defaultdict(list)
     for n, e in enumerate(entries):
         kind, d, i, j, order = (int(e[f]) for f in (KIND, DIRECTION, I, J, ORDER))
         if kind == UNIT_STEP:
             units.append(n)
-        else:
+        elif kind == DX:
+            dx.append(n)
+        elif kind == WEIGHTS:  # chain (direction, lane, block) of chunk i
+            weights[d, i % schedule.lanes, j][i] = n
+        elif kind == FINISH:
+            finishes[d, i] = n
+        elif kind != GATHER:
             listed[order].append(n)
         if kind == RECURRENCE:
-            groups_done[d, j].append(n)
-    packs = defaultdict(list)
-    for n, e in enumerate(entries):
-        if int(e[KIND]) == PACK:
-            packs[int(e[DIRECTION])].append(n)
+            chunk_ends[d, j].append(n)
+        if kind == PACK:
+            packs[d].append(n)
     n_chunks = 1 + max((int(e[J]) for e in entries if int(e[KIND]) == RECURRENCE), default=0)
-    for order, nodes in listed.items():
+    for nodes in listed.values():
         nodes.sort(key=lambda n: entries[n][START])  # a recurrence's chunks in run order
         for previous, n in zip(nodes, nodes[1:]):
             deps[n].append(previous)
+    directions = sorted({int(e[DIRECTION]) for e in entries if int(e[KIND]) == RECURRENCE})
     for n, e in enumerate(entries):
         kind, d, i, j = (int(e[f]) for f in (KIND, DIRECTION, I, J))
         if kind == RECURRENCE:
@@ -124,24 +134,37 @@ def graph(call, T):
             if i == 0:
                 deps[n].extend(packs[d])
         elif kind == WEIGHTS:
-            deps[n].extend(groups_done[d, i])
-            deps[n].append(by_key[(GATHER_H, d, i, 0)])
-            deps[n].extend(m for m, f in enumerate(entries) if int(f[KIND]) == GATHER_X)
-            if i > 0:
-                deps[n].append(by_key[(WEIGHTS, d, i - 1, j)])
+            deps[n].extend(chunk_ends[d, i])
         elif kind == DX:
             t_lo, t_hi = i * schedule.dx_steps, min(T, (i + 1) * schedule.dx_steps)
-            for direction in {int(f[DIRECTION]) for f in entries if int(f[KIND]) == RECURRENCE}:
+            for direction in directions:
                 step = T - t_lo - 1 if direction == 0 else t_hi - 1
-                deps[n].extend(groups_done[direction, _chunk_of(step, schedule, n_chunks)])
-    tasks = [listed[k] for k in sorted(listed)]
-    return dict(entries=entries, durations=durations, deps=deps, tasks=tasks, units=units)
+                deps[n].extend(chunk_ends[direction, _chunk_of(step, schedule, n_chunks)])
+    gathers = {(int(e[DIRECTION]), int(e[I])): n for n, e in enumerate(entries)
+               if int(e[KIND]) == GATHER}
+    chains = sorted(weights)
+    blocks = [[weights[key][c] for c in sorted(weights[key])] for key in chains]
+    finish_of = [finishes.get((key[0], key[2])) for key in chains]
+
+    def steps_needed(n):  # the kernels take dx pieces in this order
+        t_lo = int(entries[n][I]) * schedule.dx_steps
+        t_hi = min(T, t_lo + schedule.dx_steps)
+        return max(T - t_lo if d == 0 else t_hi for d in directions), int(entries[n][I])
+
+    return dict(entries=entries, durations=durations, deps=deps,
+                tasks=[listed[k] for k in sorted(listed)], units=units,
+                dx=sorted(dx, key=steps_needed), blocks=blocks, gathers=gathers,
+                finish_of=finish_of)
 
 
 def replay(g, workers):
-    """Makespan of graph ``g`` on ``workers`` workers taking the listed tasks in order; the
-    unit steps, if any, afterwards, each part of a direction on its own worker (the
-    kernels' threads take their own part of each step first)."""
+    """Makespan of graph ``g`` on ``workers`` workers, as the kernels run it: the listed
+    tasks in order, each to the first worker free (which waits there for its inputs); the
+    unit steps, each part of a direction on its own worker; then the backward's
+    gradients, each worker taking a ready dx piece first, else the next ready chunk of a
+    block nobody holds (its own block first, kept while its chunks are ready and no dx
+    piece is), else waiting until something is ready. The worker that ends a block's last
+    chain adds the block's lanes."""
     entries, durations, deps = g["entries"], g["durations"], g["deps"]
     done = {}
     free = [0.0] * workers
@@ -150,6 +173,9 @@ def replay(g, workers):
         start = max([at] + [done[m] for m in deps[n]])
         done[n] = start + float(durations[n])
         return done[n]
+
+    def ready(n):
+        return max([0.0] + [done[m] for m in deps[n]])
 
     for nodes in g["tasks"]:
         w = min(range(workers), key=lambda k: free[k])
@@ -165,12 +191,75 @@ def replay(g, workers):
             d, part = int(entries[n][DIRECTION]), int(entries[n][J])
             w = (part * directions + d) % workers
             free[w] = finish(n, free[w])
+    dx, blocks = list(g["dx"]), g["blocks"]
+    if dx or blocks:
+        next_chunk = [0] * len(blocks)
+        held_until = [0.0] * len(blocks)
+        gathered = set()
+        own = [w % max(1, len(blocks)) for w in range(workers)]
+
+        finish_of = g["finish_of"]
+
+        def run_chunk(b, t):
+            n = blocks[b][next_chunk[b]]
+            key = (int(entries[n][DIRECTION]), int(entries[n][I]))
+            if key not in gathered and key in g["gathers"]:
+                gathered.add(key)
+                t += float(durations[g["gathers"][key]])
+            next_chunk[b] += 1
+            done[n] = t + float(durations[n])
+            f = finish_of[b]
+            if f is not None and all(next_chunk[o] == len(blocks[o])
+                                     for o in range(len(blocks)) if finish_of[o] == f):
+                done[f] = done[n] + float(durations[f])
+                return done[f]
+            return done[n]
+
+        active = set(range(workers))
+        while active:
+            w = min(active, key=lambda k: free[k])
+            t = free[w]
+            if dx and ready(dx[0]) <= t:
+                free[w] = finish(dx.pop(0), t)
+                continue
+            chosen = None
+            for j in range(len(blocks)):
+                b = (own[w] + j) % len(blocks)
+                if (next_chunk[b] < len(blocks[b]) and held_until[b] <= t
+                        and ready(blocks[b][next_chunk[b]]) <= t):
+                    chosen = b
+                    break
+            if chosen is not None:
+                while True:
+                    t = run_chunk(chosen, t)
+                    if (next_chunk[chosen] >= len(blocks[chosen])
+                            or ready(blocks[chosen][next_chunk[chosen]]) > t
+                            or (dx and ready(dx[0]) <= t)):
+                        break
+                held_until[chosen] = t
+                own[w] = chosen
+                free[w] = t
+                continue
+            waiting = [ready(dx[0])] if dx else []
+            waiting += [max(ready(blocks[b][next_chunk[b]]), held_until[b])
+                        for b in range(len(blocks)) if next_chunk[b] < len(blocks[b])]
+            free_left = dx or any(next_chunk[b] < len(blocks[b]) and held_until[b] <= t
+                                  for b in range(len(blocks)))
+            if not free_left and not any(next_chunk[b] < len(blocks[b]) for b in range(len(blocks))):
+                active.discard(w)
+                continue
+            if not free_left:
+                # Every block left is held by another worker: in the kernels this worker
+                # returns; here it would only wait for the holder, so it stops too.
+                active.discard(w)
+                continue
+            free[w] = max(t, min(waiting))
     return max(free)
 
 
 def span(g):
     """The critical path: the replay on as many workers as there are tasks."""
-    return replay(g, max(1, len(g["tasks"]) + len(g["units"])))
+    return replay(g, max(1, len(g["tasks"]) + len(g["units"]) + len(g["dx"]) + len(g["blocks"])))
 
 
 def model_case(case, repeats):

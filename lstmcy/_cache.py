@@ -5,15 +5,29 @@ Both the Cython-backed core (:mod:`lstmcy._core`) and the numpy reference
 interchangeable when feeding ``lstm_backward``.
 """
 
-__all__ = ["LSTMCache"]
+__all__ = ["LSTMCache", "SAVED_NAMES"]
+
+#: The saved activations, in the order of ``lstm_backward``'s arguments and of
+#: :meth:`LSTMCache.saved`.
+SAVED_NAMES = ("i", "g", "f", "o", "h", "c", "tanhc")
 
 
 class LSTMCache:
     """Activations saved by a training forward pass, needed by the backward.
 
     Every array list holds ``D * L`` arrays of shape ``[T, B, H]`` (time-major
-    whatever the input layout), ordered ``layer * D + direction``. Positions
-    that are inactive in a variable-length batch hold zeros.
+    whatever the input layout; ``h`` is ``[T, B, P]``, P the projection's size
+    or H), ordered ``layer * D + direction``. Positions that are inactive in a
+    variable-length batch hold zeros.
+
+    The arrays have the call's dtype. For float16 and bfloat16 calls, which are
+    computed in float32, ``lstmcy.lstm_forward``'s cache also keeps the float32
+    values its arrays were rounded from, and ``lstm_backward`` handed these very
+    lists uses those: its gradients are then the float32 call's, rounded (through
+    a saturated gate, ``1 - sigmoid`` loses all its digits in the rounded
+    values). The arrays are read-only so that they cannot drift apart from the
+    float32 values; copies (or any other arrays) are used as given. See
+    docs/numerics.md.
 
     Parameters
     ----------
@@ -25,7 +39,7 @@ class LSTMCache:
     tanhc : list of ndarray
         ``tanh(c)`` after each step.
     dropout_masks : list of ndarray or None, optional
-        ``None``, or ``L - 1`` arrays of shape ``[T, B, D * H]`` holding 0 or
+        ``None``, or ``L - 1`` arrays of shape ``[T, B, D * P]`` holding 0 or
         ``1 / (1 - dropout)``: the multiplier applied to the output of layer
         ``l`` before it enters layer ``l + 1``.
 

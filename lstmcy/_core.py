@@ -18,22 +18,14 @@ from lstmcy import _fpmode
 from lstmcy._dispatch import kernels as _lstm
 from lstmcy._cache import LSTMCache
 from lstmcy._pool import ALIGN, ResultPool, aligned_empty, aligned_offset
-from lstmcy._schedule import SPLIT_UNITS, backward_schedule, forward_schedule
+from lstmcy._schedule import (SINGLE_THREADED_GEMM, SPLIT_UNITS, TUNED_STEP_FLOPS, backward_lanes,
+                              backward_schedule, forward_schedule)
 from lstmcy._threads import (ThreadTuner, _check_count, blas_single_threaded, is_automatic,
                              threads_for)
 from lstmcy._validation import (SAVED_NAMES, check_backward, check_bool, check_dropout,
                                 check_output_mask, check_problem, check_seed, to_compute)
 
 __all__ = ["lstm_forward", "lstm_backward", "LSTMPlan", "release_workspaces"]
-
-# OpenBLAS runs a GEMM on one thread when m*n*k <= 65536 * GEMM_MULTITHREAD_THRESHOLD (4):
-# a call whose largest GEMM is that small needs no cap on BLAS threads.
-_SINGLE_THREADED_GEMM = 65536 * 4
-# Kernel calls whose time step is at most this much work (FLOPs) may be moved to one
-# thread by the ThreadTuner (the small shapes: (B, I, H) = (32, 64, 128) has 6 MFLOP a step
-# forward, 13 backward). Beyond it the threads' synchronisation is a small part of a step,
-# and each try of one thread would cost a long call.
-_TUNED_STEP_FLOPS = 1.6e7
 
 
 def _as_rows(array):
@@ -49,32 +41,34 @@ def _out_dtype(array, dtype):
 
 
 class _BlockViews(list):
-    """A list of the ``[T, B, H]`` pieces of one ``[L*D, T, B, H]`` block (a cache list).
+    """A list of the ``[T, B, F]`` pieces of one ``[L*D, T, B, F]`` saved array (a cache
+    list; F is H, or P for h).
 
     The backward recognises its own cache lists by identity and slices a layer's
-    directions out of ``block`` without copying.
+    directions out of ``exact`` without copying: the block itself, or for float16/bfloat16
+    calls the float32 values the (read-only) block was rounded from.
     """
 
-    __slots__ = ("block", "views", "_rows")
+    __slots__ = ("exact", "views", "_rows")
 
-    def __init__(self, block):
+    def __init__(self, block, exact=None):
         # Indexed, not iterated (iteration ends in a formatted, costly IndexError); one
         # forward makes seven of these, so the common single piece is a special case.
         n = len(block)
         views = self.views = (block[0],) if n == 1 else tuple([block[k] for k in range(n)])
         list.__init__(self, views)
-        self.block = block
+        self.exact = block if exact is None else exact
         self._rows = None
 
     def rows(self, arrays, dtype):
-        """``block`` as ``[L*D, T*B, H]`` if ``arrays`` still are this list's pieces and
-        ``dtype`` is the block's, else None."""
-        if (self.block.dtype != dtype or len(arrays) != len(self.views)
+        """``exact`` as ``[L*D, T*B, F]`` if ``arrays`` still are this list's pieces and
+        ``dtype`` is ``exact``'s, else None."""
+        if (self.exact.dtype != dtype or len(arrays) != len(self.views)
                 or not all(map(operator.is_, arrays, self.views))):
             return None
         if self._rows is None:
-            L_D, T, B, H = self.block.shape
-            self._rows = self.block.reshape(L_D, T * B, H)
+            L_D, T, B, F = self.exact.shape
+            self._rows = self.exact.reshape(L_D, T * B, F)
         return self._rows
 
 
@@ -82,8 +76,8 @@ def _stacked(given, arrays, layer, D, shape, dtype):
     """The arrays of one layer's directions as one C-contiguous ``[D, *shape]`` array.
 
     ``given`` is the caller's list, ``arrays`` the validated arrays of it. A cache list
-    from :func:`lstm_forward` is viewed without copying; anything else is stacked (and
-    converted) into a new array.
+    from :func:`lstm_forward` is viewed without copying (for float16/bfloat16, its float32
+    values); anything else is stacked (and converted) into a new array.
     """
     rows = given.rows(arrays, dtype) if type(given) is _BlockViews else None
     if rows is not None:
@@ -99,23 +93,57 @@ def _stacked(given, arrays, layer, D, shape, dtype):
 _SAVED_INDEX = {name: k for k, name in enumerate(SAVED_NAMES)}
 
 
-def _block_reader(block, D):
+def saved_size(p):
+    """Elements of a forward's saved block: the seven activations of every layer and
+    direction, ``[L*D, T*B, H]`` each in ``SAVED_NAMES`` order, h ``[L*D, T*B, P]``."""
+    return p.L * p.D * p.T * p.B * (6 * p.H + p.P)
+
+
+def saved_arrays(block, p):
+    """The seven ``[L*D, T*B, F]`` views (F = H, for h P) of a flat saved block, in
+    ``SAVED_NAMES`` order."""
+    rows = p.L * p.D * p.T * p.B
+    views, start = [], 0
+    for name in SAVED_NAMES:
+        width = p.P if name == "h" else p.H
+        views.append(block[start:start + rows * width].reshape(p.L * p.D, p.T * p.B, width))
+        start += rows * width
+    return views
+
+
+def _block_reader(block, p):
     """``saved_of`` for :meth:`LSTMPlan._run_backward` from the block
     :meth:`LSTMPlan._run_forward` returns: views, no copies or checks (for callers that
     hand back the forward's own block, as ``lstmcy.torch`` does)."""
+    views = saved_arrays(block, p)
+    D = p.D
+
     def saved_of(name, layer):
-        return block[_SAVED_INDEX[name], layer * D:(layer + 1) * D]
+        return views[_SAVED_INDEX[name]][layer * D:(layer + 1) * D]
     return saved_of
 
 
+_NO_PROJECTION = {}
+
+
 def _layer_weights(problem, layer):
-    """``w_ih [D, 4H, I_l]``, ``w_hh [D, 4H, H]`` and ``b_ih + b_hh [D, 4H]`` of one layer."""
+    """``w_ih [D, 4H, I_l]``, ``w_hh [D, 4H, P]``, ``b_ih + b_hh [D, 4H]`` and ``w_hr
+    [D, P, H]`` (``[D, 0, H]`` without a projection) of one layer."""
     D = problem.D
-    per_dir = problem.weights[layer * D:(layer + 1) * D]
-    if D == 1:  # a view, no copy of the weights
+    ks = slice(layer * D, (layer + 1) * D)
+    per_dir = problem.weights[ks]
+    if problem.projected:
+        w_hr = problem.projections[ks]
+        w_hr = w_hr[0][np.newaxis] if D == 1 else np.stack(w_hr)
+    else:
+        key = (D, problem.H, problem.compute_dtype)
+        w_hr = _NO_PROJECTION.get(key)
+        if w_hr is None:
+            w_hr = _NO_PROJECTION[key] = np.empty((D, 0, problem.H), problem.compute_dtype)
+    if D == 1:  # views, no copy of the weights
         w_ih, w_hh, bias = per_dir[0]
-        return w_ih[np.newaxis], w_hh[np.newaxis], bias[np.newaxis]
-    return tuple(np.stack([w[k] for w in per_dir]) for k in range(3))
+        return w_ih[np.newaxis], w_hh[np.newaxis], bias[np.newaxis], w_hr
+    return tuple(np.stack([w[k] for w in per_dir]) for k in range(3)) + (w_hr,)
 
 
 @functools.lru_cache(maxsize=256)
@@ -125,17 +153,22 @@ def _packed_len(n, k, dtype):
 
 
 @functools.lru_cache(maxsize=256)
-def _forward_packed_len(H, schedule, dtype):
-    """Elements of one direction's packed ``w_hh`` in a forward of that schedule."""
-    if schedule.split == SPLIT_UNITS:
-        return _lstm.unit_packed_len(H, schedule.groups, dtype == np.float64)
-    return _packed_len(4 * H, H, dtype)
+def _forward_packed_len(H, P, projected, schedule, dtype):
+    """Elements of one direction's packed weights in a forward of that schedule."""
+    return _lstm.forward_packed_len(H, P, projected, schedule.split, schedule.groups,
+                                    dtype == np.float64)
+
+
+@functools.lru_cache(maxsize=256)
+def _backward_packed_len(H, P, projected, dtype):
+    """Elements of one direction's packed weights in a backward."""
+    return _lstm.backward_packed_len(H, P, projected, dtype == np.float64)
 
 
 def _draw_masks(problem, dropout, rng):
-    """``L - 1`` masks ``[T, B, D*H]`` of 0 or ``1 / (1 - dropout)`` in the caller's dtype."""
+    """``L - 1`` masks ``[T, B, D*P]`` of 0 or ``1 / (1 - dropout)`` in the caller's dtype."""
     rng = rng if rng is not None else np.random.default_rng()
-    shape = (problem.T, problem.B, problem.D * problem.H)
+    shape = (problem.T, problem.B, problem.D * problem.P)
     scale = 1.0 / (1.0 - dropout)
     return [np.where(rng.random(shape) >= dropout, scale, 0.0).astype(problem.dtype)
             for _ in range(problem.L - 1)]
@@ -187,35 +220,45 @@ class LSTMPlan:
 
     @staticmethod
     def required_workspace(T, B, input_size, hidden_size, *, num_layers=1, bidirectional=False,
-                           batch_sizes=None, dtype=np.float32, backward=True):
+                           batch_sizes=None, dtype=np.float32, backward=True, proj_size=0):
         """Bytes of work buffers one call needs at most (the analogue of ``GetWorkspaceSize``).
 
         The workspace is O(T*B*4H) per direction: the gate (gradient) buffer and, where the
         input is not in packed order, a packed copy of the input (gradient), plus a
-        panel-packed copy of ``w_hh`` per direction for the recurrent products; the
-        backward adds h_{t-1} (and, where the input is not in packed order, x) in packed
-        row order for the weight gradients, and a float64 bias accumulator per direction.
-        An upper bound of what :attr:`workspace_size` reaches after such calls.
+        panel-packed copy of ``w_hh`` (and ``w_hr``) per direction for the recurrent
+        products; the backward adds, per direction, ``[x | h_{t-1} (| r_t)]`` in packed row
+        order for the weight gradients, ``lanes`` ``[4H, I + P]`` weight-gradient sums and
+        float64 bias ones (see :func:`lstmcy._schedule.backward_lanes`), and with a
+        projection the rows of dh and of dh @ w_hr and dW_hr's sums. An upper
+        bound of what :attr:`workspace_size` reaches after such calls.
         """
         D = 2 if bidirectional else 1
         H = hidden_size
+        projected = proj_size > 0
+        P = proj_size if projected else H
         N = int(np.sum(batch_sizes)) if batch_sizes is not None else T * B
-        width = max(input_size, D * H) if num_layers > 1 else input_size
+        width = max(input_size, D * P) if num_layers > 1 else input_size
         itemsize = max(np.dtype(dtype).itemsize, 4)  # float16/bfloat16 compute in float32
-        compute = np.dtype(np.float64 if itemsize == 8 else np.float32)
+        is_double = itemsize == 8
         elements = D * N * 4 * H + N * width  # gates, packed rows
+        if projected:
+            elements += D * N * H  # r = o * tanh(c) of every row (forward), dh @ w_hr (backward)
         # The recurrent weights packed: by rows, or by units in up to H / 16 parts (each
-        # part's panels padded apart); the backward's packing of w_hh.
+        # part's panels padded apart); the backward's packing.
         parts = max(1, H // 16)
-        packed_w_hh = D * max(_packed_len(4 * H, H, compute),
-                              _lstm.unit_packed_len(H, parts, compute == np.float64))
+        packed = max(_lstm.forward_packed_len(H, P, projected, 0, 1, is_double),
+                     _lstm.forward_packed_len(H, P, projected, 1, parts, is_double))
         if backward:
-            packed_w_hh = max(packed_w_hh, D * _packed_len(H, 4 * H, compute))
-        elements += packed_w_hh
-        extra_bytes = 8 * (ALIGN - 1)  # room to align each of the (at most 8) named buffers
+            packed = max(packed, _lstm.backward_packed_len(H, P, projected, is_double))
+        elements += D * packed
+        extra_bytes = 9 * (ALIGN - 1)  # room to align each of the (at most 9) named buffers
         if backward:
-            elements += D * N * H + N * width  # h_{t-1} and x in packed row order
-            extra_bytes += D * 4 * H * 8
+            z_width = width + P + (H if projected else 0)
+            lanes = max(backward_lanes(T, B, I, H) for I in {input_size, width})
+            elements += D * (N * z_width + lanes * 4 * H * (width + P))
+            if projected:
+                elements += D * N * P + D * lanes * P * H  # dh of every row, dW_hr's lanes
+            extra_bytes += D * lanes * 4 * H * 8
         return int(elements * itemsize + extra_bytes)
 
     def _take(self, name, shape, dtype):
@@ -245,7 +288,7 @@ class LSTMPlan:
         compares times per row (``rows`` rows), so that calls of other lengths inform one
         another."""
         n_threads = threads_for(flops, self.n_threads)
-        if (n_threads == 1 or rows == 0 or step_flops > _TUNED_STEP_FLOPS
+        if (n_threads == 1 or rows == 0 or step_flops > TUNED_STEP_FLOPS
                 or not is_automatic(self.n_threads)):
             return run(n_threads)
         key = key + (n_threads,)
@@ -273,27 +316,36 @@ class LSTMPlan:
         """Cap BLAS to one thread (results must not depend on the BLAS thread count, and
         OpenBLAS rounds differently with more threads), unless every GEMM of the call is so
         small that BLAS runs it on one thread anyway: the cap costs tens of microseconds."""
-        width = max(problem.I, problem.D * problem.H) if problem.L > 1 else problem.I
-        largest = problem.N * 4 * problem.H * (width + problem.H)
-        return blas_single_threaded(active=largest > _SINGLE_THREADED_GEMM)
+        width = max(problem.I, problem.D * problem.P) if problem.L > 1 else problem.I
+        largest = problem.N * 4 * problem.H * (width + problem.P + problem.H)
+        return blas_single_threaded(active=largest > SINGLE_THREADED_GEMM)
 
     def forward(self, input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0, train=True,
-                bidirectional=False, batch_first=False, batch_sizes=None, seed=None):
+                bidirectional=False, batch_first=False, batch_sizes=None, seed=None, proj_size=0):
         """Same as :func:`lstm_forward`, reusing this plan's buffers."""
         train = check_bool("train", train)
         dropout = check_dropout(dropout)
         rng = check_seed(seed) if seed is not None else None
         p = check_problem(input, hx, params, has_bias=has_bias, num_layers=num_layers,
                           bidirectional=bidirectional, batch_first=batch_first,
-                          batch_sizes=batch_sizes)
+                          batch_sizes=batch_sizes, proj_size=proj_size)
         masks = _draw_masks(p, dropout, rng) if (train and dropout > 0 and p.L > 1) else None
         y, h_n, c_n, saved_block = self._run_forward(p, train, masks)
         if not train:
             return y, h_n, c_n, None
-        # [7, L*D, T, B, H] in SAVED_NAMES order, which is LSTMCache's argument order.
-        blocks = _out_dtype(saved_block, p.dtype).reshape(len(SAVED_NAMES), p.L * p.D, p.T, p.B, p.H)
-        cache = LSTMCache(*[_BlockViews(block) for block in blocks], dropout_masks=masks)
-        return y, h_n, c_n, cache
+        # In SAVED_NAMES order, which is LSTMCache's argument order: [L*D, T, B, F] each.
+        exact = [a.reshape(p.L * p.D, p.T, p.B, a.shape[-1]) for a in saved_arrays(saved_block, p)]
+        if p.dtype == p.compute_dtype:
+            lists = [_BlockViews(block) for block in exact]
+        else:
+            # float16/bfloat16: the caller gets the rounded values; the backward, handed
+            # these very arrays, the float32 ones they were rounded from. Read-only, so that
+            # the two cannot drift apart.
+            rounded = [_out_dtype(a, p.dtype) for a in exact]
+            for a in rounded:
+                a.flags.writeable = False
+            lists = [_BlockViews(block, exact=block_exact) for block, block_exact in zip(rounded, exact)]
+        return y, h_n, c_n, LSTMCache(*lists, dropout_masks=masks)
 
     def _run_forward(self, p, train, masks):
         """:meth:`forward` of a checked :class:`~lstmcy._validation.Problem` (``masks``: the
@@ -301,27 +353,30 @@ class LSTMPlan:
         vouch for its arrays as :func:`~lstmcy._validation.check_problem` would.
 
         Returns ``y, h_n, c_n`` in the caller's dtype and, when ``train``, the saved
-        activations as one compute-dtype block ``[7, L*D, T*B, H]`` in ``SAVED_NAMES``
-        order (else None): :meth:`forward` wraps it in an :class:`LSTMCache`, and
-        :meth:`_run_backward` reads it through :func:`_block_reader`."""
-        T, B, H, L, D, N = p.T, p.B, p.H, p.L, p.D, p.N
+        activations as one flat compute-dtype block of ``saved_size(p)`` elements (else
+        None; :func:`saved_arrays` views it): :meth:`forward` wraps it in an
+        :class:`LSTMCache`, and :meth:`_run_backward` reads it through :func:`_block_reader`."""
+        T, B, H, P, L, D, N = p.T, p.B, p.H, p.P, p.L, p.D, p.N
         cdt = p.compute_dtype
         alloc = self._results.empty if p.uniform else self._results.zeros
 
-        y = alloc(p.output_shape(D * H), dtype=cdt)
+        y = alloc(p.output_shape(), dtype=cdt)
         y_rows = _as_rows(y)
         # The kernels write the final states (c in place, from c0); h_n starts as h0 for
-        # calls without steps. They start on a cache line (the row groups of the threads
-        # write interleaved rows).
-        states = aligned_empty((2,) + p.h0.shape, p.h0.dtype)  # one allocation for both
-        states[0] = p.h0
-        states[1] = p.c0
-        h_n, c_n = states
+        # calls without steps. One request for both (the row groups of the threads write
+        # interleaved rows, from a cache line on).
+        states = self._results.empty((p.h0.size + p.c0.size,), dtype=cdt)
+        h_n = states[:p.h0.size].reshape(p.h0.shape)
+        c_n = states[p.h0.size:].reshape(p.c0.shape)
+        h_n[...] = p.h0
+        c_n[...] = p.c0
         if train:
             # One request for all seven (they live and die together, in the cache).
-            saved_block = alloc((len(SAVED_NAMES), L * D, T * B, H), dtype=cdt)
+            saved_block = alloc((saved_size(p),), dtype=cdt)
+            saved_all = saved_arrays(saved_block, p)
         else:
-            no_cache = (np.empty((D, 0, H), dtype=cdt),) * len(SAVED_NAMES)
+            no_cache = tuple(np.empty((D, 0, P if name == "h" else H), dtype=cdt)
+                             for name in SAVED_NAMES)
         internal_step_row, _, internal_packed = p.time_major_map
 
         layer_in, in_step_row, in_stride, in_packed = p.x_rows, p.step_row, p.batch_stride, p.rows_packed
@@ -331,31 +386,33 @@ class LSTMPlan:
                 if last:
                     out, out_step_row, out_stride = y_rows, p.step_row, p.batch_stride
                 else:
-                    out = alloc((T * B, D * H), dtype=cdt)
+                    out = alloc((T * B, D * P), dtype=cdt)
                     out_step_row, out_stride = internal_step_row, 1
                 in_size = layer_in.shape[1]
-                w_ih, w_hh, bias = _layer_weights(p, layer)
+                w_ih, w_hh, bias, w_hr = _layer_weights(p, layer)
                 ks = slice(layer * D, (layer + 1) * D)
-                saved = (tuple([saved_block[k, ks] for k in range(len(SAVED_NAMES))])
-                         if train else no_cache)
+                saved = tuple([a[ks] for a in saved_all]) if train else no_cache
                 gates = self._take("gates", (D, N, 4 * H), cdt)
+                r_rows = self._take("r_rows", (D, N if p.projected else 0, H), cdt)
                 x_packed = self._take("packed_rows", (0 if in_packed else N, in_size), cdt)
-                args = (layer_in, in_step_row, in_stride, in_packed, w_ih, w_hh, bias,
+                args = (layer_in, in_step_row, in_stride, in_packed, w_ih, w_hh, bias, w_hr,
                         p.batch_sizes, p.packed_start, out, out_step_row, out_stride,
-                        p.h0[ks], h_n[ks], c_n[ks], saved, train, gates, x_packed)
+                        p.h0[ks], h_n[ks], c_n[ks], saved, train, gates, r_rows, x_packed)
 
-                def run(n_threads, args=args, layer=layer):
-                    schedule = forward_schedule(T, B, H, D, n_threads)
-                    w_packed = self._take("w_packed", (D * _forward_packed_len(H, schedule, cdt),), cdt)
+                def run(n_threads, args=args, layer=layer, in_size=in_size):
+                    schedule = forward_schedule(T, B, in_size, H, D, n_threads, p.projected)
+                    w_packed = self._take(
+                        "w_packed", (D * _forward_packed_len(H, P, p.projected, schedule, cdt),), cdt)
                     return self._traced("forward", layer, _lstm.forward_layer, *args, w_packed,
                                         schedule, n_threads, _fpmode._flush)
 
-                self._call(("forward", B, in_size, H, D, train, cdt), N,
-                           8.0 * D * B * H * (in_size + H), 8.0 * D * N * H * (in_size + H), run)
+                flops_per_row = 8.0 * D * H * (in_size + P) + (2.0 * D * H * P if p.projected else 0)
+                self._call(("forward", B, in_size, H, P, D, train, cdt), N, B * flops_per_row,
+                           N * flops_per_row, run)
                 if not last:
                     if masks is not None:
                         with np.errstate(invalid="ignore"):  # inf * 0 -> NaN, as in torch; no warning
-                            out *= to_compute(masks[layer], cdt).reshape(T * B, D * H)
+                            out *= to_compute(masks[layer], cdt).reshape(T * B, D * P)
                     layer_in, in_step_row, in_stride, in_packed = out, internal_step_row, 1, internal_packed
 
         dtype = p.dtype
@@ -364,19 +421,21 @@ class LSTMPlan:
 
     def backward(self, input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, batch_sizes=None,
                  has_bias=True, num_layers=1, dropout=0.0, train=True, bidirectional=False,
-                 batch_first=False, output_mask=(True, True, True, True), dropout_masks=None):
+                 batch_first=False, output_mask=(True, True, True, True), dropout_masks=None,
+                 proj_size=0):
         """Same as :func:`lstm_backward`, reusing this plan's buffers."""
         p, arrays = check_backward(
             input, hx, params, dy, dh, dc, (i, g, f, o, h, c, tanhc), batch_sizes=batch_sizes,
             has_bias=has_bias, num_layers=num_layers, dropout=dropout, train=train,
-            bidirectional=bidirectional, batch_first=batch_first, dropout_masks=dropout_masks)
+            bidirectional=bidirectional, batch_first=batch_first, dropout_masks=dropout_masks,
+            proj_size=proj_size)
         output_mask = check_output_mask(output_mask)
         given = dict(zip(SAVED_NAMES, (i, g, f, o, h, c, tanhc)))
         cdt = p.compute_dtype
-        TB = (p.T * p.B, p.H)
 
         def saved_of(name, layer):
-            return _stacked(given[name], arrays[name], layer, p.D, TB, cdt)
+            rows = (p.T * p.B, p.P if name == "h" else p.H)
+            return _stacked(given[name], arrays[name], layer, p.D, rows, cdt)
 
         return self._run_backward(p, saved_of, arrays, output_mask)
 
@@ -385,25 +444,29 @@ class LSTMPlan:
         :func:`~lstmcy._validation.check_backward` returns them (only ``dy``, ``dh``,
         ``dc`` and ``dropout_masks`` are read from ``arrays``), ``saved_of(name, layer)``
         the saved activation ``name`` of ``layer``'s directions as a C-contiguous
-        ``[D, T*B, H]`` compute-dtype array, ``output_mask`` a tuple of four bools."""
+        ``[D, T*B, F]`` compute-dtype array (F = H, for h P), ``output_mask`` a tuple of four
+        bools."""
         want_dx, want_dh, want_dc, want_dparams = output_mask
         if not any(output_mask):
             return None, None, None, None
-        T, B, H, L, D, N = p.T, p.B, p.H, p.L, p.D, p.N
+        T, B, H, P, L, D, N = p.T, p.B, p.H, p.P, p.L, p.D, p.N
+        projected = p.projected
         cdt = p.compute_dtype
         masks = None
         if "dropout_masks" in arrays:
-            masks = [to_compute(m, cdt).reshape(T * B, D * H) for m in arrays["dropout_masks"]]
+            masks = [to_compute(m, cdt).reshape(T * B, D * P) for m in arrays["dropout_masks"]]
 
         dy_rows = _as_rows(to_compute(arrays["dy"], cdt))
         # Working state: in, the gradients of h_n / c_n; out, those of h0 / c0.
-        state_shape = (L * D, B, H)
-        dh_state = np.array(arrays["dh"], dtype=cdt, order="C") if "dh" in arrays else np.zeros(state_shape, cdt)
-        dc_state = np.array(arrays["dc"], dtype=cdt, order="C") if "dc" in arrays else np.zeros(state_shape, cdt)
+        shapes = p.shapes
+        dh_state = (np.array(arrays["dh"], dtype=cdt, order="C") if "dh" in arrays
+                    else np.zeros(shapes.h_state, cdt))
+        dc_state = (np.array(arrays["dc"], dtype=cdt, order="C") if "dc" in arrays
+                    else np.zeros(shapes.c_state, cdt))
 
         alloc = self._results.empty if p.uniform else self._results.zeros
         internal_step_row, _, internal_packed = p.time_major_map
-        per_dir = 4 if p.has_bias else 2
+        per_dir = len(shapes.param_names)
         dparams = [None] * (L * D * per_dir)
         dx = None
         upper_dy, dy_step_row, dy_stride = dy_rows, p.step_row, p.batch_stride
@@ -416,7 +479,7 @@ class LSTMPlan:
                     layer_dx_needed = want_dx
                 else:
                     below = list(saved_of("h", layer - 1))
-                    layer_in = self._results.empty((T * B, D * H), cdt)
+                    layer_in = self._results.empty((T * B, D * P), cdt)
                     np.concatenate(below, axis=-1, out=layer_in)
                     if masks is not None:
                         with np.errstate(invalid="ignore"):  # inf * 0 -> NaN, as in torch; no warning
@@ -428,39 +491,50 @@ class LSTMPlan:
                     layer_dx = alloc(layer_in.shape, dtype=cdt)
                 else:
                     layer_dx = np.empty((0, in_size), dtype=cdt)
+                hr = P if projected else 0
                 if want_dparams:
                     # One request for the layer's weight and bias gradients.
-                    grads = self._results.empty((D * 4 * H * (in_size + H + 1),), dtype=cdt)
-                    ih_end, hh_end = D * 4 * H * in_size, D * 4 * H * (in_size + H)
-                    dw_ih = grads[:ih_end].reshape(D, 4 * H, in_size)
-                    dw_hh = grads[ih_end:hh_end].reshape(D, 4 * H, H)
-                    db = grads[hh_end:].reshape(D, 4 * H)
+                    sizes = [D * 4 * H * in_size, D * 4 * H * P, D * 4 * H, D * hr * H]
+                    grads = self._results.empty((sum(sizes),), dtype=cdt)
+                    ends = np.cumsum(sizes)
+                    dw_ih = grads[:ends[0]].reshape(D, 4 * H, in_size)
+                    dw_hh = grads[ends[0]:ends[1]].reshape(D, 4 * H, P)
+                    db = grads[ends[1]:ends[2]].reshape(D, 4 * H)
+                    dw_hr = grads[ends[2]:ends[3]].reshape(D, hr, H)
                 else:
                     dw_ih = np.empty((D, 0, in_size), dtype=cdt)
-                    dw_hh = np.empty((D, 0, H), dtype=cdt)
+                    dw_hh = np.empty((D, 0, P), dtype=cdt)
                     db = np.empty((D, 0), dtype=cdt)
-                w_ih, w_hh, _ = _layer_weights(p, layer)
-                gathered = want_dparams and not in_packed  # x in packed row order for dW
+                    dw_hr = np.empty((D, 0, H), dtype=cdt)
+                w_ih, w_hh, _, w_hr = _layer_weights(p, layer)
                 scattered = layer_dx_needed and not in_packed  # dx through packed row order
+                z_width = in_size + P + (H if projected else 0)
+                rows = N if projected else 0
+                # Each lane of the weight gradients sums its own dW (shape only).
+                lanes = backward_schedule(T, B, in_size, H, D, 1).lanes
                 args = (layer_in, in_step_row, in_stride, in_packed,
                         upper_dy, dy_step_row, dy_stride,
-                        w_ih, w_hh, p.h0[ks], p.c0[ks], saved,
+                        w_ih, w_hh, w_hr, p.h0[ks], p.c0[ks], saved,
                         p.batch_sizes, p.packed_start, dh_state[ks], dc_state[ks],
-                        layer_dx, layer_dx_needed, dw_ih, dw_hh, db, want_dparams,
+                        layer_dx, layer_dx_needed, dw_ih, dw_hh, db, dw_hr, want_dparams,
                         self._take("gates", (D, N, 4 * H), cdt),
-                        self._take("zh", (D, N if want_dparams else 0, H), cdt),
-                        self._take("zx", (N if gathered else 0, in_size), cdt),
-                        self._take("db_acc", (D, 4 * H if want_dparams else 0), np.dtype(np.float64)),
+                        self._take("dh_rows", (D, rows, P), cdt),
+                        self._take("r_rows", (D, rows, H), cdt),
+                        self._take("z", (D, N if want_dparams else 0, z_width), cdt),
+                        self._take("dw", (D, lanes * 4 * H if want_dparams else 0, in_size + P), cdt),
+                        self._take("db_acc", (D, lanes * 4 * H if want_dparams else 0), np.dtype(np.float64)),
+                        self._take("dw_hr_acc", (D, lanes * hr if want_dparams else 0, H), cdt),
                         self._take("packed_rows", (N if scattered else 0, in_size), cdt),
-                        self._take("w_packed", (D * _packed_len(H, 4 * H, cdt),), cdt))
+                        self._take("w_packed", (D * _backward_packed_len(H, P, projected, cdt),), cdt))
 
-                def run(n_threads, args=args, layer=layer):
+                def run(n_threads, args=args, layer=layer, in_size=in_size):
                     return self._traced("backward", layer, _lstm.backward_layer, *args,
-                                        backward_schedule(T, B, H, D, n_threads), n_threads,
+                                        backward_schedule(T, B, in_size, H, D, n_threads), n_threads,
                                         _fpmode._flush)
 
-                self._call(("backward", B, in_size, H, D, layer_dx_needed, want_dparams, cdt), N,
-                           16.0 * D * B * H * (in_size + H), 16.0 * D * N * H * (in_size + H), run)
+                flops_per_row = 16.0 * D * H * (in_size + P) + (6.0 * D * H * P if projected else 0)
+                self._call(("backward", B, in_size, H, P, D, layer_dx_needed, want_dparams, cdt), N,
+                           B * flops_per_row, N * flops_per_row, run)
                 if want_dparams:
                     for d in range(D):
                         base = (layer * D + d) * per_dir
@@ -469,6 +543,8 @@ class LSTMPlan:
                         if p.has_bias:
                             dparams[base + 2] = db[d]
                             dparams[base + 3] = db[d].copy()
+                        if projected:
+                            dparams[base + per_dir - 1] = dw_hr[d]
                 if layer > 0:
                     if masks is not None:
                         with np.errstate(invalid="ignore"):  # inf * 0 -> NaN, as in torch; no warning
@@ -508,7 +584,7 @@ def release_workspaces():
 
 
 def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0, train=True,
-                 bidirectional=False, batch_first=False, batch_sizes=None, seed=None):
+                 bidirectional=False, batch_first=False, batch_sizes=None, seed=None, proj_size=0):
     """Run a (multi-layer, optionally bidirectional) LSTM forward, saving what backward needs.
 
     Semantics are those of PyTorch's ``aten::lstm`` (and of the Ascend operator whose
@@ -521,13 +597,18 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
         ``[sum(batch_sizes), I]`` (PyTorch's packed layout) or ``[T*B, I]`` (padded,
         time-major).
     hx : tuple of ndarray or None
-        ``(h0, c0)``, each ``[num_layers*D, B, H]`` with index ``layer*D + direction``
-        (``D = 2`` if bidirectional). None means zeros.
+        ``(h0, c0)``: ``h0`` ``[num_layers*D, B, P]``, ``c0`` ``[num_layers*D, B, H]``, index
+        ``layer*D + direction`` (``D = 2`` if bidirectional; ``P`` is ``proj_size``, or
+        ``H`` without a projection). None means zeros.
     params : list of ndarray
-        Per layer, forward direction then reverse: ``w_ih [4H, I_l]``, ``w_hh [4H, H]``,
-        ``b_ih [4H]``, ``b_hh [4H]`` (no biases when ``has_bias`` is False). ``I_l = I`` for
-        layer 0 and ``D*H`` above. Gate order i, f, g, o, as ``torch.nn.LSTM``.
+        Per layer, forward direction then reverse: ``w_ih [4H, I_l]``, ``w_hh [4H, P]``,
+        ``b_ih [4H]``, ``b_hh [4H]`` (no biases when ``has_bias`` is False), then with a
+        projection ``w_hr [P, H]``: PyTorch's ``_flat_weights`` order. ``I_l = I`` for layer
+        0 and ``D*P`` above. Gate order i, f, g, o, as ``torch.nn.LSTM``.
     has_bias, num_layers, bidirectional, batch_first : as in ``torch.nn.LSTM``.
+    proj_size : int, default 0
+        With ``proj_size > 0`` (``< H``) the hidden state is projected (LSTMP, as
+        ``torch.nn.LSTM(proj_size=...)``): ``h_t = (o_t * tanh(c_t)) @ w_hr^T``.
     dropout : float in [0, 1)
         Dropout applied to each layer's output except the last, when ``train``.
     train : bool
@@ -540,9 +621,9 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
     Returns
     -------
     y : ndarray
-        Last layer's output, input layout with ``D*H`` features (directions concatenated);
+        Last layer's output, input layout with ``D*P`` features (directions concatenated);
         zero at padded positions.
-    h_n, c_n : ndarray [num_layers*D, B, H]
+    h_n, c_n : ndarray [num_layers*D, B, P], [num_layers*D, B, H]
         Final states (for variable lengths, each sequence's state at its last step).
     cache : LSTMCache or None
         Saved activations and dropout masks (None when ``train`` is False).
@@ -550,27 +631,29 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
     return _thread_plan().forward(
         input, hx, params, has_bias=has_bias, num_layers=num_layers, dropout=dropout,
         train=train, bidirectional=bidirectional, batch_first=batch_first,
-        batch_sizes=batch_sizes, seed=seed)
+        batch_sizes=batch_sizes, seed=seed, proj_size=proj_size)
 
 
 def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, batch_sizes=None,
                   has_bias=True, num_layers=1, dropout=0.0, train=True, bidirectional=False,
                   batch_first=False, output_mask=(True, True, True, True), dropout_masks=None,
-                  backend="cpu"):
+                  proj_size=0, backend="cpu"):
     """Gradients of an LSTM forward: the semantics of ``aclnnLstmBackward``.
 
     Parameters
     ----------
-    input, hx, params, batch_sizes, has_bias, num_layers, dropout, train, bidirectional, batch_first
+    input, hx, params, batch_sizes, has_bias, num_layers, dropout, train, bidirectional, batch_first, proj_size
         As given to :func:`lstm_forward`.
     dy : ndarray
         Gradient of ``y``, shaped like ``y`` (directions concatenated on the last axis);
         ignored at padded positions.
-    dh, dc : ndarray [num_layers*D, B, H] or None
+    dh, dc : ndarray [num_layers*D, B, P], [num_layers*D, B, H], or None
         Gradients of ``h_n`` and ``c_n`` (None means zeros).
     i, g, f, o, h, c, tanhc : list of ndarray
         The forward's saved activations (``cache.saved()``): ``num_layers*D`` arrays
-        ``[T, B, H]`` each, time-major, index ``layer*D + direction``.
+        ``[T, B, H]`` each (h: ``[T, B, P]``), time-major, index ``layer*D + direction``.
+        For float16/bfloat16 calls, the forward's own (read-only) lists give the backward
+        the float32 values they were rounded from; other arrays are used as given.
     output_mask : tuple of 4 bool
         Which of (dx, dh_prev, dc_prev, dparams) to compute; False gives None there.
     dropout_masks : list of ndarray, optional
@@ -578,14 +661,14 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, bat
         ``num_layers > 1``.
     backend : {"cpu", "aclnn", "auto"}
         "aclnn" runs Huawei CANN's ``aclnnLstmBackward`` on an Ascend NPU through
-        :mod:`lstmcy.aclnn` (float32/float16, no dropout between layers); "auto" uses it
-        when a device is available and supports the call, else the CPU.
+        :mod:`lstmcy.aclnn` (float32/float16, no dropout between layers, no projection);
+        "auto" uses it when a device is available and supports the call, else the CPU.
 
     Returns
     -------
     dx : ndarray or None
         Shaped like ``input`` (zero at padded positions).
-    dh_prev, dc_prev : ndarray [num_layers*D, B, H] or None
+    dh_prev, dc_prev : ndarray [num_layers*D, B, P], [num_layers*D, B, H], or None
         Gradients of ``h0`` and ``c0``.
     dparams : list of ndarray or None
         Shaped like ``params``; ``db_ih`` equals ``db_hh``.
@@ -597,12 +680,16 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, bat
         p, arrays = check_backward(
             input, hx, params, dy, dh, dc, (i, g, f, o, h, c, tanhc), batch_sizes=batch_sizes,
             has_bias=has_bias, num_layers=num_layers, dropout=dropout, train=train,
-            bidirectional=bidirectional, batch_first=batch_first, dropout_masks=dropout_masks)
+            bidirectional=bidirectional, batch_first=batch_first, dropout_masks=dropout_masks,
+            proj_size=proj_size)
         output_mask = check_output_mask(output_mask)
         from lstmcy import aclnn
 
+        if backend == "aclnn" and p.projected:
+            raise ValueError("backend='aclnn' has no projections: aclnnLstmBackward takes no "
+                             f"w_hr (got proj_size={proj_size}); use backend='cpu'")
         use_npu = backend == "aclnn" or (
-            aclnn.is_available()
+            not p.projected and aclnn.is_available()
             and aclnn.unsupported_reason(p.dtype, dropout=dropout, train=train,
                                          num_layers=num_layers) is None)
         if use_npu:
@@ -620,4 +707,4 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, bat
         input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, batch_sizes=batch_sizes,
         has_bias=has_bias, num_layers=num_layers, dropout=dropout, train=train,
         bidirectional=bidirectional, batch_first=batch_first, output_mask=output_mask,
-        dropout_masks=dropout_masks)
+        dropout_masks=dropout_masks, proj_size=proj_size)

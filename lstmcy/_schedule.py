@@ -24,23 +24,46 @@ from collections import namedtuple
 
 #: Work (floating-point operations) per thread before another one is worth its start.
 FLOPS_PER_THREAD = 1e6
-#: Fewest batch rows in one row group of a recurrence: fewer rows leave the packed GEMM
-#: of a step mostly loading w_hh.
+#: Kernel calls whose time step is at most this much work (FLOPs) may be moved to one
+#: thread by the ThreadTuner (the small shapes: (B, I, H) = (32, 64, 128) has 6 MFLOP a
+#: step forward, 13 backward). Beyond it the threads' synchronisation is a small part of a
+#: step, and each try of one thread would cost a long call.
+TUNED_STEP_FLOPS = 1.6e7
+#: OpenBLAS runs a GEMM on one thread when m*n*k <= 65536 * GEMM_MULTITHREAD_THRESHOLD (4):
+#: a call whose largest GEMM is that small needs no cap on BLAS threads (which costs tens
+#: of microseconds).
+SINGLE_THREADED_GEMM = 65536 * 4
+#: Fewest batch rows in one row group of a recurrence: with fewer, a step's packed GEMM
+#: mostly loads w_hh. A narrow w_hh (small H) is loaded fastest, so it wants more rows:
+#: at least GROUP_ROW_UNITS / H.
 MIN_GROUP_ROWS = 4
+GROUP_ROW_UNITS = 512
 #: A forward too narrow for row groups splits the hidden units of every step between
-#: threads once a step's recurrent product per part reaches this (FLOPs), since every
-#: step then waits for every part of the previous one.
-MIN_UNIT_PART_FLOPS = 1e5
+#: threads once a step's recurrent product per part reaches this (FLOPs): every step
+#: waits for every part of the previous one, a wait of a few microseconds between cores
+#: (more on a loaded machine), which smaller parts do not earn back.
+MIN_UNIT_PART_FLOPS = 1e6
 #: Rows (steps x batch) of one projection piece of the forward (a BLAS GEMM of 4H columns).
 PROJECTION_ROWS = 256
 #: The backward's chunks of steps: about this many rows, and at least T / MAX_CHUNKS steps.
 CHUNK_ROWS = 64
 MAX_CHUNKS = 8
-#: Rows of one dx piece of the backward (a BLAS GEMM that packs w_ih anew).
-DX_PIECE_ROWS = 512
-#: Gate rows of one block of dW: the blocks are the weight gradients' parallel tasks.
-MIN_BLOCK_ROWS = 64
+#: Rows of one dx piece of the backward (a BLAS GEMM that packs w_ih anew, which costs
+#: about 6 % of its work at this size).
+DX_PIECE_ROWS = 256
+#: Gate rows of one block of dW: a block's GEMM over a chunk re-packs the chunk's
+#: [x | h_{t-1}] rows, so a block has at least MIN_BLOCK_ROWS rows (fewer lose a
+#: noticeable share of a GEMM's time to that packing) and is at least BLOCK_FLOPS of work
+#: (smaller ones lose much of it to BLAS's per-call cost); a layer has at most MAX_BLOCKS.
+MIN_BLOCK_ROWS = 256
 MAX_BLOCKS = 16
+BLOCK_FLOPS = 2e6
+#: Lanes of the weight gradients: chunk c adds into lane c % lanes's own sums, which are
+#: added up at the end, so that as many threads add consecutive chunks of one block at
+#: once. At most MAX_LANES, at most the chunks, and at most LANE_BYTES of sums per
+#: direction (in float64; the sums' final addition reads them all once).
+MAX_LANES = 4
+LANE_BYTES = 32 << 20
 
 # The kernels' split of a forward recurrence (lstmcy._layer.Split).
 SPLIT_ROWS = 0
@@ -55,12 +78,13 @@ piece_steps : steps per projection piece (shape only)
 pack_pieces : pieces of the packing of w_hh per direction
 """
 BackwardSchedule = namedtuple("BackwardSchedule",
-                              "groups first chunk block_rows dx_steps pack_pieces")
+                              "groups first chunk block_rows lanes dx_steps pack_pieces")
 BackwardSchedule.__doc__ = """The schedule of one backward layer call.
 
 groups : row groups per direction
 first, chunk : steps of the first chunk and of the others (shape only)
 block_rows : gate rows per block of dW (shape only)
+lanes : lanes of chunks of dW, each with its own sums (shape only)
 dx_steps : steps per dx piece (shape only)
 pack_pieces : pieces of the packing of w_hh per direction
 """
@@ -71,9 +95,10 @@ def threads_for_work(flops, cpus):
     return max(1, min(cpus, int(flops // FLOPS_PER_THREAD)))
 
 
-def _row_groups(B, D, n_threads):
-    """Row groups per direction: a share of the threads, each group some rows."""
-    return max(1, min(n_threads // D, B // MIN_GROUP_ROWS))
+def _row_groups(B, H, D, n_threads):
+    """Row groups per direction: a share of the threads, each group enough rows."""
+    rows = max(MIN_GROUP_ROWS, math.ceil(GROUP_ROW_UNITS / max(H, 1)))
+    return max(1, min(n_threads // D, B // rows))
 
 
 def _pack_pieces(columns, n_threads):
@@ -90,27 +115,45 @@ def chunk_steps(T, B):
 
 
 @functools.lru_cache(maxsize=512)
-def forward_schedule(T, B, H, D, n_threads):
-    """The :class:`ForwardSchedule` of a layer of ``T`` steps, ``B`` rows, ``H`` units and
-    ``D`` directions on ``n_threads`` threads."""
+def forward_schedule(T, B, I, H, D, n_threads, projected=False):
+    """The :class:`ForwardSchedule` of a layer of ``T`` steps, ``B`` rows, input size ``I``,
+    ``H`` units and ``D`` directions on ``n_threads`` threads (the units split only without
+    a projection, whose product needs every unit of a step)."""
     piece_steps = max(1, min(max(T, 1), math.ceil(PROJECTION_ROWS / max(B, 1))))
     per_direction = max(1, n_threads // D)
-    groups = _row_groups(B, D, n_threads)
-    if groups == 1 and per_direction >= 2:
+    groups = _row_groups(B, H, D, n_threads)
+    if groups == 1 and per_direction >= 2 and not projected:
         parts = min(per_direction, H // 16, int(8.0 * B * H * H // MIN_UNIT_PART_FLOPS))
         if parts >= 2:
             return ForwardSchedule(SPLIT_UNITS, parts, piece_steps, 1)
     return ForwardSchedule(SPLIT_ROWS, groups, piece_steps, _pack_pieces(4 * H, n_threads))
 
 
+def _block_rows(I, H, chunk_rows):
+    """Gate rows per block of dW (a multiple of 16)."""
+    rows = max(MIN_BLOCK_ROWS, BLOCK_FLOPS / (2.0 * max(I + H, 1) * max(chunk_rows, 1)),
+               4 * H / MAX_BLOCKS)
+    return int(min(math.ceil(rows / 16) * 16, max(16, math.ceil(4 * H / 16) * 16)))
+
+
 @functools.lru_cache(maxsize=512)
-def backward_schedule(T, B, H, D, n_threads):
-    """The :class:`BackwardSchedule` of a layer on ``n_threads`` threads. The first chunk
-    is short with one direction, so that the weight gradients can start early on threads
-    the recurrence leaves free."""
+def backward_lanes(T, B, I, H):
+    """Lanes of the backward's weight gradients (shape only): the workspace of the
+    gradients' sums is ``lanes`` times ``[4H, I + H]`` per direction."""
+    chunk = chunk_steps(T, B)
+    n_chunks = 1 if T <= chunk else 1 + math.ceil((T - chunk) / chunk)
+    by_memory = LANE_BYTES // max(8 * 4 * H * (I + H), 1)
+    return int(max(1, min(MAX_LANES, n_chunks, by_memory)))
+
+
+@functools.lru_cache(maxsize=512)
+def backward_schedule(T, B, I, H, D, n_threads):
+    """The :class:`BackwardSchedule` of a layer of input size ``I`` on ``n_threads``
+    threads. The first chunk is short with one direction, so that the weight gradients can
+    start early on threads the recurrence leaves free."""
     chunk = chunk_steps(T, B)
     first = chunk if D == 2 else max(1, math.ceil(chunk / 4))
     dx_steps = max(1, math.ceil(DX_PIECE_ROWS / max(B, 1)))
-    block_rows = max(MIN_BLOCK_ROWS, math.ceil(4 * H / MAX_BLOCKS / 16) * 16)
-    return BackwardSchedule(_row_groups(B, D, n_threads), first, chunk, block_rows, dx_steps,
-                            _pack_pieces(H, n_threads))
+    block_rows = _block_rows(I, H, chunk * B)
+    return BackwardSchedule(_row_groups(B, H, D, n_threads), first, chunk, block_rows,
+                            backward_lanes(T, B, I, H), dx_steps, _pack_pieces(H, n_threads))

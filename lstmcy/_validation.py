@@ -8,8 +8,11 @@ from numbers import Integral, Real
 
 import numpy as np
 
-GATE_NAMES = ("w_ih", "w_hh", "b_ih", "b_hh")
-SAVED_NAMES = ("i", "g", "f", "o", "h", "c", "tanhc")
+from lstmcy._cache import SAVED_NAMES
+
+#: The parameters of one layer and direction, in the order of ``params`` (PyTorch's
+#: ``_flat_weights``): the biases only with ``has_bias``, w_hr only with a projection.
+PARAM_NAMES = ("w_ih", "w_hh", "b_ih", "b_hh", "w_hr")
 # Native-byte-order float32 / float64 (a byte-swapped dtype compares unequal).
 _NATIVE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _F32, _F64 = _NATIVE_FLOATS
@@ -88,6 +91,91 @@ def check_bool(name, value):
     return bool(value)
 
 
+@dataclass(frozen=True)
+class Shapes:
+    """The shape of every argument of a call, from its sizes: the one description that
+    every check (full, fast and trusted, forward and backward) compares against.
+
+    ``P`` is the size of h: ``proj_size`` with a projection, else ``H``.
+    """
+
+    T: int
+    B: int
+    I: int
+    H: int
+    P: int
+    L: int
+    D: int
+    has_bias: bool
+    projected: bool
+
+    def in_size(self, layer):
+        return self.I if layer == 0 else self.D * self.P
+
+    @property
+    def param_names(self):
+        """The names of one layer and direction's parameters, in order."""
+        return _param_names(self.has_bias, self.projected)
+
+    @property
+    def params(self):
+        """The shapes of ``params``, in order."""
+        return _param_shapes(self.I, self.H, self.P, self.L, self.D, self.has_bias,
+                             self.projected)
+
+    def param_label(self, k):
+        """``params[k]`` named by what it is, for messages."""
+        per = len(self.param_names)
+        layer, direction = divmod(k // per, self.D)
+        return (f"params[{k}] ({self.param_names[k % per]} of layer {layer}, "
+                f"{'reverse' if direction else 'forward'} direction)")
+
+    @property
+    def h_state(self):
+        return (self.L * self.D, self.B, self.P)
+
+    @property
+    def c_state(self):
+        return (self.L * self.D, self.B, self.H)
+
+    def saved(self, name):
+        """The shape of one saved activation (time-major)."""
+        return (self.T, self.B, self.P if name == "h" else self.H)
+
+    @property
+    def mask(self):
+        """The shape of one dropout mask (a layer's output, time-major)."""
+        return (self.T, self.B, self.D * self.P)
+
+    @property
+    def output_features(self):
+        return self.D * self.P
+
+
+def _param_names(has_bias, projected):
+    return PARAM_NAMES[:4 if has_bias else 2] + (("w_hr",) if projected else ())
+
+
+_param_shapes_cache = {}
+
+
+def _param_shapes(I, H, P, L, D, has_bias, projected):
+    key = (I, H, P, L, D, has_bias, projected)
+    shapes = _param_shapes_cache.get(key)
+    if shapes is None:
+        shapes = []
+        for layer in range(L):
+            in_size = I if layer == 0 else D * P
+            per_direction = [(4 * H, in_size), (4 * H, P)]
+            if has_bias:
+                per_direction += [(4 * H,), (4 * H,)]
+            if projected:
+                per_direction.append((P, H))
+            shapes += per_direction * D
+        shapes = _cached(_param_shapes_cache, key, tuple(shapes))
+    return shapes
+
+
 @dataclass
 class Problem:
     """Sizes, layout and normalised arrays of one call.
@@ -101,8 +189,10 @@ class Problem:
     B: int
     I: int
     H: int
+    P: int                      # size of h: H, or proj_size
     L: int
     D: int
+    projected: bool
     dtype: np.dtype
     compute_dtype: np.dtype
     has_bias: bool
@@ -114,15 +204,21 @@ class Problem:
     batch_stride: int
     rows_packed: bool
     x_rows: np.ndarray          # input as [rows, I], compute dtype, C-contiguous
-    h0: np.ndarray              # [L*D, B, H]
-    c0: np.ndarray
+    h0: np.ndarray              # [L*D, B, P]
+    c0: np.ndarray              # [L*D, B, H]
     weights: list               # per layer*D + d: (w_ih, w_hh, bias_sum) in compute dtype
     input_shape: tuple
     N: int                      # number of active (t, b) positions
+    projections: list = None    # per layer*D + d: w_hr [P, H] (compute dtype), if projected
 
-    def output_shape(self, features):
-        """Shape of y / dy (caller layout) with ``features`` columns."""
-        return self.input_shape[:-1] + (features,)
+    def output_shape(self, features=None):
+        """Shape of y / dy (caller layout) with ``features`` columns (default: D*P)."""
+        return self.input_shape[:-1] + (self.D * self.P if features is None else features,)
+
+    @property
+    def shapes(self):
+        return Shapes(self.T, self.B, self.I, self.H, self.P, self.L, self.D, self.has_bias,
+                      self.projected)
 
     @property
     def time_major_map(self):
@@ -226,22 +322,26 @@ def _check_batch_sizes(batch_sizes):
     return sizes
 
 
-def check_blas_limits(T, B, I, H, L, D):
+def check_blas_limits(T, B, I, H, L, D, proj_size=0):
     """Raise ValueError when a matrix the kernels hand to BLAS has a dimension above 2**31 - 1.
 
     ``scipy.linalg.cython_blas`` takes 32-bit ``int`` sizes and leading dimensions; a
     larger value would wrap around instead of failing. Row counts are at most ``T*B``
     (and ``B`` even when ``T`` is 0);
-    column counts and leading dimensions at most ``4*D*H`` or ``max(I, D*H) + D*H``.
+    column counts and leading dimensions at most ``4*D*H`` or ``max(I, D*P) + D*P`` (and
+    ``+ H`` with a projection, P its size, else H).
     Runs before anything proportional to the sizes is allocated.
     """
-    width = max(I, D * H) if L > 1 else I
-    if max(B, T * B, width + D * H, 4 * D * H) <= BLAS_INT_MAX:
+    P = proj_size or H
+    width = (max(I, D * P) if L > 1 else I) + D * P + (H if proj_size else 0)
+    if max(B, T * B, width, 4 * D * H) <= BLAS_INT_MAX:
         return  # the common case: no message to format
+    columns = ("input size + num_directions*proj_size + H" if proj_size
+               else "input size + num_directions*H")
     limits = [
         ("input", B, f"the batch size B = {B}"),
         ("input", T * B, f"T*B = {T}*{B} = {T * B} time steps times batch"),
-        ("input", width + D * H, f"input size + num_directions*H = {width + D * H}"),
+        ("input", width, f"{columns} = {width}"),
         ("params (hidden size H)", 4 * D * H, f"4*num_directions*H = {4 * D * H}"),
     ]
     for name, value, what in limits:
@@ -250,38 +350,60 @@ def check_blas_limits(T, B, I, H, L, D):
                              "matrix dimension the BLAS (32-bit integers) can address")
 
 
+def check_proj_size(proj_size):
+    if type(proj_size) is int and proj_size >= 0:
+        return proj_size
+    if isinstance(proj_size, (bool, np.bool_)) or not isinstance(proj_size, Integral):
+        raise TypeError(f"proj_size must be an int, got {_describe(proj_size)}")
+    if proj_size < 0:
+        raise ValueError(f"proj_size must be >= 0, got {proj_size}")
+    return int(proj_size)
+
+
 def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, batch_first,
-                  batch_sizes, arrays_for_dtype=()):
+                  batch_sizes=None, proj_size=0, arrays_for_dtype=()):
     """Validate the arguments common to forward and backward; return a :class:`Problem`.
 
     ``arrays_for_dtype`` lists further ``(name, array)`` pairs that must share the dtype.
     """
     problem = _problem_fast(input, hx, params, has_bias, num_layers, bidirectional, batch_first,
-                            batch_sizes)
+                            batch_sizes, proj_size)
     if problem is not None and all(arr.dtype == problem.dtype for _, arr in arrays_for_dtype):
         return problem
     has_bias = check_bool("has_bias", has_bias)
     bidirectional = check_bool("bidirectional", bidirectional)
     batch_first = check_bool("batch_first", batch_first)
+    proj_size = check_proj_size(proj_size)
     if isinstance(num_layers, (bool, np.bool_)) or not isinstance(num_layers, Integral):
         raise TypeError(f"num_layers must be an int, got {_describe(num_layers)}")
     if num_layers < 1:
         raise ValueError(f"num_layers must be >= 1, got {num_layers}")
     L = int(num_layers)
     D = 2 if bidirectional else 1
+    projected = proj_size > 0
 
     x = as_array("input", input, None)
     sizes = None if batch_sizes is None else _check_batch_sizes(batch_sizes)
 
     # Weights first: they fix H.
-    per_dir = 4 if has_bias else 2
+    per_dir = len(_param_names(has_bias, projected))
     params = as_list("params", params, L * D * per_dir,
                      f"{per_dir} per layer and direction for num_layers={L}, "
-                     f"bidirectional={bidirectional}, has_bias={has_bias}")
-    w_hh0 = as_array("params[1] (w_hh of layer 0, forward direction)", params[1], 2)
-    H = w_hh0.shape[1]
-    expect_shape("params[1] (w_hh of layer 0, forward direction)", w_hh0, (4 * H, H),
-                 "[4*H, H]: its second axis sets the hidden size H")
+                     f"bidirectional={bidirectional}, has_bias={has_bias}, proj_size={proj_size}")
+    if projected:
+        name = f"params[{per_dir - 1}] (w_hr of layer 0, forward direction)"
+        w_hr0 = as_array(name, params[per_dir - 1], 2)
+        H = w_hr0.shape[1]
+        expect_shape(name, w_hr0, (proj_size, H),
+                     "[proj_size, H]: its second axis sets the hidden size H")
+        if proj_size >= H:
+            raise ValueError(f"proj_size must be smaller than the hidden size H={H}, got {proj_size}")
+    else:
+        name = "params[1] (w_hh of layer 0, forward direction)"
+        w_hh0 = as_array(name, params[1], 2)
+        H = w_hh0.shape[1]
+        expect_shape(name, w_hh0, (4 * H, H), "[4*H, H]: its second axis sets the hidden size H")
+    P = proj_size if projected else H
 
     if x.ndim == 3:
         if batch_first:
@@ -316,21 +438,16 @@ def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, bat
     else:
         raise ValueError(f"input must be 3-D [T, B, I] ([B, T, I] if batch_first) or 2-D with "
                          f"batch_sizes, got shape {x.shape}")
-    check_blas_limits(T, B, I, H, L, D)
+    check_blas_limits(T, B, I, H, L, D, proj_size)
     dtype = x.dtype
+    shapes = Shapes(T, B, I, H, P, L, D, has_bias, projected)
 
     checked_params = []
-    for layer in range(L):
-        in_size = I if layer == 0 else D * H
-        for direction in range(D):
-            base = (layer * D + direction) * per_dir
-            where = f"layer {layer}, {'reverse' if direction else 'forward'} direction"
-            expected = [(4 * H, in_size), (4 * H, H), (4 * H,), (4 * H,)]
-            for k in range(per_dir):
-                name = f"params[{base + k}] ({GATE_NAMES[k]} of {where})"
-                arr = as_array(name, params[base + k], len(expected[k]))
-                expect_shape(name, arr, expected[k])
-                checked_params.append((name, arr))
+    for k, shape in enumerate(shapes.params):
+        name = shapes.param_label(k)
+        arr = as_array(name, params[k], len(shape))
+        expect_shape(name, arr, shape)
+        checked_params.append((name, arr))
 
     # Initial states.
     if hx is None:
@@ -340,11 +457,12 @@ def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, bat
             raise TypeError(f"hx must be a tuple (h0, c0) or None, got {_describe(hx)}")
         if len(hx) != 2:
             raise ValueError(f"hx must be a tuple (h0, c0) of 2 arrays, got {len(hx)}")
-        state_shape = (L * D, B, H)
         h0 = as_array("hx[0] (h0)", hx[0], 3)
         c0 = as_array("hx[1] (c0)", hx[1], 3)
-        expect_shape("hx[0] (h0)", h0, state_shape, "[num_layers*num_directions, B, H]")
-        expect_shape("hx[1] (c0)", c0, state_shape, "[num_layers*num_directions, B, H]")
+        expect_shape("hx[0] (h0)", h0, shapes.h_state,
+                     "[num_layers*num_directions, B, proj_size]" if projected
+                     else "[num_layers*num_directions, B, H]")
+        expect_shape("hx[1] (c0)", c0, shapes.c_state, "[num_layers*num_directions, B, H]")
 
     named = [("input", x)] + checked_params
     if h0 is not None:
@@ -355,12 +473,12 @@ def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, bat
             raise TypeError(f"all arrays must share one dtype: input is {dtype} but {name} is "
                             f"{arr.dtype} (convert explicitly; there is no silent promotion)")
 
-    return _make_problem(x, h0, c0, [arr for _, arr in checked_params], T, B, I, H, L, D,
-                         has_bias, layout, sizes)
+    return _make_problem(x, h0, c0, [arr for _, arr in checked_params], shapes, layout, sizes)
 
 
-def _make_problem(x, h0, c0, params, T, B, I, H, L, D, has_bias, layout, sizes):
+def _make_problem(x, h0, c0, params, shapes, layout, sizes):
     """The :class:`Problem` of checked arguments (``params``: the arrays, in order)."""
+    T, B, I, H, P, L, D = shapes.T, shapes.B, shapes.I, shapes.H, shapes.P, shapes.L, shapes.D
     dtype = x.dtype
     compute = compute_dtype_for(dtype)
     sizes, packed_start, uniform, step_row, stride, rows_packed, N = _row_maps(T, B, layout, sizes)
@@ -372,46 +490,57 @@ def _make_problem(x, h0, c0, params, T, B, I, H, L, D, has_bias, layout, sizes):
         x_rows = to_compute(x, compute)
 
     if h0 is None:
-        h0 = np.zeros((L * D, B, H), dtype=compute)
-        c0 = np.zeros((L * D, B, H), dtype=compute)
+        h0 = np.zeros(shapes.h_state, dtype=compute)
+        c0 = np.zeros(shapes.c_state, dtype=compute)
     else:
         h0 = to_compute(h0, compute)
         c0 = to_compute(c0, compute)
 
-    per_dir = 4 if has_bias else 2
+    per_dir = len(shapes.param_names)
     weights = []
+    projections = [] if shapes.projected else None
     arrays = [to_compute(arr, compute) for arr in params]
     for k in range(L * D):
-        w_ih, w_hh = arrays[k * per_dir], arrays[k * per_dir + 1]
-        if has_bias:
-            bias = arrays[k * per_dir + 2] + arrays[k * per_dir + 3]
+        group = arrays[k * per_dir:(k + 1) * per_dir]
+        if shapes.has_bias:
+            bias = group[2] + group[3]
         else:
             bias = np.zeros(4 * H, dtype=compute)
-        weights.append((w_ih, w_hh, bias))
+        weights.append((group[0], group[1], bias))
+        if shapes.projected:
+            projections.append(group[-1])
 
-    return Problem(T=T, B=B, I=I, H=H, L=L, D=D, dtype=dtype, compute_dtype=compute,
-                   has_bias=has_bias, layout=layout, batch_sizes=sizes, packed_start=packed_start,
-                   uniform=uniform, step_row=step_row, batch_stride=stride, rows_packed=rows_packed,
-                   x_rows=x_rows, h0=h0, c0=c0, weights=weights, input_shape=tuple(x.shape), N=N)
-
-
-_param_shapes_cache = {}
-
-
-def _param_shapes(I, H, L, D, has_bias):
-    """The shapes of ``params``, in order."""
-    key = (I, H, L, D, has_bias)
-    shapes = _param_shapes_cache.get(key)
-    if shapes is None:
-        shapes = []
-        for layer in range(L):
-            shape_ih = (4 * H, I if layer == 0 else D * H)
-            shapes += [shape_ih, (4 * H, H), (4 * H,), (4 * H,)][:4 if has_bias else 2] * D
-        shapes = _cached(_param_shapes_cache, key, tuple(shapes))
-    return shapes
+    return Problem(T=T, B=B, I=I, H=H, P=P, L=L, D=D, projected=shapes.projected, dtype=dtype,
+                   compute_dtype=compute, has_bias=shapes.has_bias, layout=layout,
+                   batch_sizes=sizes, packed_start=packed_start, uniform=uniform,
+                   step_row=step_row, batch_stride=stride, rows_packed=rows_packed,
+                   x_rows=x_rows, h0=h0, c0=c0, weights=weights, input_shape=tuple(x.shape), N=N,
+                   projections=projections)
 
 
-def _problem_fast(input, hx, params, has_bias, num_layers, bidirectional, batch_first, batch_sizes):
+def _sizes_of(input, params, batch_first, L, D, has_bias, proj_size):
+    """``Shapes`` of a call whose input is a 3-D array and params arrays (the fast paths:
+    nothing is checked here but that the parameters fixing H have the rank to read it)."""
+    projected = proj_size > 0
+    per_dir = len(_param_names(has_bias, projected))
+    if len(params) != L * D * per_dir:
+        return None
+    source = params[per_dir - 1] if projected else params[1]
+    if type(source) is not np.ndarray or source.ndim != 2:
+        return None
+    H = source.shape[1]
+    P = proj_size if projected else H
+    if projected and proj_size >= H:
+        return None
+    if batch_first:
+        B, T, I = input.shape
+    else:
+        T, B, I = input.shape
+    return Shapes(T, B, I, H, P, L, D, has_bias, projected)
+
+
+def _problem_fast(input, hx, params, has_bias, num_layers, bidirectional, batch_first, batch_sizes,
+                  proj_size=0):
     """:func:`check_problem` for the common case, or None (then the full checks run).
 
     The common case: plain bool and int options, no ``batch_sizes``, and exact ndarrays
@@ -422,23 +551,16 @@ def _problem_fast(input, hx, params, has_bias, num_layers, bidirectional, batch_
     if (batch_sizes is not None or type(input) is not np.ndarray or input.ndim != 3
             or type(has_bias) is not bool or type(bidirectional) is not bool
             or type(batch_first) is not bool or type(num_layers) is not int or num_layers < 1
-            or type(params) not in (list, tuple)):
+            or type(proj_size) is not int or proj_size < 0 or type(params) not in (list, tuple)):
         return None
     dtype = input.dtype
     if dtype not in _NATIVE_FLOATS:
         return None
-    L, D = num_layers, 2 if bidirectional else 1
-    if len(params) != L * D * (4 if has_bias else 2):
+    shapes = _sizes_of(input, params, batch_first, num_layers, 2 if bidirectional else 1,
+                       has_bias, proj_size)
+    if shapes is None:
         return None
-    w_hh0 = params[1]
-    if type(w_hh0) is not np.ndarray or w_hh0.ndim != 2:
-        return None
-    H = w_hh0.shape[1]
-    if batch_first:
-        B, T, I = input.shape
-    else:
-        T, B, I = input.shape
-    for value, shape in zip(params, _param_shapes(I, H, L, D, has_bias)):
+    for value, shape in zip(params, shapes.params):
         if type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape:
             return None
     if hx is None:
@@ -447,25 +569,25 @@ def _problem_fast(input, hx, params, has_bias, num_layers, bidirectional, batch_
         if type(hx) not in (tuple, list) or len(hx) != 2:
             return None
         h0, c0 = hx
-        state_shape = (L * D, B, H)
-        if (type(h0) is not np.ndarray or h0.dtype != dtype or h0.shape != state_shape
-                or type(c0) is not np.ndarray or c0.dtype != dtype or c0.shape != state_shape):
+        if (type(h0) is not np.ndarray or h0.dtype != dtype or h0.shape != shapes.h_state
+                or type(c0) is not np.ndarray or c0.dtype != dtype or c0.shape != shapes.c_state):
             return None
-    check_blas_limits(T, B, I, H, L, D)
-    return _make_problem(input, h0, c0, params, T, B, I, H, L, D, has_bias,
+    check_blas_limits(shapes.T, shapes.B, shapes.I, shapes.H, shapes.L, shapes.D,
+                      shapes.P if shapes.projected else 0)
+    return _make_problem(input, h0, c0, params, shapes,
                          "batch_first" if batch_first else "time_major", None)
 
 
 def trusted_problem(input, h0, c0, params, *, hidden_size, has_bias, num_layers, bidirectional,
-                    batch_first):
+                    batch_first, proj_size=0):
     """The :class:`Problem` of a padded call whose caller has checked its arguments itself.
 
     For :mod:`lstmcy.torch`, whose module checks its tensors as ``torch.nn.LSTM`` does
     (dimensions, sizes, devices, one float32/float64 dtype) before every call: ``input`` is
-    a 3-D ndarray, ``h0``/``c0`` None or ``[L*D, B, H]`` ndarrays, ``params`` the ndarrays
-    of an ``nn.LSTM``. Only what a kernel could run past is checked again (the parameter
-    shapes, the BLAS size limit), and without :func:`check_problem`'s per-argument
-    messages, which such a caller never needs.
+    a 3-D ndarray, ``h0``/``c0`` None or ``[L*D, B, P]`` / ``[L*D, B, H]`` ndarrays,
+    ``params`` the ndarrays of an ``nn.LSTM``. Only what a kernel could run past is checked
+    again (the parameter shapes, the BLAS size limit), and without :func:`check_problem`'s
+    per-argument messages, which such a caller never needs.
     """
     L, D = num_layers, 2 if bidirectional else 1
     if batch_first:
@@ -473,11 +595,15 @@ def trusted_problem(input, h0, c0, params, *, hidden_size, has_bias, num_layers,
     else:
         T, B, I = input.shape
     H = hidden_size
-    for k, (value, shape) in enumerate(zip(params, _param_shapes(I, H, L, D, has_bias))):
+    P = proj_size or H
+    shapes = Shapes(T, B, I, H, P, L, D, has_bias, proj_size > 0)
+    if len(params) != len(shapes.params):
+        raise ValueError(f"params has {len(params)} arrays, expected {len(shapes.params)}")
+    for k, (value, shape) in enumerate(zip(params, shapes.params)):
         if value.shape != shape:
             raise ValueError(f"params[{k}] has shape {value.shape}, expected {shape}")
-    check_blas_limits(T, B, I, H, L, D)
-    return _make_problem(input, h0, c0, params, T, B, I, H, L, D, has_bias,
+    check_blas_limits(T, B, I, H, L, D, proj_size)
+    return _make_problem(input, h0, c0, params, shapes,
                          "batch_first" if batch_first else "time_major", None)
 
 
@@ -534,7 +660,7 @@ def check_output_mask(output_mask):
 
 
 def check_backward(input, hx, params, dy, dh, dc, saved, *, batch_sizes, has_bias, num_layers,
-                   dropout, train, bidirectional, batch_first, dropout_masks):
+                   dropout, train, bidirectional, batch_first, dropout_masks, proj_size=0):
     """Validate ``lstm_backward``'s arguments.
 
     Returns
@@ -546,12 +672,14 @@ def check_backward(input, hx, params, dy, dh, dc, saved, *, batch_sizes, has_bia
         the caller's, unconverted (shapes and the shared dtype checked).
     """
     checked = _backward_fast(input, hx, params, dy, dh, dc, saved, batch_sizes, has_bias,
-                             num_layers, dropout, train, bidirectional, batch_first, dropout_masks)
+                             num_layers, dropout, train, bidirectional, batch_first, dropout_masks,
+                             proj_size)
     if checked is not None:
         return checked
     train = check_bool("train", train)
     dropout = check_dropout(dropout)
     bidirectional = check_bool("bidirectional", bidirectional)
+    proj_size = check_proj_size(proj_size)
     if isinstance(num_layers, (bool, np.bool_)) or not isinstance(num_layers, Integral):
         raise TypeError(f"num_layers must be an int, got {_describe(num_layers)}")
     if num_layers < 1:
@@ -559,10 +687,10 @@ def check_backward(input, hx, params, dy, dh, dc, saved, *, batch_sizes, has_bia
     L, D = int(num_layers), 2 if bidirectional else 1
 
     has_bias = check_bool("has_bias", has_bias)
-    per_dir = 4 if has_bias else 2
+    per_dir = len(_param_names(has_bias, proj_size > 0))
     as_list("params", params, L * D * per_dir,
             f"{per_dir} per layer and direction for num_layers={L}, "
-            f"bidirectional={bidirectional}, has_bias={has_bias}")
+            f"bidirectional={bidirectional}, has_bias={has_bias}, proj_size={proj_size}")
     arrays = {"dy": as_array("dy", dy, None)}
     extra = [("dy", arrays["dy"])]
     for name, value in (("dh", dh), ("dc", dc)):
@@ -570,7 +698,8 @@ def check_backward(input, hx, params, dy, dh, dc, saved, *, batch_sizes, has_bia
             arrays[name] = as_array(name, value, 3)
             extra.append((name, arrays[name]))
     for name, value in zip(SAVED_NAMES, saved):
-        items = as_list(name, value, L * D, "one [T, B, H] array per layer and direction: "
+        width = "P" if name == "h" and proj_size else "H"
+        items = as_list(name, value, L * D, f"one [T, B, {width}] array per layer and direction: "
                         f"num_layers={L}, bidirectional={bidirectional}")
         arrays[name] = [as_array(f"{name}[{k}]", a, 3) for k, a in enumerate(items)]
         extra += [(f"{name}[{k}]", a) for k, a in enumerate(arrays[name])]
@@ -587,30 +716,32 @@ def check_backward(input, hx, params, dy, dh, dc, saved, *, batch_sizes, has_bia
             "dropout_masks must be None unless dropout > 0, train and num_layers > 1 (got masks "
             f"with dropout={dropout}, train={train}, num_layers={L}); pass the dropout and train "
             "given to lstm_forward")
+    mask_features = "D*P" if proj_size else "D*H"
     if train and dropout > 0 and L > 1:
         items = as_list("dropout_masks", dropout_masks, L - 1,
-                        "one [T, B, D*H] array per layer boundary")
+                        f"one [T, B, {mask_features}] array per layer boundary")
         arrays["dropout_masks"] = [as_array(f"dropout_masks[{k}]", m, 3) for k, m in enumerate(items)]
         extra += [(f"dropout_masks[{k}]", m) for k, m in enumerate(arrays["dropout_masks"])]
 
     p = check_problem(input, hx, params, has_bias=has_bias, num_layers=L,
                       bidirectional=bidirectional, batch_first=batch_first,
-                      batch_sizes=batch_sizes, arrays_for_dtype=extra)
-    H = p.H
-    expect_shape("dy", arrays["dy"], p.output_shape(D * H), "like the output y")
-    for name in ("dh", "dc"):
+                      batch_sizes=batch_sizes, proj_size=proj_size, arrays_for_dtype=extra)
+    shapes = p.shapes
+    expect_shape("dy", arrays["dy"], p.output_shape(), "like the output y")
+    for name, shape in (("dh", shapes.h_state), ("dc", shapes.c_state)):
         if name in arrays:
-            expect_shape(name, arrays[name], (L * D, p.B, H), "[num_layers*num_directions, B, H]")
+            expect_shape(name, arrays[name], shape, "like h_n" if name == "dh" else "like c_n")
     for name in SAVED_NAMES:
+        meaning = f"time-major [T, B, {'P' if name == 'h' and p.projected else 'H'}]"
         for k, a in enumerate(arrays[name]):
-            expect_shape(f"{name}[{k}]", a, (p.T, p.B, H), "time-major [T, B, H]")
+            expect_shape(f"{name}[{k}]", a, shapes.saved(name), meaning)
     for k, m in enumerate(arrays.get("dropout_masks", ())):
-        expect_shape(f"dropout_masks[{k}]", m, (p.T, p.B, D * H), "[T, B, D*H]")
+        expect_shape(f"dropout_masks[{k}]", m, shapes.mask, f"[T, B, {mask_features}]")
     return p, arrays
 
 
 def _backward_fast(input, hx, params, dy, dh, dc, saved, batch_sizes, has_bias, num_layers,
-                   dropout, train, bidirectional, batch_first, dropout_masks):
+                   dropout, train, bidirectional, batch_first, dropout_masks, proj_size=0):
     """:func:`check_backward` for the common case, or None (then the full checks run).
 
     The common case is that of :func:`_problem_fast`, with ``dy``, ``dh``, ``dc``, the
@@ -621,23 +752,23 @@ def _backward_fast(input, hx, params, dy, dh, dc, saved, batch_sizes, has_bias, 
             or not 0.0 <= dropout < 1.0):
         return None
     p = _problem_fast(input, hx, params, has_bias, num_layers, bidirectional, batch_first,
-                      batch_sizes)
+                      batch_sizes, proj_size)
     if p is None:
         return None
-    dtype, L, D, B, H = p.dtype, p.L, p.D, p.B, p.H
-    if type(dy) is not np.ndarray or dy.dtype != dtype or dy.shape != p.output_shape(D * H):
+    dtype, L, D = p.dtype, p.L, p.D
+    shapes = p.shapes
+    if type(dy) is not np.ndarray or dy.dtype != dtype or dy.shape != p.output_shape():
         return None
     arrays = {"dy": dy}
-    state_shape = (L * D, B, H)
-    for name, value in (("dh", dh), ("dc", dc)):
+    for name, value, shape in (("dh", dh, shapes.h_state), ("dc", dc, shapes.c_state)):
         if value is not None:
-            if type(value) is not np.ndarray or value.dtype != dtype or value.shape != state_shape:
+            if type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape:
                 return None
             arrays[name] = value
-    saved_shape = (p.T, B, H)
     for name, items in zip(SAVED_NAMES, saved):
         if not isinstance(items, (list, tuple)) or len(items) != L * D:
             return None
+        saved_shape = shapes.saved(name)
         for a in items:
             if type(a) is not np.ndarray or a.dtype != dtype or a.shape != saved_shape:
                 return None
@@ -645,9 +776,8 @@ def _backward_fast(input, hx, params, dy, dh, dc, saved, batch_sizes, has_bias, 
     if train and dropout > 0 and L > 1:
         if not isinstance(dropout_masks, (list, tuple)) or len(dropout_masks) != L - 1:
             return None
-        mask_shape = (p.T, B, D * H)
         for m in dropout_masks:
-            if type(m) is not np.ndarray or m.dtype != dtype or m.shape != mask_shape:
+            if type(m) is not np.ndarray or m.dtype != dtype or m.shape != shapes.mask:
                 return None
         arrays["dropout_masks"] = list(dropout_masks)
     elif dropout_masks is not None:

@@ -79,6 +79,8 @@ import threading
 
 import numpy as np
 
+from lstmcy._cache import SAVED_NAMES
+
 __all__ = [
     "AclnnError",
     "AclnnLibrary",
@@ -1029,9 +1031,8 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
     dy_h = _as_host("dy", dy, dtype)
     dh_h = _as_host("dh", dh, dtype)
     dc_h = _as_host("dc", dc, dtype)
-    gate_names = ("i", "g", "f", "o", "h", "c", "tanhc")
     gates = [_as_list(name, arrays, n_states, dtype)
-             for name, arrays in zip(gate_names, (i, g, f, o, h, c, tanhc))]
+             for name, arrays in zip(SAVED_NAMES, (i, g, f, o, h, c, tanhc))]
     if h0.ndim != 3:
         raise ValueError(f"hx[0] must be [D*L, B, H], got shape {h0.shape}")
     batch = h0.shape[1]

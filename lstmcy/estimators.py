@@ -12,17 +12,20 @@ gradient of the LSTM comes from ``lstmcy.lstm_backward``.
 This module needs scikit-learn (``pip install lstmcy[sklearn]``); ``import lstmcy``
 does not import it.
 
-Input ``X`` can be
+Input ``X`` can be (see :mod:`lstmcy._sequences` and docs/estimators.md)
 
-* a 3-D array ``(n_samples, n_timesteps, n_features)``;
+* a 3-D array ``(n_samples, n_timesteps, n_features)``, or ``(n_samples, n_channels,
+  n_timepoints)`` as in sktime and aeon with ``channels_first=True``;
 * a 2-D array ``(n_samples, n_timesteps)``, read as univariate sequences (one
   feature per step). This is also how scikit-learn's generic tools see it: its
   columns are the estimator's ``n_features_in_``;
-* a list of 2-D arrays ``(n_timesteps_i, n_features)`` whose lengths may differ:
-  a variable-length batch, packed internally (sorted by length, PyTorch's
+* a list of 2-D arrays ``(n_timesteps_i, n_features)`` or of 1-D arrays whose lengths
+  may differ: a variable-length batch, packed internally (sorted by length, PyTorch's
   ``PackedSequence`` layout) and returned in the caller's order.
+
+Trailing NaN ends a sequence, so NaN-padded arrays hold variable-length data too.
 """
-import time
+import math
 import warnings
 from numbers import Integral, Real
 
@@ -33,195 +36,39 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
+from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import (check_array, check_consistent_length, check_is_fitted,
-                                      column_or_1d, validate_data)
+from sklearn.utils.validation import (_check_sample_weight, check_array,
+                                      check_consistent_length, check_is_fitted, column_or_1d,
+                                      validate_data)
 
 import lstmcy
+from lstmcy._optimizers import SGD, Adam
+from lstmcy._progress import FitProgress
+from lstmcy._sequences import (Sequences, check_3d, check_sequence_list, from_padded,
+                               is_sequence_list)
 
 __all__ = ["LSTMClassifier", "LSTMRegressor"]
 
 # Samples per forward call at prediction time: bounds the [T, B, D*H] output held at once
 # (inference keeps no cache).
 _PREDICT_CHUNK = 1024
+# batch_size='auto': about _AUTO_STEPS steps per epoch, between _AUTO_BATCH_MIN and
+# _AUTO_BATCH_MAX sequences a batch.
+_AUTO_STEPS = 10
+_AUTO_BATCH_MIN = 4
+_AUTO_BATCH_MAX = 64
+# early_stopping='auto' holds out a validation set from this many held-out samples on.
+_AUTO_MIN_VALIDATION = 10
 
 
-# --------------------------------------------------------------------------- input handling
-
-def _is_sequence_list(X):
-    """Whether ``X`` is a list (or 1-D object array) of 2-D arrays: a variable-length batch."""
-    if isinstance(X, np.ndarray):
-        if X.dtype != object or X.ndim != 1:
-            return False
-    elif not isinstance(X, (list, tuple)):
-        return False
-    if len(X) == 0:
-        return False
-    first = X[0]
-    if sp.issparse(first):
-        return False
-    try:
-        return np.ndim(first) == 2
-    except ValueError:  # a ragged nested list: not a sequence of 2-D arrays
-        return False
+def auto_batch_size(n_samples):
+    """``batch_size='auto'`` for ``n_samples`` training sequences."""
+    batch_size = min(_AUTO_BATCH_MAX, max(_AUTO_BATCH_MIN, n_samples // _AUTO_STEPS))
+    return min(batch_size, n_samples)
 
 
-class _Batch:
-    """One mini-batch as lstmcy's forward wants it.
-
-    Attributes
-    ----------
-    input : ndarray
-        ``[B, T, F]`` (``batch_first``) for equal lengths, or packed ``[sum(lengths), F]``.
-    batch_first : bool
-    batch_sizes : ndarray of int64 or None
-        PackedSequence batch sizes (sequences sorted by decreasing length).
-    lengths : ndarray of int
-        Length of each sequence, in batch order.
-    sample_index : ndarray of int
-        Dataset index of each batch entry (batch order is sorted for packed batches,
-        so outputs are put back with ``out[sample_index] = batch_out``).
-    mask : ndarray of bool or None
-        ``[T, B]`` active positions of a packed batch; ``padded[mask]`` gives packed rows.
-    """
-
-    __slots__ = ("input", "batch_first", "batch_sizes", "lengths", "sample_index", "mask")
-
-    def __init__(self, input, batch_first, batch_sizes, lengths, sample_index, mask):
-        self.input = input
-        self.batch_first = batch_first
-        self.batch_sizes = batch_sizes
-        self.lengths = lengths
-        self.sample_index = sample_index
-        self.mask = mask
-
-    @property
-    def size(self):
-        return len(self.sample_index)
-
-
-class _Sequences:
-    """Validated sequences in the compute dtype: one 3-D array or a list of 2-D arrays.
-
-    Parameters
-    ----------
-    dense : ndarray ``[n, T, F]`` or None
-    ragged : list of ndarray ``[T_i, F]`` or None
-    """
-
-    def __init__(self, dense=None, ragged=None):
-        self.dense = dense
-        self.ragged = ragged
-        if dense is not None:
-            self.n_samples, _, self.n_features = dense.shape
-            self.lengths = np.full(self.n_samples, dense.shape[1], dtype=np.intp)
-        else:
-            self.n_samples = len(ragged)
-            self.n_features = ragged[0].shape[1]
-            self.lengths = np.array([len(seq) for seq in ragged], dtype=np.intp)
-
-    def subset(self, index):
-        if self.dense is not None:
-            return _Sequences(dense=self.dense[index])
-        return _Sequences(ragged=[self.ragged[i] for i in index])
-
-    def batch(self, index):
-        """Build the :class:`_Batch` of the samples ``index``."""
-        index = np.asarray(index, dtype=np.intp)
-        if self.dense is not None:
-            return _Batch(self.dense[index], True, None, self.lengths[index], index, None)
-        lengths = self.lengths[index]
-        order = np.argsort(-lengths, kind="stable")
-        sample_index = index[order]
-        lengths = lengths[order]
-        steps = int(lengths[0])
-        mask = np.arange(steps)[:, None] < lengths[None, :]  # [T, B], time-major
-        padded = np.zeros((steps, len(index), self.n_features), dtype=self.ragged[0].dtype)
-        for position, sample in enumerate(sample_index):
-            padded[: lengths[position], position] = self.ragged[sample]
-        batch_sizes = mask.sum(axis=1).astype(np.int64)
-        return _Batch(padded[mask], False, batch_sizes, lengths, sample_index, mask)
-
-
-def _check_sequence_list(X, dtype):
-    """Validate a list of 2-D arrays; return them in ``dtype``, C-contiguous."""
-    arrays = []
-    n_features = None
-    for index, item in enumerate(X):
-        name = f"X[{index}]"
-        if sp.issparse(item):
-            raise TypeError(f"{name} is a sparse matrix; sequences must be dense 2-D arrays")
-        array = check_array(item, dtype=[np.float64, np.float32], input_name=name,
-                            ensure_min_samples=1, ensure_min_features=1)
-        if n_features is None:
-            n_features = array.shape[1]
-        elif array.shape[1] != n_features:
-            raise ValueError(f"{name} has {array.shape[1]} features per time step, but X[0] has "
-                             f"{n_features}: every sequence must have the same number of features")
-        arrays.append(np.ascontiguousarray(array, dtype=dtype))
-    return arrays
-
-
-def _check_3d(X, dtype):
-    array = check_array(X, dtype=[np.float64, np.float32], allow_nd=True, input_name="X",
-                        ensure_min_samples=1)
-    if array.ndim != 3:
-        raise ValueError(f"X must be 2-D (n_samples, n_timesteps), 3-D (n_samples, n_timesteps, "
-                         f"n_features) or a list of 2-D arrays; got an array of shape {array.shape}")
-    n_samples, steps, n_features = array.shape
-    if steps < 1 or n_features < 1:
-        raise ValueError(f"X has shape {array.shape}: it needs at least one time step and one "
-                         f"feature per step")
-    return np.ascontiguousarray(array, dtype=dtype)
-
-
-# --------------------------------------------------------------------------- optimizers
-
-class _Adam:
-    """Adam (Kingma & Ba) on a list of arrays, updated in place."""
-
-    def __init__(self, params, learning_rate, beta_1, beta_2, epsilon):
-        self.learning_rate = learning_rate
-        self.beta_1 = beta_1
-        self.beta_2 = beta_2
-        self.epsilon = epsilon
-        self.t = 0
-        self.m = [np.zeros_like(p) for p in params]
-        self.v = [np.zeros_like(p) for p in params]
-
-    def update(self, params, grads):
-        self.t += 1
-        b1, b2 = self.beta_1, self.beta_2
-        step = self.learning_rate * np.sqrt(1.0 - b2 ** self.t) / (1.0 - b1 ** self.t)
-        for param, grad, m, v in zip(params, grads, self.m, self.v):
-            m *= b1
-            m += (1.0 - b1) * grad
-            v *= b2
-            v += (1.0 - b2) * grad * grad
-            param -= (step * m / (np.sqrt(v) + self.epsilon)).astype(param.dtype, copy=False)
-
-
-class _SGD:
-    """SGD with (Nesterov) momentum, as MLPClassifier's ``solver='sgd'``, updated in place."""
-
-    def __init__(self, params, learning_rate, momentum, nesterov):
-        self.learning_rate = learning_rate
-        self.momentum = momentum
-        self.nesterov = nesterov
-        self.velocities = [np.zeros_like(p) for p in params]
-
-    def update(self, params, grads):
-        lr, mu = self.learning_rate, self.momentum
-        for param, grad, velocity in zip(params, grads, self.velocities):
-            velocity *= mu
-            velocity -= lr * grad
-            if self.nesterov:
-                param += mu * velocity - lr * grad
-            else:
-                param += velocity
-
-
-# --------------------------------------------------------------------------- base estimator
+# --------------------------------------------------------------------------- parameters
 
 def _check_number(name, value, kind, low=None, high=None, low_open=False, high_open=False,
                   allow_none=False):
@@ -244,20 +91,24 @@ def _check_flag(name, value):
         raise TypeError(f"{name} must be a bool, got {value!r}")
 
 
+# --------------------------------------------------------------------------- base estimator
+
 class _BaseLSTM(BaseEstimator):
     """Shared training and inference of :class:`LSTMClassifier` and :class:`LSTMRegressor`."""
 
-    def __init__(self, hidden_size=64, num_layers=1, bidirectional=False, dropout=0.0, head="last",
-                 solver="adam", batch_size="auto", learning_rate_init=0.001, alpha=0.0001,
-                 clip_norm=5.0, max_iter=200, tol=1e-4, n_iter_no_change=10, early_stopping=False,
-                 validation_fraction=0.1, shuffle=True, random_state=None, warm_start=False,
-                 verbose=False, momentum=0.9, nesterovs_momentum=True, beta_1=0.9, beta_2=0.999,
-                 epsilon=1e-8, dtype=np.float32):
+    def __init__(self, hidden_size=64, num_layers=1, bidirectional=False, dropout=0.0,
+                 head="last", channels_first=False, solver="adam", batch_size="auto",
+                 learning_rate_init=0.001, alpha=0.0001, clip_norm=5.0, max_iter=200, tol=1e-4,
+                 n_iter_no_change=10, early_stopping="auto", validation_fraction=0.1,
+                 shuffle=True, random_state=None, warm_start=False, verbose=0, momentum=0.9,
+                 nesterovs_momentum=True, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
+                 dtype=np.float32):
         self.hidden_size = hidden_size
         self.num_layers = num_layers
         self.bidirectional = bidirectional
         self.dropout = dropout
         self.head = head
+        self.channels_first = channels_first
         self.solver = solver
         self.batch_size = batch_size
         self.learning_rate_init = learning_rate_init
@@ -288,6 +139,7 @@ class _BaseLSTM(BaseEstimator):
         _check_number("dropout", self.dropout, "real", low=0, high=1, high_open=True)
         if self.head not in ("last", "mean"):
             raise ValueError(f"head must be 'last' or 'mean', got {self.head!r}")
+        _check_flag("channels_first", self.channels_first)
         if self.solver not in ("adam", "sgd"):
             raise ValueError(f"solver must be 'adam' or 'sgd', got {self.solver!r}")
         if not (isinstance(self.batch_size, str) and self.batch_size == "auto"):
@@ -299,8 +151,12 @@ class _BaseLSTM(BaseEstimator):
         _check_number("clip_norm", self.clip_norm, "real", low=0, low_open=True, allow_none=True)
         _check_number("max_iter", self.max_iter, "int", low=1)
         _check_number("tol", self.tol, "real", low=0)
-        _check_number("n_iter_no_change", self.n_iter_no_change, "int", low=1)
-        _check_flag("early_stopping", self.early_stopping)
+        _check_number("n_iter_no_change", self.n_iter_no_change, "int", low=1, allow_none=True)
+        if not (isinstance(self.early_stopping, str) and self.early_stopping == "auto"):
+            if isinstance(self.early_stopping, str):
+                raise ValueError(f"early_stopping must be 'auto' or a bool, got "
+                                 f"{self.early_stopping!r}")
+            _check_flag("early_stopping", self.early_stopping)
         _check_number("validation_fraction", self.validation_fraction, "real", low=0, high=1,
                       low_open=True, high_open=True)
         _check_flag("shuffle", self.shuffle)
@@ -323,7 +179,7 @@ class _BaseLSTM(BaseEstimator):
     # ------------------------------------------------------------------ input
 
     def _validate_X(self, X, *, reset, dtype=None):
-        """Turn ``X`` into :class:`_Sequences`; on ``reset`` record the input layout.
+        """Turn ``X`` into :class:`~lstmcy._sequences.Sequences`; on ``reset`` record its layout.
 
         ``n_features_in_`` is what scikit-learn's tools expect: the number of columns of a
         2-D ``X`` (the time steps of univariate sequences) and the number of features per
@@ -332,9 +188,10 @@ class _BaseLSTM(BaseEstimator):
         if dtype is None:  # inference (see _raw_outputs)
             dtype = np.float64
         name = type(self).__name__
+        channels_first = bool(self.channels_first)
         if sp.issparse(X):
             kind = "table"
-        elif _is_sequence_list(X):
+        elif is_sequence_list(X):
             kind = "list"
         else:
             ndim = getattr(X, "ndim", None)
@@ -347,9 +204,11 @@ class _BaseLSTM(BaseEstimator):
 
         if kind == "table":
             if reset or getattr(self, "_fitted_on_table", False):
-                table = validate_data(self, X, reset=reset, dtype=[np.float64, np.float32])
+                table = validate_data(self, X, reset=reset, dtype=[np.float64, np.float32],
+                                      ensure_all_finite="allow-nan")
             else:
-                table = check_array(X, dtype=[np.float64, np.float32], input_name="X")
+                table = check_array(X, dtype=[np.float64, np.float32], input_name="X",
+                                    ensure_all_finite="allow-nan")
                 if self.input_size_ != 1:
                     raise ValueError(
                         f"X is 2-D, read as univariate sequences (n_samples, n_timesteps), but "
@@ -358,14 +217,13 @@ class _BaseLSTM(BaseEstimator):
             if reset:
                 self._fitted_on_table = True
                 self.input_size_ = 1
-            return _Sequences(dense=np.ascontiguousarray(table, dtype=dtype)[:, :, None])
+            return from_padded(table[:, :, None], dtype)
 
         if kind == "list":
-            arrays = _check_sequence_list(X, dtype)
-            lengths = {len(a) for a in arrays}
-            data = _Sequences(dense=np.stack(arrays)) if len(lengths) == 1 else _Sequences(ragged=arrays)
+            arrays = check_sequence_list(X, dtype, channels_first=channels_first)
+            data = Sequences.from_arrays(arrays)
         else:
-            data = _Sequences(dense=_check_3d(X, dtype))
+            data = check_3d(X, dtype, channels_first=channels_first, warn_layout=reset)
         if reset:
             self._fitted_on_table = False
             self.n_features_in_ = data.n_features
@@ -376,6 +234,12 @@ class _BaseLSTM(BaseEstimator):
             raise ValueError(f"X has {data.n_features} features per time step, but {name} is "
                              f"expecting {self.input_size_} features per time step as input")
         return data
+
+    def _sample_weights(self, sample_weight, targets, n_samples, *, incremental):
+        """Per-sample weights (``sample_weight`` times any class weight), float64."""
+        weights = _check_sample_weight(sample_weight, np.empty((n_samples, 0)),
+                                       dtype=np.float64, ensure_non_negative=True)
+        return weights
 
     # ------------------------------------------------------------------ model
 
@@ -401,15 +265,12 @@ class _BaseLSTM(BaseEstimator):
         self.n_iter_ = 0
         self.t_ = 0
         self.loss_curve_ = []
+        self.validation_scores_ = None
+        self.validation_loss_curve_ = None
+        self.best_validation_score_ = None
+        self.best_validation_loss_ = None
+        self.best_loss_ = np.inf
         self._no_improvement_count = 0
-        if self.early_stopping:
-            self.validation_scores_ = []
-            self.best_validation_score_ = -np.inf
-            self.best_loss_ = None
-        else:
-            self.validation_scores_ = None
-            self.best_validation_score_ = None
-            self.best_loss_ = np.inf
         if hasattr(self, "_optimizer"):
             del self._optimizer
 
@@ -469,16 +330,21 @@ class _BaseLSTM(BaseEstimator):
             out[batch.sample_index] = features @ coef + intercept
         return out
 
-    def _loss_and_grads(self, batch, targets, seed):
-        """Mean loss (with the L2 term) and gradients of :meth:`_all_params` on one batch."""
+    def _loss_and_grads(self, batch, targets, weights, seed):
+        """Loss and gradients of :meth:`_all_params` on one batch.
+
+        The loss is ``(sum_i w_i * loss_i + 0.5 * alpha * ||W||^2) / sum_i w_i`` over the
+        batch's samples ``i`` (``weights``), as MLP's with ``sample_weight``.
+        """
         y, h_n, _, cache = lstmcy.lstm_forward(
             batch.input, None, self.lstm_params_, train=True, batch_first=batch.batch_first,
             batch_sizes=batch.batch_sizes, seed=seed, **self._lstm_kwargs())
         features = self._features(batch, y, h_n)
         raw = features @ self.head_coef_ + self.head_intercept_
-        n = batch.size
-        loss, d_raw = self._output_loss(raw.astype(np.float64), targets)
-        d_raw = d_raw.astype(raw.dtype)
+        weight_sum = float(weights.sum())
+        sample_loss, d_raw = self._output_loss(raw.astype(np.float64), targets)
+        loss = float(weights @ sample_loss) / weight_sum
+        d_raw = (d_raw * (weights / weight_sum)[:, None]).astype(raw.dtype)
         d_coef = features.T @ d_raw
         d_intercept = d_raw.sum(axis=0)
         d_features = d_raw @ self.head_coef_.T
@@ -491,12 +357,20 @@ class _BaseLSTM(BaseEstimator):
         grads = list(d_lstm) + [d_coef, d_intercept]
         if self.alpha:
             penalty = 0.0
+            scale = self.alpha / weight_sum
             for param, grad, is_weight in zip(self._all_params(), grads, self._is_weight()):
                 if is_weight:
                     penalty += float(np.vdot(param, param))
-                    grad += (self.alpha / n) * param
-            loss += 0.5 * self.alpha * penalty / n
+                    grad += grad.dtype.type(scale) * param
+            loss += 0.5 * scale * penalty
         return loss, grads
+
+    def _evaluate(self, data, targets, weights):
+        """Weighted mean loss (without the L2 term) and score of ``data``."""
+        raw = self._raw_outputs(data)
+        sample_loss, _ = self._output_loss(raw, targets)
+        return float(np.average(sample_loss, weights=weights)), \
+            self._score_outputs(raw, targets, weights)
 
     def _clip(self, grads):
         if self.clip_norm is None:
@@ -510,13 +384,19 @@ class _BaseLSTM(BaseEstimator):
     def _make_optimizer(self):
         params = self._all_params()
         if self.solver == "adam":
-            return _Adam(params, self.learning_rate_init, self.beta_1, self.beta_2, self.epsilon)
-        return _SGD(params, self.learning_rate_init, self.momentum, self.nesterovs_momentum)
+            return Adam(params, self.learning_rate_init, self.beta_1, self.beta_2, self.epsilon)
+        return SGD(params, self.learning_rate_init, self.momentum, self.nesterovs_momentum)
 
     # ------------------------------------------------------------------ training loop
 
-    def _fit(self, X, y, *, incremental, classes=None):
+    def _fit(self, X, y, *, incremental, classes=None, sample_weight=None):
         dtype = self._validate_params()
+        if self.dropout > 0 and self.num_layers == 1:
+            # As torch.nn.LSTM: dropout acts between layers, so one layer has none.
+            warnings.warn(f"dropout option adds dropout after all but last recurrent layer, so "
+                          f"non-zero dropout expects num_layers greater than 1, but got "
+                          f"dropout={self.dropout} and num_layers={self.num_layers}",
+                          UserWarning, stacklevel=3)
         if y is None:
             raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None.")
         fitted = hasattr(self, "lstm_params_")
@@ -526,6 +406,11 @@ class _BaseLSTM(BaseEstimator):
         data = self._validate_X(X, reset=first_pass, dtype=dtype)
         targets = self._validate_targets(y, data.n_samples, first_pass=first_pass,
                                          incremental=incremental, classes=classes, dtype=dtype)
+        weights = self._sample_weights(sample_weight, targets, data.n_samples,
+                                       incremental=incremental)
+        if not weights.any():
+            raise ValueError("The weights of the samples (sample_weight times class_weight) "
+                             "are all zero: at least one must be positive")
         if first_pass:
             self._random_state = check_random_state(self.random_state)
             self._initialize(data.n_features, self._n_outputs_for(targets), dtype, self._random_state)
@@ -534,118 +419,164 @@ class _BaseLSTM(BaseEstimator):
                              f"{type(self).__name__} was fitted with {self.head_coef_.shape[1]}")
         if not incremental or not hasattr(self, "_optimizer"):
             self._optimizer = self._make_optimizer()
-        self._train(data, targets, incremental=incremental)
+        if not (weights > 0).all():  # a zero weight is the same as leaving the sample out
+            keep = np.flatnonzero(weights > 0)
+            data, targets, weights = data.subset(keep), targets[keep], weights[keep]
+        self._train(data, targets, weights, incremental=incremental)
         return self
 
-    def _train(self, data, targets, *, incremental):
+    def _holds_out(self, n_samples, targets):
+        """Whether this fit holds out a validation set (``early_stopping``)."""
+        if self.early_stopping is False:
+            return False
+        n_validation = math.ceil(self.validation_fraction * n_samples)
+        smaller_part = min(n_validation, n_samples - n_validation)
+        reason = None
+        if self._stratify:
+            counts = np.bincount(targets)
+            rarest = np.flatnonzero(counts)[np.argmin(counts[counts > 0])]
+            if counts[rarest] < 2:
+                reason = (f"class {self.classes_[rarest].item()!r} has 1 sample, and a "
+                          f"stratified split needs 2 of each class")
+            elif smaller_part < max(2, np.count_nonzero(counts)):
+                reason = (f"{smaller_part} samples cannot hold each of the "
+                          f"{np.count_nonzero(counts)} classes")
+        elif smaller_part < 2:
+            reason = f"a part of {smaller_part} sample{'s' if smaller_part != 1 else ''} is too small"
+        if self.early_stopping == "auto":
+            return reason is None and n_validation >= _AUTO_MIN_VALIDATION
+        if reason is not None:
+            raise ValueError(
+                f"early_stopping=True holds out validation_fraction={self.validation_fraction} "
+                f"of the {n_samples} training samples ({n_validation}) for validation, but "
+                f"{reason}: use more data, another validation_fraction or "
+                f"early_stopping='auto'")
+        return True
+
+    def _train(self, data, targets, weights, *, incremental):
         random_state = self._random_state
-        early_stopping = self.early_stopping and not incremental
+        early_stopping = not incremental and self._holds_out(data.n_samples, targets)
+        val_data = None
         if early_stopping:
-            stratify = targets if self._stratify else None
             train_index, val_index = train_test_split(
                 np.arange(data.n_samples), random_state=random_state,
-                test_size=self.validation_fraction, stratify=stratify)
-            val_data, val_targets = data.subset(val_index), targets[val_index]
-            data, targets = data.subset(train_index), targets[train_index]
-            if self.validation_scores_ is None:  # warm start after a fit without early stopping
-                self.validation_scores_ = []
-                self.best_validation_score_ = -np.inf
+                test_size=self.validation_fraction,
+                stratify=targets if self._stratify else None)
+            val_data, val_targets, val_weights = (data.subset(val_index), targets[val_index],
+                                                  weights[val_index])
+            data, targets, weights = (data.subset(train_index), targets[train_index],
+                                      weights[train_index])
+            if self.validation_scores_ is None:
+                self.validation_scores_, self.validation_loss_curve_ = [], []
+            self.best_validation_loss_ = np.inf
+            self.best_loss_ = None
         elif self.best_loss_ is None:  # warm start after a fit with early stopping
             self.best_loss_ = np.inf
+        if not incremental:
+            self._no_improvement_count = 0
         n_samples = data.n_samples
-        if self.batch_size == "auto":
-            batch_size = min(200, n_samples)
-        else:
-            batch_size = min(self.batch_size, n_samples)
+        batch_size = (auto_batch_size(n_samples) if self.batch_size == "auto"
+                      else min(self.batch_size, n_samples))
+        n_batches = -(-n_samples // batch_size)
+        max_epochs = 1 if incremental else self.max_iter
+        progress = None
+        if self.verbose:
+            progress = FitProgress(type(self).__name__, max_epochs, self.n_iter_ + 1, n_batches)
+            progress.begin(n_samples, 0 if val_data is None else val_data.n_samples, batch_size)
         params = self._all_params()
-        stopped = False
-        for _ in range(self.max_iter):
-            start_time = time.perf_counter()
+        stop_message = None
+        for _ in range(max_epochs):
             order = random_state.permutation(n_samples) if self.shuffle else np.arange(n_samples)
-            total = 0.0
-            for start in range(0, n_samples, batch_size):
-                index = order[start:start + batch_size]
-                batch = data.batch(index)
-                seed = int(random_state.randint(np.iinfo(np.int32).max)) if self.dropout > 0 else None
-                loss, grads = self._loss_and_grads(batch, targets[batch.sample_index], seed)
+            loss_sum = weight_sum = 0.0
+            for number, start in enumerate(range(0, n_samples, batch_size), start=1):
+                batch = data.batch(order[start:start + batch_size])
+                seed = (int(random_state.randint(np.iinfo(np.int32).max))
+                        if self.dropout > 0 and self.num_layers > 1 else None)
+                batch_weights = weights[batch.sample_index]
+                loss, grads = self._loss_and_grads(batch, targets[batch.sample_index],
+                                                   batch_weights, seed)
                 if not np.isfinite(loss):
                     raise ValueError("Solver produced a non-finite loss. The input data may contain "
                                      "large values and need to be scaled, or learning_rate_init "
                                      "is too large.")
-                total += loss * batch.size
+                loss_sum += loss * float(batch_weights.sum())
+                weight_sum += float(batch_weights.sum())
                 self._clip(grads)
                 self._optimizer.update(params, grads)
+                if progress is not None:
+                    progress.batch_done(self.n_iter_ + 1, number)
             self.n_iter_ += 1
             self.t_ += n_samples
-            self.loss_curve_.append(total / n_samples)
+            self.loss_curve_.append(loss_sum / weight_sum)
 
+            best = False
             if early_stopping:
-                score = self._score_data(val_data, val_targets)
+                val_loss, score = self._evaluate(val_data, val_targets, val_weights)
+                self.validation_loss_curve_.append(val_loss)
                 self.validation_scores_.append(score)
-                if score < self.best_validation_score_ + self.tol:
-                    self._no_improvement_count += 1
-                else:
-                    self._no_improvement_count = 0
-                if score > self.best_validation_score_:
+                improved = val_loss < self.best_validation_loss_ - self.tol
+                if val_loss < self.best_validation_loss_:
+                    best = True
+                    self.best_validation_loss_ = val_loss
                     self.best_validation_score_ = score
                     self._best_params = [p.copy() for p in params]
+                    self._best_epoch = self.n_iter_
             else:
-                score = None
-                if self.loss_curve_[-1] > self.best_loss_ - self.tol:
-                    self._no_improvement_count += 1
-                else:
-                    self._no_improvement_count = 0
-                if self.loss_curve_[-1] < self.best_loss_:
-                    self.best_loss_ = self.loss_curve_[-1]
+                val_loss = score = None
+                improved = self.loss_curve_[-1] < self.best_loss_ - self.tol
+                self.best_loss_ = min(self.best_loss_, self.loss_curve_[-1])
+            self._no_improvement_count = 0 if improved else self._no_improvement_count + 1
+            if progress is not None:
+                progress.epoch_done(self.n_iter_, self.loss_curve_[-1], val_loss, score, best)
 
-            if self.verbose:
-                shown = "-" if score is None else f"{score:.4f}"
-                print(f"Iteration {self.n_iter_}: loss = {self.loss_curve_[-1]:.6f}, "
-                      f"validation score = {shown}, {time.perf_counter() - start_time:.2f} s",
-                      flush=True)
-
-            if self._no_improvement_count > self.n_iter_no_change:
-                if early_stopping:
-                    message = (f"Validation score did not improve more than tol={self.tol} for "
-                               f"{self.n_iter_no_change} consecutive epochs. Stopping.")
-                else:
-                    message = (f"Training loss did not improve more than tol={self.tol} for "
-                               f"{self.n_iter_no_change} consecutive epochs. Stopping.")
-                if self.verbose:
-                    print(message, flush=True)
+            if self.n_iter_no_change is not None and \
+                    self._no_improvement_count > self.n_iter_no_change:
+                watched = "Validation loss" if early_stopping else "Training loss"
+                stop_message = (f"{watched} did not improve more than tol={self.tol} for "
+                                f"{self.n_iter_no_change} consecutive epochs. Stopping.")
                 self._no_improvement_count = 0
-                stopped = True
                 break
-            if incremental:
-                break
-        if not stopped and not incremental:
-            warnings.warn(f"Stochastic Optimizer: Maximum iterations ({self.max_iter}) reached and "
-                          f"the optimization hasn't converged yet.", ConvergenceWarning)
+        if stop_message is None and not incremental:
+            stop_message = f"Reached max_iter={self.max_iter}."
+            if self.n_iter_no_change is not None:
+                warnings.warn(f"Stochastic Optimizer: Maximum iterations ({self.max_iter}) reached "
+                              f"and the optimization hasn't converged yet.", ConvergenceWarning)
         if early_stopping and hasattr(self, "_best_params"):
             for param, best in zip(params, self._best_params):
                 param[...] = best
-            del self._best_params
+            stop_message += (f" Kept the parameters of epoch {self._best_epoch} (validation loss "
+                             f"{self.best_validation_loss_:.4f}, score "
+                             f"{self.best_validation_score_:.4f}).")
+            del self._best_params, self._best_epoch
+        if progress is not None and stop_message is not None:
+            progress.end(stop_message)
 
     # ------------------------------------------------------------------ public API
 
-    def fit(self, X, y):
+    def fit(self, X, y, sample_weight=None):
         """Fit the model to sequences ``X`` and targets ``y``.
 
         Parameters
         ----------
         X : array-like of shape (n_samples, n_timesteps, n_features) or (n_samples, n_timesteps), \
-                or list of arrays of shape (n_timesteps_i, n_features)
-            Training sequences. 2-D input is read as univariate sequences; a list of
-            2-D arrays may hold sequences of different lengths.
+                or list of arrays of shape (n_timesteps_i, n_features) or (n_timesteps_i,)
+            Training sequences. 2-D input is read as univariate sequences; a list may hold
+            sequences of different lengths; trailing NaN ends a sequence. With
+            ``channels_first=True``, 3-D input and 2-D list items are read as
+            ``(..., n_channels, n_timepoints)``.
         y : array-like of shape (n_samples,) or (n_samples, n_outputs)
             Target values (class labels for the classifier).
+        sample_weight : array-like of shape (n_samples,), default=None
+            Non-negative weight of each sample in the loss and in the validation loss
+            and score of early stopping. An integer weight counts like that many copies
+            of the sample, a zero weight like leaving it out.
 
         Returns
         -------
         self : object
             The fitted estimator.
         """
-        return self._fit(X, y, incremental=False)
+        return self._fit(X, y, incremental=False, sample_weight=sample_weight)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -653,14 +584,15 @@ class _BaseLSTM(BaseEstimator):
         return tags
 
 
+
 class LSTMClassifier(ClassifierMixin, _BaseLSTM):
     """LSTM sequence classifier trained with lstmcy's exact forward and backward.
 
     An LSTM reads each sequence; its last hidden state (``head='last'``, directions
     concatenated) or the mean of its outputs over time (``head='mean'``) goes through a
-    linear layer and a softmax. The loss is the mean cross-entropy plus
-    ``0.5 * alpha * ||W||^2 / batch_size`` over all weight matrices (not biases), as in
-    :class:`~sklearn.neural_network.MLPClassifier`.
+    linear layer and a softmax. The loss is the weighted mean cross-entropy plus
+    ``0.5 * alpha * ||W||^2 / sum(weights)`` over all weight matrices (not biases) and a
+    mini-batch's samples, as in :class:`~sklearn.neural_network.MLPClassifier`.
 
     Parameters
     ----------
@@ -672,15 +604,23 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
         Also read each sequence backwards; the head sees both directions.
     dropout : float in [0, 1), default=0.0
         Dropout on the output of each LSTM layer except the last, during training
-        (needs ``num_layers > 1``). Masks are drawn from ``random_state``.
+        (so it needs ``num_layers > 1``; with one layer it warns, as ``torch.nn.LSTM``).
+        Masks are drawn from ``random_state``.
     head : {'last', 'mean'}, default='last'
         Features of a sequence: the final hidden state of the top layer (for a
         variable-length batch, each sequence's state at its own last step), or its
         output averaged over the sequence's time steps.
+    channels_first : bool, default=False
+        Read 3-D ``X`` as ``(n_samples, n_channels, n_timepoints)`` and the items of a
+        list as ``(n_channels, n_timepoints_i)``: the layout of sktime and aeon. Without
+        it a 3-D ``X`` whose features outnumber its time steps tenfold (or that has one
+        step) gets a warning at ``fit``.
     solver : {'adam', 'sgd'}, default='adam'
         Optimiser; 'sgd' uses ``momentum`` and ``nesterovs_momentum``.
     batch_size : int or 'auto', default='auto'
-        Mini-batch size; 'auto' is ``min(200, n_samples)``.
+        Mini-batch size; 'auto' gives about ten steps per epoch, with batches of 4 to 64
+        sequences (``min(64, max(4, n // 10))``, at most ``n``, for ``n`` training
+        sequences).
     learning_rate_init : float, default=0.001
         Step size.
     alpha : float, default=0.0001
@@ -691,23 +631,31 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
     max_iter : int, default=200
         Maximum number of epochs (for each call to ``fit``).
     tol : float, default=1e-4
-        Minimum improvement of the loss (or validation score) that resets the
-        ``n_iter_no_change`` counter.
-    n_iter_no_change : int, default=10
-        Stop after this many epochs without an improvement of ``tol``.
-    early_stopping : bool, default=False
-        Hold out ``validation_fraction`` of the data (stratified), stop when its
-        accuracy stops improving and keep the best parameters.
+        Minimum decrease of the training loss (or of the validation loss with early
+        stopping) that resets the ``n_iter_no_change`` counter.
+    n_iter_no_change : int or None, default=10
+        Stop after this many epochs without an improvement of ``tol``. None trains for
+        exactly ``max_iter`` epochs (and does not warn about convergence).
+    early_stopping : 'auto' or bool, default='auto'
+        Hold out ``validation_fraction`` of the data (stratified by class), watch the
+        weighted loss on it after every epoch, stop when it has not improved by ``tol``
+        for ``n_iter_no_change`` epochs and keep the parameters of the epoch where it was
+        lowest. 'auto' does so when the held-out part has at least 10 samples and every
+        class can be on both sides (from 91 samples on in practice); smaller sets, and
+        False, train on all samples and stop on the training loss. True holds out at any
+        size where the split is possible.
     validation_fraction : float in (0, 1), default=0.1
-        Share of the training data held out when ``early_stopping``.
+        Share of the training data held out for early stopping.
     shuffle : bool, default=True
         Shuffle the samples every epoch.
     random_state : int, RandomState instance or None, default=None
         Seeds initialisation, shuffling, the validation split and dropout masks.
     warm_start : bool, default=False
         Let ``fit`` continue from the current parameters instead of re-initialising.
-    verbose : bool or int, default=False
-        Print one line per epoch: loss, validation score and seconds.
+    verbose : bool or int, default=0
+        Print the progress of training: one line per epoch with the training loss, the
+        validation loss and score, the time elapsed and an upper bound on the time
+        left, a line every 30 s inside long epochs, and why training stopped.
     momentum : float in [0, 1], default=0.9
         Momentum of 'sgd'.
     nesterovs_momentum : bool, default=True
@@ -720,6 +668,11 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
         Precision of the parameters and of training. Predictions are computed in
         float64 from these parameters, so that they do not depend (in the last bits)
         on which samples are predicted together.
+    class_weight : dict, 'balanced' or None, default=None
+        Weights of the classes, ``{label: weight}``, multiplying ``sample_weight``.
+        'balanced' weighs each class by ``n_samples / (n_classes * count)``, counting
+        the samples' weights (so it is not available in ``partial_fit``). None gives
+        every class weight one.
 
     Attributes
     ----------
@@ -735,26 +688,31 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
     lstm_params_ : list of ndarray
         LSTM parameters in lstmcy's (and ``torch.nn.LSTM``'s) order: per layer, forward
         direction then reverse, ``w_ih [4H, I_l]``, ``w_hh [4H, H]``, ``b_ih``, ``b_hh``.
-    head_coef_ : ndarray of shape (D*hidden_size, n_classes)
+    head_coef_ : ndarray of shape (D*hidden_size, n_outputs)
         Weights of the output layer.
-    head_intercept_ : ndarray of shape (n_classes,)
+    head_intercept_ : ndarray of shape (n_outputs,)
         Bias of the output layer.
     n_outputs_ : int
-        Output units (one per class).
-    out_activation_ : str
-        'softmax'.
+        Output units.
     loss_curve_ : list of float
-        Mean training loss of each epoch.
+        Mean training loss (weighted, with the L2 term) of each epoch.
+    validation_loss_curve_ : list of float or None
+        Weighted mean loss on the held-out data after each epoch (None without early
+        stopping).
     validation_scores_ : list of float or None
         Accuracy on the held-out data after each epoch (None without early stopping).
+    best_validation_loss_ : float or None
+        Lowest of the last fit's ``validation_loss_curve_``: the kept parameters' loss.
     best_validation_score_ : float or None
-        Best of ``validation_scores_``.
+        Validation score of the kept parameters (the epoch of ``best_validation_loss_``).
     best_loss_ : float or None
         Lowest training loss (None with early stopping).
     n_iter_ : int
         Epochs run.
     t_ : int
         Training samples seen by the optimiser.
+    out_activation_ : str
+        'softmax'.
 
     Examples
     --------
@@ -769,6 +727,34 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
     """
 
     _stratify = True
+
+    # scikit-learn reads an estimator's parameters from its own __init__ signature, so the
+    # base class's parameters are repeated here (as MLPClassifier does) with class_weight.
+    def __init__(self, hidden_size=64, num_layers=1, bidirectional=False, dropout=0.0,
+                 head="last", channels_first=False, solver="adam", batch_size="auto",
+                 learning_rate_init=0.001, alpha=0.0001, clip_norm=5.0, max_iter=200, tol=1e-4,
+                 n_iter_no_change=10, early_stopping="auto", validation_fraction=0.1,
+                 shuffle=True, random_state=None, warm_start=False, verbose=0, momentum=0.9,
+                 nesterovs_momentum=True, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
+                 dtype=np.float32, class_weight=None):
+        super().__init__(
+            hidden_size=hidden_size, num_layers=num_layers, bidirectional=bidirectional,
+            dropout=dropout, head=head, channels_first=channels_first, solver=solver,
+            batch_size=batch_size, learning_rate_init=learning_rate_init, alpha=alpha,
+            clip_norm=clip_norm, max_iter=max_iter, tol=tol, n_iter_no_change=n_iter_no_change,
+            early_stopping=early_stopping, validation_fraction=validation_fraction,
+            shuffle=shuffle, random_state=random_state, warm_start=warm_start, verbose=verbose,
+            momentum=momentum, nesterovs_momentum=nesterovs_momentum, beta_1=beta_1,
+            beta_2=beta_2, epsilon=epsilon, dtype=dtype)
+        self.class_weight = class_weight
+
+    def _validate_params(self):
+        dtype = super()._validate_params()
+        if not (self.class_weight is None or isinstance(self.class_weight, dict)
+                or (isinstance(self.class_weight, str) and self.class_weight == "balanced")):
+            raise ValueError(f"class_weight must be None, 'balanced' or a dict {{label: weight}}, "
+                             f"got {self.class_weight!r}")
+        return dtype
 
     def _n_outputs_for(self, targets):
         return len(self.classes_)
@@ -798,21 +784,41 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
         self.out_activation_ = "softmax"
         return np.searchsorted(self.classes_, y)
 
+    def _sample_weights(self, sample_weight, codes, n_samples, *, incremental):
+        weights = super()._sample_weights(sample_weight, codes, n_samples,
+                                          incremental=incremental)
+        if self.class_weight is None:
+            return weights
+        if isinstance(self.class_weight, str):  # 'balanced'
+            if incremental:
+                raise ValueError(
+                    "class_weight='balanced' is not supported for partial_fit: it needs the "
+                    "class frequencies of all the data. Compute them with sklearn.utils."
+                    "class_weight.compute_class_weight('balanced', classes=classes, y=y) on "
+                    "(a large enough sample of) the training targets and pass the result as "
+                    "class_weight={label: weight}.")
+            counts = np.bincount(codes, weights=weights, minlength=len(self.classes_))
+            present = counts > 0
+            per_class = np.ones(len(self.classes_))
+            per_class[present] = counts.sum() / (present.sum() * counts[present])
+        else:
+            per_class = compute_class_weight(self.class_weight, classes=self.classes_,
+                                             y=self.classes_[codes])
+        return weights * per_class[codes]
+
     def _output_loss(self, raw, codes):
-        """Mean cross-entropy of the softmax of ``raw`` and its gradient w.r.t. ``raw``."""
+        """Cross-entropy of the softmax of ``raw`` per sample and its gradient w.r.t. ``raw``."""
         shifted = raw - raw.max(axis=1, keepdims=True)
-        log_norm = np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-        log_proba = shifted - log_norm
-        n = len(codes)
-        loss = -float(log_proba[np.arange(n), codes].sum()) / n
+        log_proba = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        rows = np.arange(len(codes))
         grad = np.exp(log_proba)
-        grad[np.arange(n), codes] -= 1.0
-        return loss, grad / n
+        grad[rows, codes] -= 1.0
+        return -log_proba[rows, codes], grad
 
-    def _score_data(self, data, codes):
-        return accuracy_score(codes, self._raw_outputs(data).argmax(axis=1))
+    def _score_outputs(self, raw, codes, weights):
+        return accuracy_score(codes, raw.argmax(axis=1), sample_weight=weights)
 
-    def partial_fit(self, X, y, classes=None):
+    def partial_fit(self, X, y, classes=None, sample_weight=None):
         """Update the model with one epoch over ``X`` (no early stopping).
 
         Parameters
@@ -823,13 +829,15 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
             Class labels.
         classes : array-like of shape (n_classes,), default=None
             All classes that can appear in any call; required on the first call.
+        sample_weight : array-like of shape (n_samples,), default=None
+            As in :meth:`fit`.
 
         Returns
         -------
         self : object
             The updated estimator.
         """
-        return self._fit(X, y, incremental=True, classes=classes)
+        return self._fit(X, y, incremental=True, classes=classes, sample_weight=sample_weight)
 
     def decision_function(self, X):
         """Class scores (logits) of the output layer.
@@ -910,23 +918,24 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
 class LSTMRegressor(RegressorMixin, _BaseLSTM):
     """LSTM sequence regressor trained with lstmcy's exact forward and backward.
 
-    As :class:`LSTMClassifier` with an identity output: the loss is
-    ``sum((prediction - y)**2) / (2 * batch_size)`` (summed over outputs) plus the L2
-    term. ``y`` may have several columns (multi-output regression).
+    As :class:`LSTMClassifier` with an identity output: the loss is the weighted mean
+    over a mini-batch of ``sum((prediction - y)**2) / 2`` (summed over outputs) plus the
+    L2 term. ``y`` may have several columns (multi-output regression).
 
     Parameters
     ----------
-    hidden_size, num_layers, bidirectional, dropout, head, solver, batch_size, \
-learning_rate_init, alpha, clip_norm, max_iter, tol, n_iter_no_change, early_stopping, \
-validation_fraction, shuffle, random_state, warm_start, verbose, momentum, \
+    hidden_size, num_layers, bidirectional, dropout, head, channels_first, solver, \
+batch_size, learning_rate_init, alpha, clip_norm, max_iter, tol, n_iter_no_change, \
+early_stopping, validation_fraction, shuffle, random_state, warm_start, verbose, momentum, \
 nesterovs_momentum, beta_1, beta_2, epsilon, dtype
-        As in :class:`LSTMClassifier`; with ``early_stopping`` the validation score
-        is R².
+        As in :class:`LSTMClassifier`. The validation set of early stopping is not
+        stratified, and its score is R² (weighted by ``sample_weight``).
 
     Attributes
     ----------
     n_features_in_, feature_names_in_, input_size_, lstm_params_, loss_curve_, \
-validation_scores_, best_validation_score_, best_loss_, n_iter_, t_
+validation_loss_curve_, validation_scores_, best_validation_loss_, best_validation_score_, \
+best_loss_, n_iter_, t_
         As in :class:`LSTMClassifier` (validation scores are R²).
     head_coef_ : ndarray of shape (D*hidden_size, n_outputs)
         Weights of the output layer.
@@ -964,14 +973,14 @@ validation_scores_, best_validation_score_, best_loss_, n_iter_, t_
         return np.asarray(y.reshape(n_samples, -1), dtype=dtype)
 
     def _output_loss(self, raw, targets):
+        """Half the squared error per sample (summed over outputs) and its gradient."""
         diff = raw - targets
-        n = len(targets)
-        return 0.5 * float(np.vdot(diff, diff)) / n, diff / n
+        return 0.5 * np.einsum("ij,ij->i", diff, diff), diff
 
-    def _score_data(self, data, targets):
-        return r2_score(targets, self._raw_outputs(data))
+    def _score_outputs(self, raw, targets, weights):
+        return r2_score(targets, raw, sample_weight=weights)
 
-    def partial_fit(self, X, y):
+    def partial_fit(self, X, y, sample_weight=None):
         """Update the model with one epoch over ``X`` (no early stopping).
 
         Parameters
@@ -980,13 +989,15 @@ validation_scores_, best_validation_score_, best_loss_, n_iter_, t_
             As in :meth:`fit`.
         y : array-like of shape (n_samples,) or (n_samples, n_outputs)
             Targets.
+        sample_weight : array-like of shape (n_samples,), default=None
+            As in :meth:`fit`.
 
         Returns
         -------
         self : object
             The updated estimator.
         """
-        return self._fit(X, y, incremental=True)
+        return self._fit(X, y, incremental=True, sample_weight=sample_weight)
 
     def predict(self, X):
         """Predicted targets.

@@ -20,11 +20,10 @@ import functools
 
 import numpy as np
 
-from ._cache import LSTMCache
+from ._cache import SAVED_NAMES, LSTMCache
 
 __all__ = ["lstm_forward", "lstm_backward", "LSTMCache"]
 
-_GATE_NAMES = ("i", "g", "f", "o", "h", "c", "tanhc")
 
 
 # ---------------------------------------------------------------------------
@@ -80,7 +79,7 @@ class _Layout:
     ----------
     kind : str
         ``"time_major"`` ([T,B,W]), ``"batch_first"`` ([B,T,W]), ``"packed"``
-        (2-D, sum(batch_sizes) rows) or ``"padded2d"`` (2-D, T*B rows,
+        (2-D, sum(batch_sizes) rows) or ``"padded_2d"`` (2-D, T*B rows,
         time-major).
     T, B : int
         Sequence length and batch size.
@@ -121,7 +120,7 @@ class _Layout:
             if rows == int(bs.sum()):
                 self.kind = "packed"
             elif rows == self.T * self.B:
-                self.kind = "padded2d"
+                self.kind = "padded_2d"
             else:
                 raise ValueError(
                     f"2-D input has {rows} rows; expected sum(batch_sizes)="
@@ -141,7 +140,7 @@ class _Layout:
             out = arr.astype(np.float64)
         elif self.kind == "batch_first":
             out = arr.astype(np.float64).transpose(1, 0, 2)
-        elif self.kind == "padded2d":
+        elif self.kind == "padded_2d":
             out = arr.astype(np.float64).reshape(self.T, self.B, width)
         else:  # packed: the rows of step t are contiguous, steps in order
             out = np.zeros((self.T, self.B, width))
@@ -161,7 +160,7 @@ class _Layout:
             out = arr
         elif self.kind == "batch_first":
             out = arr.transpose(1, 0, 2)
-        elif self.kind == "padded2d":
+        elif self.kind == "padded_2d":
             out = arr.reshape(self.T * self.B, arr.shape[-1])
         else:
             out = np.concatenate(
@@ -170,16 +169,17 @@ class _Layout:
         return np.ascontiguousarray(out).astype(dtype)
 
 
-def _split_params(params, num_layers, num_directions, has_bias):
+def _split_params(params, num_layers, num_directions, has_bias, projected=False):
     """Group the flat parameter list per (layer, direction), in float64.
 
     Returns
     -------
     list of tuple
-        ``[(w_ih, w_hh, b_ih, b_hh), ...]`` indexed ``layer * D + direction``;
-        the biases are zero vectors when ``has_bias`` is False.
+        ``[(w_ih, w_hh, b_ih, b_hh, w_hr), ...]`` indexed ``layer * D + direction``;
+        the biases are zero vectors when ``has_bias`` is False, ``w_hr`` is None
+        without a projection.
     """
-    per = 4 if has_bias else 2
+    per = (4 if has_bias else 2) + (1 if projected else 0)
     expected = num_layers * num_directions * per
     if len(params) != expected:
         raise ValueError(f"params must hold {expected} arrays, got {len(params)}")
@@ -193,15 +193,17 @@ def _split_params(params, num_layers, num_directions, has_bias):
         else:
             b_ih = np.zeros(w_ih.shape[0])
             b_hh = np.zeros(w_ih.shape[0])
-        groups.append((w_ih, w_hh, b_ih, b_hh))
+        w_hr = np.asarray(params[k * per + per - 1]).astype(np.float64) if projected else None
+        groups.append((w_ih, w_hh, b_ih, b_hh, w_hr))
     return groups
 
 
-def _initial_state(hx, num_states, batch, hidden):
-    """Return (h0, c0) as float64 ``[D*L, B, H]`` arrays (zeros if hx is None)."""
+def _initial_state(hx, num_states, batch, hidden, h_size=None):
+    """Return (h0, c0) as float64 ``[D*L, B, P]``, ``[D*L, B, H]`` arrays (zeros if hx is
+    None; ``h_size`` is P, default H)."""
     if hx is None:
-        zeros = np.zeros((num_states, batch, hidden))
-        return zeros, zeros.copy()
+        return (np.zeros((num_states, batch, hidden if h_size is None else h_size)),
+                np.zeros((num_states, batch, hidden)))
     h0, c0 = hx
     return np.asarray(h0).astype(np.float64), np.asarray(c0).astype(np.float64)
 
@@ -210,33 +212,37 @@ def _initial_state(hx, num_states, batch, hidden):
 # one layer, one direction
 # ---------------------------------------------------------------------------
 
-def _forward_direction(x, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_sizes, reverse):
+def _forward_direction(x, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_sizes, reverse, w_hr=None):
     """Run one direction of one layer.
 
     Parameters
     ----------
     x : ndarray, shape [T, B, I]
         Layer input, float64.
-    h0, c0 : ndarray, shape [B, H]
-        Initial state.
+    h0, c0 : ndarray, shape [B, P], [B, H]
+        Initial state (P = H without a projection).
     w_ih, w_hh, b_ih, b_hh : ndarray
         Weights and biases (gate order i, f, g, o).
     batch_sizes : ndarray of int64, shape [T]
         Active rows per step.
     reverse : bool
         Run from the last valid step of each sequence down to step 0.
+    w_hr : ndarray [P, H] or None
+        The projection: ``h = (o * tanh(c)) @ w_hr.T``.
 
     Returns
     -------
     saved : dict of str to ndarray
-        ``i, g, f, o, h, c, tanhc``, each ``[T, B, H]``, zero where inactive.
-    h_n, c_n : ndarray, shape [B, H]
+        ``i, g, f, o, c, tanhc``, each ``[T, B, H]``, and ``h`` ``[T, B, P]``, zero
+        where inactive.
+    h_n, c_n : ndarray, shape [B, P], [B, H]
         Final state of each sequence (forward: at its last valid step;
         reverse: at step 0).
     """
     T, B = x.shape[0], x.shape[1]
-    H = w_hh.shape[1]
-    saved = {name: np.zeros((T, B, H)) for name in _GATE_NAMES}
+    H = w_hh.shape[0] // 4
+    P = w_hh.shape[1]
+    saved = {name: np.zeros((T, B, P if name == "h" else H)) for name in SAVED_NAMES}
     h = h0.copy()
     c = c0.copy()
     steps = range(T - 1, -1, -1) if reverse else range(T)
@@ -253,48 +259,54 @@ def _forward_direction(x, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_sizes, reverse):
         c_new = f * c[:n] + i * g
         tanhc = np.tanh(c_new)
         h_new = o * tanhc
+        if w_hr is not None:
+            h_new = h_new @ w_hr.T
         h[:n] = h_new
         c[:n] = c_new
-        for name, value in zip(_GATE_NAMES, (i, g, f, o, h_new, c_new, tanhc)):
+        for name, value in zip(SAVED_NAMES, (i, g, f, o, h_new, c_new, tanhc)):
             saved[name][t, :n] = value
     return saved, h, c
 
 
 def _backward_direction(x, dy, dh, dc, h0, c0, saved, w_ih, w_hh, batch_sizes,
-                        reverse):
+                        reverse, w_hr=None):
     """Backpropagate through one direction of one layer.
 
     Parameters
     ----------
     x : ndarray, shape [T, B, I]
         The layer input of the forward pass, float64.
-    dy : ndarray, shape [T, B, H]
+    dy : ndarray, shape [T, B, P]
         Gradient of this direction's output, zero where inactive.
-    dh, dc : ndarray, shape [B, H]
+    dh, dc : ndarray, shape [B, P], [B, H]
         Gradient of h_n, c_n.
-    h0, c0 : ndarray, shape [B, H]
+    h0, c0 : ndarray, shape [B, P], [B, H]
         Initial state of the forward pass.
     saved : dict of str to ndarray
-        ``i, g, f, o, h, c, tanhc``, each ``[T, B, H]``.
+        ``i, g, f, o, c, tanhc``, each ``[T, B, H]``, ``h`` ``[T, B, P]``.
     w_ih, w_hh : ndarray
         Weights.
     batch_sizes : ndarray of int64, shape [T]
         Active rows per step.
     reverse : bool
         Direction of the forward pass.
+    w_hr : ndarray [P, H] or None
+        The projection.
 
     Returns
     -------
     dx : ndarray, shape [T, B, I]
-    dh0, dc0 : ndarray, shape [B, H]
+    dh0, dc0 : ndarray, shape [B, P], [B, H]
     dw_ih, dw_hh : ndarray
     db : ndarray, shape [4H]
+    dw_hr : ndarray [P, H] or None
     """
     T, B, I = x.shape
-    H = w_hh.shape[1]
+    H = w_hh.shape[0] // 4
     dx = np.zeros((T, B, I))
     dw_ih = np.zeros_like(w_ih)
     dw_hh = np.zeros_like(w_hh)
+    dw_hr = None if w_hr is None else np.zeros_like(w_hr)
     db = np.zeros(4 * H)
     dh_next = dh.copy()
     dc_next = dc.copy()
@@ -318,6 +330,9 @@ def _backward_direction(x, dy, dh, dc, h0, c0, saved, w_ih, w_hh, batch_sizes,
         tanhc = saved["tanhc"][t, :n]
 
         delta_h = dy[t, :n] + dh_next[:n]
+        if w_hr is not None:  # h = r @ w_hr.T with r = o * tanh(c)
+            dw_hr += delta_h.T @ (o * tanhc)
+            delta_h = delta_h @ w_hr
         delta_c = (delta_h * o) * (1.0 - tanhc * tanhc) + dc_next[:n]
         delta_o = (delta_h * tanhc) * (1.0 - o) * o
         delta_i = (delta_c * g) * (1.0 - i) * i
@@ -331,7 +346,7 @@ def _backward_direction(x, dy, dh, dc, h0, c0, saved, w_ih, w_hh, batch_sizes,
         dw_ih += delta_gates.T @ x[t, :n]
         dw_hh += delta_gates.T @ h_prev
         db += delta_gates.sum(axis=0)
-    return dx, dh_next, dc_next, dw_ih, dw_hh, db
+    return dx, dh_next, dc_next, dw_ih, dw_hh, db, dw_hr
 
 
 # ---------------------------------------------------------------------------
@@ -341,7 +356,7 @@ def _backward_direction(x, dy, dh, dc, h0, c0, saved, w_ih, w_hh, batch_sizes,
 @_quiet
 def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
                  train=True, bidirectional=False, batch_first=False,
-                 batch_sizes=None, seed=None):
+                 batch_sizes=None, seed=None, proj_size=0):
     """Multi-layer LSTM forward pass (numpy reference, float64 internally).
 
     Parameters
@@ -351,11 +366,12 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
         ``batch_sizes``: 2-D with ``sum(batch_sizes)`` rows (packed) or
         ``T * B`` rows (padded time-major), or 3-D padded.
     hx : tuple of array_like or None
-        ``(h0, c0)``, each ``[D * L, B, H]``; None means zeros.
+        ``(h0, c0)``, ``[D * L, B, P]`` and ``[D * L, B, H]``; None means zeros.
     params : sequence of array_like
         Per layer, forward direction then reverse: ``w_ih [4H, I_l]``,
-        ``w_hh [4H, H]``, ``b_ih [4H]``, ``b_hh [4H]`` (no biases when
-        ``has_bias`` is False). Gate order i, f, g, o.
+        ``w_hh [4H, P]``, ``b_ih [4H]``, ``b_hh [4H]`` (no biases when
+        ``has_bias`` is False), then ``w_hr [P, H]`` with a projection. Gate
+        order i, f, g, o.
     has_bias : bool, optional
         Whether ``params`` holds biases.
     num_layers : int, optional
@@ -372,13 +388,15 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
         Active sequences per step, non-increasing, ``batch_sizes[0] == B``.
     seed : int, numpy.random.Generator or None, optional
         Passed to ``numpy.random.default_rng`` to draw the dropout masks.
+    proj_size : int, optional
+        P, the size of the projected h (0: none, P = H).
 
     Returns
     -------
     y : ndarray
         Output of the last layer, laid out like ``input`` with last axis
-        ``D * H``; zero at padded positions.
-    h_n, c_n : ndarray, shape [D * L, B, H]
+        ``D * P``; zero at padded positions.
+    h_n, c_n : ndarray, shape [D * L, B, P], [D * L, B, H]
         Final states (per sequence, at its last valid step for the forward
         direction, at step 0 for the reverse direction).
     cache : LSTMCache
@@ -387,7 +405,7 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
 
     Notes
     -----
-    The masks are ``(rng.random((T, B, D * H)) >= dropout) / (1 - dropout)``
+    The masks are ``(rng.random((T, B, D * P)) >= dropout) / (1 - dropout)``
     with ``rng = numpy.random.default_rng(seed)`` (``seed`` may also be a
     ``numpy.random.Generator``), one per layer boundary in order, stored in
     the input dtype.
@@ -396,36 +414,37 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
     dtype = x_in.dtype
     D = 2 if bidirectional else 1
     L = int(num_layers)
-    groups = _split_params(list(params), L, D, has_bias)
-    H = groups[0][1].shape[1]
+    groups = _split_params(list(params), L, D, has_bias, proj_size > 0)
+    H = groups[0][1].shape[0] // 4
+    P = groups[0][1].shape[1]
     batch_hint = np.asarray(hx[0]).shape[1] if hx is not None else None
     layout = _Layout(x_in.shape, batch_sizes, batch_first, batch_hint)
     T, B, bs = layout.T, layout.B, layout.batch_sizes
-    h0, c0 = _initial_state(hx, D * L, B, H)
+    h0, c0 = _initial_state(hx, D * L, B, H, P)
 
     masks = None
     if dropout > 0 and train and L > 1:
         rng = np.random.default_rng(seed)
-        masks = [((rng.random((T, B, D * H)) >= dropout) / (1.0 - dropout))
+        masks = [((rng.random((T, B, D * P)) >= dropout) / (1.0 - dropout))
                  .astype(_mask_dtype(dtype)) for _ in range(L - 1)]
 
-    saved_all = {name: [] for name in _GATE_NAMES}
-    h_n = np.zeros((D * L, B, H))
+    saved_all = {name: [] for name in SAVED_NAMES}
+    h_n = np.zeros((D * L, B, P))
     c_n = np.zeros((D * L, B, H))
     layer_input = layout.to_time_major(x_in)
-    layer_output = np.zeros((T, B, D * H))
+    layer_output = np.zeros((T, B, D * P))
     for layer in range(L):
-        layer_output = np.zeros((T, B, D * H))
+        layer_output = np.zeros((T, B, D * P))
         for direction in range(D):
             k = layer * D + direction
-            w_ih, w_hh, b_ih, b_hh = groups[k]
+            w_ih, w_hh, b_ih, b_hh, w_hr = groups[k]
             saved, h_last, c_last = _forward_direction(
                 layer_input, h0[k], c0[k], w_ih, w_hh, b_ih, b_hh, bs,
-                reverse=(direction == 1))
-            layer_output[:, :, direction * H:(direction + 1) * H] = saved["h"]
+                reverse=(direction == 1), w_hr=w_hr)
+            layer_output[:, :, direction * P:(direction + 1) * P] = saved["h"]
             h_n[k] = h_last
             c_n[k] = c_last
-            for name in _GATE_NAMES:
+            for name in SAVED_NAMES:
                 saved_all[name].append(saved[name].astype(dtype))
         if masks is not None and layer < L - 1:
             layer_input = layer_output * masks[layer].astype(np.float64)
@@ -433,7 +452,7 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
             layer_input = layer_output
 
     y = layout.from_time_major(layer_output, dtype)
-    cache = LSTMCache(*(saved_all[name] for name in _GATE_NAMES),
+    cache = LSTMCache(*(saved_all[name] for name in SAVED_NAMES),
                       dropout_masks=masks)
     return y, h_n.astype(dtype), c_n.astype(dtype), cache
 
@@ -442,7 +461,7 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
 def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
                   batch_sizes=None, has_bias=True, num_layers=1, dropout=0.0,
                   train=True, bidirectional=False, batch_first=False,
-                  output_mask=(True, True, True, True), dropout_masks=None):
+                  output_mask=(True, True, True, True), dropout_masks=None, proj_size=0):
     """Multi-layer LSTM backward pass (numpy reference, float64 internally).
 
     Parameters
@@ -452,12 +471,12 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
     dy : array_like
         Gradient of ``y``, laid out like ``y``; ignored at padded positions.
     dh, dc : array_like or None
-        Gradients of ``h_n``, ``c_n``, each ``[D * L, B, H]``; None means
-        zeros.
+        Gradients of ``h_n``, ``c_n``, ``[D * L, B, P]`` and ``[D * L, B, H]``;
+        None means zeros.
     i, g, f, o, h, c, tanhc : sequence of array_like
         The forward's saved activations (``cache.saved()``), ``D * L`` arrays
-        ``[T, B, H]`` each.
-    batch_sizes, has_bias, num_layers, dropout, train, bidirectional, batch_first
+        ``[T, B, H]`` each (h: ``[T, B, P]``).
+    batch_sizes, has_bias, num_layers, dropout, train, bidirectional, batch_first, proj_size
         As given to :func:`lstm_forward`.
     output_mask : sequence of 4 bool, optional
         Which of ``(dx, dh_prev, dc_prev, dparams)`` to return; False entries
@@ -471,7 +490,7 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
     dx : ndarray or None
         Gradient of ``input``, laid out like it (zero at padded positions).
     dh_prev, dc_prev : ndarray or None
-        Gradients of ``h0``, ``c0``, ``[D * L, B, H]``.
+        Gradients of ``h0``, ``c0``, ``[D * L, B, P]`` and ``[D * L, B, H]``.
     dparams : list of ndarray or None
         Gradients laid out like ``params`` (``db_ih`` equals ``db_hh``).
 
@@ -484,19 +503,20 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
     dtype = x_in.dtype
     D = 2 if bidirectional else 1
     L = int(num_layers)
-    groups = _split_params(list(params), L, D, has_bias)
-    H = groups[0][1].shape[1]
+    groups = _split_params(list(params), L, D, has_bias, proj_size > 0)
+    H = groups[0][1].shape[0] // 4
+    P = groups[0][1].shape[1]
     batch_hint = np.asarray(hx[0]).shape[1] if hx is not None else None
     layout = _Layout(x_in.shape, batch_sizes, batch_first, batch_hint)
     B, bs = layout.B, layout.batch_sizes
-    h0, c0 = _initial_state(hx, D * L, B, H)
-    dh = np.zeros((D * L, B, H)) if dh is None else np.asarray(dh).astype(np.float64)
+    h0, c0 = _initial_state(hx, D * L, B, H, P)
+    dh = np.zeros((D * L, B, P)) if dh is None else np.asarray(dh).astype(np.float64)
     dc = np.zeros((D * L, B, H)) if dc is None else np.asarray(dc).astype(np.float64)
 
     saved_all = []
     for k in range(D * L):
         saved_all.append({name: np.asarray(arr[k]).astype(np.float64)
-                          for name, arr in zip(_GATE_NAMES, (i, g, f, o, h, c, tanhc))})
+                          for name, arr in zip(SAVED_NAMES, (i, g, f, o, h, c, tanhc))})
 
     masks = None
     if dropout > 0 and train and L > 1:
@@ -515,7 +535,7 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
             below = below * masks[layer - 1]
         layer_inputs.append(below)
 
-    dh_prev = np.zeros((D * L, B, H))
+    dh_prev = np.zeros((D * L, B, P))
     dc_prev = np.zeros((D * L, B, H))
     dgroups = [None] * (D * L)
     grad_output = layout.to_time_major(dy)  # zero at padded positions
@@ -525,25 +545,27 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
         dx = np.zeros(x.shape)
         for direction in range(D):
             k = layer * D + direction
-            w_ih, w_hh, _, _ = groups[k]
-            dx_dir, dh0, dc0, dw_ih, dw_hh, db = _backward_direction(
-                x, grad_output[:, :, direction * H:(direction + 1) * H],
+            w_ih, w_hh, _, _, w_hr = groups[k]
+            dx_dir, dh0, dc0, dw_ih, dw_hh, db, dw_hr = _backward_direction(
+                x, grad_output[:, :, direction * P:(direction + 1) * P],
                 dh[k], dc[k], h0[k], c0[k], saved_all[k], w_ih, w_hh, bs,
-                reverse=(direction == 1))
+                reverse=(direction == 1), w_hr=w_hr)
             dx += dx_dir
             dh_prev[k] = dh0
             dc_prev[k] = dc0
-            dgroups[k] = (dw_ih, dw_hh, db)
+            dgroups[k] = (dw_ih, dw_hh, db, dw_hr)
         if layer > 0:
             grad_output = dx * masks[layer - 1] if masks is not None else dx
 
     dparams = []
-    for dw_ih, dw_hh, db in dgroups:
+    for dw_ih, dw_hh, db, dw_hr in dgroups:
         dparams.append(dw_ih.astype(dtype))
         dparams.append(dw_hh.astype(dtype))
         if has_bias:
             dparams.append(db.astype(dtype))
             dparams.append(db.astype(dtype))
+        if dw_hr is not None:
+            dparams.append(dw_hr.astype(dtype))
 
     want_dx, want_dh, want_dc, want_dparams = (bool(m) for m in output_mask)
     return (layout.from_time_major(dx, dtype) if want_dx else None,

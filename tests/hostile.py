@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from lstmcy import reference
+from lstmcy._cache import SAVED_NAMES as SAVED
 
 try:
     import ml_dtypes
@@ -27,7 +28,6 @@ except ImportError:  # pragma: no cover - ml_dtypes is a test dependency
 LAYOUTS = ("time_major", "batch_first", "packed", "padded_2d", "padded_3d")
 FLOAT_DTYPES = tuple(d for d in (np.dtype(np.float64), np.dtype(np.float32),
                                  np.dtype(np.float16), BFLOAT16) if d is not None)
-SAVED = ("i", "g", "f", "o", "h", "c", "tanhc")
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def run_with_threads(call, threads):
 
 
 def force_schedules(monkeypatch, forward=None, backward=None):
-    """Make every kernel call use the schedules ``forward(T, B, H, D, n_threads)`` /
+    """Make every kernel call use the schedules ``forward(T, B, I, H, D, n_threads)`` /
     ``backward(...)`` return (None: lstmcy's own); ``monkeypatch`` is pytest's fixture."""
     from lstmcy import _core
 
@@ -171,16 +171,16 @@ def most_split(monkeypatch, split="rows"):
     lstmcy's own."""
     from lstmcy import _schedule
 
-    def forward(T, B, H, D, n_threads):
-        own = _schedule.forward_schedule(T, B, H, D, n_threads)
+    def forward(T, B, I, H, D, n_threads, projected=False):
+        own = _schedule.forward_schedule(T, B, I, H, D, n_threads, projected)
         per_direction = max(1, n_threads // D)
-        if split == "units":
+        if split == "units" and not projected:
             return own._replace(split=_schedule.SPLIT_UNITS, groups=per_direction)
         return own._replace(split=_schedule.SPLIT_ROWS, groups=max(1, min(per_direction, B)),
                             pack_pieces=n_threads)
 
-    def backward(T, B, H, D, n_threads):
-        own = _schedule.backward_schedule(T, B, H, D, n_threads)
+    def backward(T, B, I, H, D, n_threads):
+        own = _schedule.backward_schedule(T, B, I, H, D, n_threads)
         return own._replace(groups=max(1, min(n_threads // D, B)), pack_pieces=n_threads)
 
     force_schedules(monkeypatch, forward, backward)

@@ -37,13 +37,13 @@ import numpy as np
 import pytest
 
 import lstmcy.aclnn as aclnn
+from lstmcy._cache import SAVED_NAMES as GATES
 
 STUB_SOURCE = Path(__file__).parent / "aclnn_stub" / "aclnn_stub.c"
 CC = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 ACL_FLOAT, ACL_FLOAT16, ACL_INT64 = 0, 1, 9
 ACL_FORMAT_ND, ACL_FORMAT_NCL = 2, 47
-GATES = ("i", "g", "f", "o", "h", "c", "tanhc")
 ROUTE_ENV = ("LSTMCY_ACLNN_LIB", "ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
 
 

@@ -17,7 +17,8 @@ import lstmcy
 torch = pytest.importorskip("torch")
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
-from torch_oracle import LAYOUTS, as_f64, make_case, run_lstmcy, torch_lstm  # noqa: E402
+from torch_oracle import (LAYOUTS, as_f64, assert_no_worse_than, make_case,  # noqa: E402
+                          run_lstmcy, torch_lstm)
 
 GRID = list(itertools.product((1, 2, 3), (False, True), (True, False), LAYOUTS, (0.0, 0.4)))
 GRID_IDS = [f"L{L}-{'bi' if bi else 'uni'}-{'bias' if b else 'nobias'}-{lay}-p{p}"
@@ -32,15 +33,6 @@ def max_rel_err(actual, expected):
         return 0.0
     scale = np.max(np.abs(expected))
     err = np.max(np.abs(actual - expected))
-    return float(err / scale) if scale > 0 else float(err)
-
-
-def norm_rel_err(actual, expected):
-    """Norm-wise relative error ``||actual - expected|| / ||expected||``."""
-    actual, expected = as_f64(actual), as_f64(expected)
-    assert actual.shape == expected.shape
-    scale = np.linalg.norm(expected.ravel())
-    err = np.linalg.norm((actual - expected).ravel())
     return float(err / scale) if scale > 0 else float(err)
 
 
@@ -147,13 +139,14 @@ LOWP_GRID = list(itertools.product(LOWP, (1, 2), (False, True), LAYOUTS))
 
 @pytest.mark.parametrize("dtype_name, num_layers, bidirectional, layout", LOWP_GRID,
                          ids=["-".join(map(str, c)) for c in LOWP_GRID])
-def test_low_precision_no_worse_than_twice_torch(dtype_name, num_layers, bidirectional, layout):
-    """float16 / bfloat16: error vs float64 at most twice PyTorch's own CPU error in that dtype.
+def test_low_precision_no_worse_than_torch(dtype_name, num_layers, bidirectional, layout):
+    """float16 / bfloat16: error vs float64 at most 1.05x PyTorch's own CPU error in that
+    dtype, and below the format's unit roundoff (eps / 2).
 
     Both lstmcy and PyTorch (``torch.float16`` / ``torch.bfloat16`` tensors on the CPU,
     which torch 2.13 runs natively, forward and autograd) get the same rounded inputs; the
     reference is PyTorch float64 autograd on those rounded values. The error is norm-wise
-    relative, per output.
+    relative, per output. (Saturated and extreme-scale cases: ``test_numerics.py``.)
     """
     np_dtype, torch_dtype = LOWP[dtype_name]
     dropout = 0.25 if num_layers > 1 else 0.0
@@ -171,11 +164,5 @@ def test_low_precision_no_worse_than_twice_torch(dtype_name, num_layers, bidirec
         rows = case.valid_rows()
         for named in (exact, theirs, ours):  # padded rows are 0 in all three
             named["y"], named["dx"] = named["y"][rows], named["dx"][rows]
-    errors = {name: (norm_rel_err(ours[name], exact[name]), norm_rel_err(theirs[name], exact[name]))
-              for name in exact}
-    bad = {name: f"lstmcy {e:.3g} vs torch {t:.3g}" for name, (e, t) in errors.items()
-           if not e <= 2 * t}
-    assert not bad, f"{dtype_name}: error above twice PyTorch's in {bad}"
-    # Sanity: the low-precision result is close to float64 at that precision.
     eps = float(ml_dtypes.finfo(np_dtype).eps)
-    assert max(e for e, _ in errors.values()) < 8 * eps
+    assert_no_worse_than(ours, theirs, exact, f"{dtype_name} vs torch {dtype_name}", below=eps / 2)

@@ -6,6 +6,7 @@ gradient test compares the estimator's loss gradients (head in numpy + lstm_back
 packed variable-length batches) with central finite differences.
 """
 import pickle
+import re
 import subprocess
 import sys
 import warnings
@@ -22,19 +23,44 @@ from sklearn.pipeline import make_pipeline  # noqa: E402
 from sklearn.preprocessing import StandardScaler  # noqa: E402
 from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
 
-from lstmcy.estimators import LSTMClassifier, LSTMRegressor, _Sequences  # noqa: E402
+from estimator_helpers import (motions, params_equal, quiet_fit,  # noqa: E402
+                               ragged_sequences, sum_sign_problem)
+from lstmcy._sequences import Sequences  # noqa: E402
+from lstmcy.estimators import LSTMClassifier, LSTMRegressor, auto_batch_size  # noqa: E402
 
 
 # Small models keep the suite quick; they must still learn scikit-learn's toy problems
-# (blobs accuracy > 0.83, regression R² > 0.5 on the training data) in a few dozen epochs.
-# The third is a stacked bidirectional mean-head variant with dropout. The defaults are
-# checked by the slow test below.
-SMALL = dict(hidden_size=8, learning_rate_init=0.02, max_iter=60)
+# (blobs accuracy > 0.83, regression R² > 0.5 on the training data) in a few epochs. The
+# third is a stacked bidirectional mean-head variant with dropout. All train on
+# mini-batches; the classifiers hold out a validation set ('auto') where the data allows
+# it. The regressor does not: on check_regressors_train's noisy data (one informative
+# step of ten) the epoch of lowest validation loss comes before the training data is fit
+# to R² 0.5. The defaults are checked by the slow test below.
+SMALL = dict(hidden_size=8, learning_rate_init=0.03, max_iter=12, batch_size=20)
+SMALL_REGRESSOR = dict(SMALL, max_iter=20, early_stopping=False)
+
+
+def mini_batch_expected_failures(estimator):
+    # Mini-batches and the validation split are drawn from the rows, so integer weights
+    # and repeated rows give the same model only in distribution: test_estimators_weights
+    # tests that, and runs this check on full-batch training, where it holds exactly.
+    return {"check_sample_weight_equivalence_on_dense_data":
+            "mini-batch training: weights equal repetitions in distribution only"}
+
+
+def defaults_expected_failures(estimator):
+    failures = mini_batch_expected_failures(estimator)
+    if isinstance(estimator, LSTMRegressor):
+        failures["check_regressors_train"] = (
+            "early stopping keeps the epoch of lowest validation loss, which fits this noisy "
+            "training data to R² < 0.5")
+    return failures
 
 
 @parametrize_with_checks([
-    LSTMClassifier(**SMALL), LSTMRegressor(**SMALL),
-    LSTMClassifier(head="mean", bidirectional=True, num_layers=2, dropout=0.1, **SMALL)])
+    LSTMClassifier(**SMALL), LSTMRegressor(**SMALL_REGRESSOR),
+    LSTMClassifier(head="mean", bidirectional=True, num_layers=2, dropout=0.1, **SMALL)],
+    expected_failed_checks=mini_batch_expected_failures, xfail_strict=True)
 def test_sklearn_conformance(estimator, check):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -44,35 +70,15 @@ def test_sklearn_conformance(estimator, check):
 @pytest.mark.slow
 @pytest.mark.parametrize("estimator", [LSTMClassifier(), LSTMRegressor()], ids=repr)
 def test_sklearn_conformance_with_defaults(estimator):
-    """check_estimator on the defaults (hidden_size=64, 200 epochs): one to two minutes."""
+    """check_estimator on the defaults (hidden_size=64, 200 epochs): a few minutes."""
     from sklearn.utils.estimator_checks import check_estimator
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        results = check_estimator(estimator, on_fail=None)
+        results = check_estimator(estimator, on_fail=None,
+                                  expected_failed_checks=defaults_expected_failures(estimator))
     failed = [(r["check_name"], str(r["exception"])[:200]) for r in results
               if r["status"] == "failed"]
     assert not failed
-
-
-# --------------------------------------------------------------------------- helpers
-
-def quiet_fit(estimator, X, y):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        return estimator.fit(X, y)
-
-
-def sum_sign_problem(n=120, steps=6, features=3, seed=0):
-    """Classify whether the first feature sums to a positive number."""
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, steps, features))
-    return X, (X[:, :, 0].sum(axis=1) > 0).astype(int)
-
-
-def ragged_sequences(n=40, features=2, max_len=9, seed=0):
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, max_len + 1, size=n)
-    return [rng.standard_normal((length, features)) for length in lengths]
 
 
 # --------------------------------------------------------------------------- learning
@@ -127,6 +133,74 @@ def test_solvers_reduce_the_loss(solver):
     assert clf.score(X, y) > 0.8
 
 
+def test_defaults_learn_a_small_multichannel_set():
+    """40 training sequences: the defaults take several steps per epoch and train on all."""
+    X, y = motions(40, seed=0)
+    X_test, y_test = motions(200, seed=1)
+    clf = LSTMClassifier(random_state=0).fit(X, y)
+    assert clf.validation_scores_ is None  # too few samples to hold a validation set out
+    assert clf.n_iter_ < clf.max_iter and clf.loss_curve_[-1] < 0.05  # converged, and stopped
+    assert clf.score(X_test, y_test) >= 0.85  # 4 classes (seeds 0-4: 0.87 to 0.95)
+
+
+@pytest.mark.parametrize("n, expected", [(1, 1), (3, 3), (5, 4), (36, 4), (120, 12),
+                                         (639, 63), (640, 64), (20000, 64)])
+def test_auto_batch_size_gives_several_steps_per_epoch(n, expected):
+    assert auto_batch_size(n) == expected
+
+
+def test_early_stopping_auto_holds_out_when_the_data_allows_it():
+    X, y = sum_sign_problem(n=100)
+    settings = dict(hidden_size=4, max_iter=2, random_state=0)
+    # 'auto' holds out validation_fraction (0.1) from 10 held-out samples on
+    assert quiet_fit(LSTMClassifier(**settings), X[:91], y[:91]).validation_scores_ is not None
+    assert quiet_fit(LSTMClassifier(**settings), X[:90], y[:90]).validation_scores_ is None
+    assert quiet_fit(LSTMRegressor(**settings), X[:91], y[:91] * 1.0).validation_scores_ \
+        is not None
+    assert quiet_fit(LSTMRegressor(validation_fraction=0.5, **settings), X[:20],
+                     y[:20] * 1.0).validation_scores_ is not None
+    # ... if every class can be in both parts
+    rare = np.r_[np.zeros(90), 1].astype(int)
+    assert quiet_fit(LSTMClassifier(**settings), X[:91], rare).validation_scores_ is None
+    with pytest.raises(ValueError, match="class 1 has 1 sample, and a stratified split needs 2"):
+        LSTMClassifier(early_stopping=True, **settings).fit(X[:91], rare)
+    # True holds out whatever the size, as long as both parts can have every class
+    y3 = np.arange(30) % 3
+    assert quiet_fit(LSTMClassifier(early_stopping=True, validation_fraction=0.2, **settings),
+                     X[:30], y3).validation_scores_ is not None
+    with pytest.raises(ValueError, match=r"early_stopping=True holds out validation_fraction=0.1 "
+                                         r"of the 19 training samples \(2\) for validation, but 2 "
+                                         r"samples cannot hold each of the 3 classes"):
+        LSTMClassifier(early_stopping=True, **settings).fit(X[:19], y3[:19])
+    assert quiet_fit(LSTMClassifier(early_stopping=False, **settings), X, y).validation_scores_ \
+        is None
+
+
+def test_fixed_number_of_epochs_does_not_warn():
+    X, y = sum_sign_problem(n=40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        clf = LSTMClassifier(hidden_size=4, max_iter=3, n_iter_no_change=None).fit(X, y)
+        assert clf.n_iter_ == 3
+        LSTMClassifier(hidden_size=4, num_layers=2, dropout=0.2, max_iter=1,
+                       n_iter_no_change=None).fit(X, y)
+    with pytest.warns(ConvergenceWarning, match="Maximum iterations"):
+        LSTMClassifier(hidden_size=4, max_iter=3).fit(X, y)
+
+
+def test_dropout_with_one_layer_warns_as_torch_does():
+    X, y = sum_sign_problem(n=40)
+    torch_message = ("dropout option adds dropout after all but last recurrent layer, so non-zero "
+                     "dropout expects num_layers greater than 1, but got dropout=0.2 and "
+                     "num_layers=1")
+    with pytest.warns(UserWarning, match=re.escape(torch_message)) as record:
+        LSTMClassifier(hidden_size=4, dropout=0.2, max_iter=1, n_iter_no_change=None).fit(X, y)
+    assert record[0].filename == __file__
+    torch = pytest.importorskip("torch")
+    with pytest.warns(UserWarning, match=re.escape(torch_message)):
+        torch.nn.LSTM(2, 4, num_layers=1, dropout=0.2)
+
+
 # --------------------------------------------------------------------------- gradients
 
 @pytest.mark.parametrize("head", ["last", "mean"])
@@ -138,6 +212,7 @@ def test_loss_gradients_match_finite_differences(head, ragged):
     else:
         X = rng.standard_normal((5, 4, 2))
     y = np.array([0, 1, 2, 1, 0])
+    weights = np.array([0.5, 2.0, 1.0, 3.0, 0.25])  # sample weights scale each sample's loss
     clf = LSTMClassifier(hidden_size=3, num_layers=2, bidirectional=True, head=head, alpha=0.3,
                          max_iter=1, dtype=np.float64, random_state=0)
     quiet_fit(clf, X, y)
@@ -145,7 +220,8 @@ def test_loss_gradients_match_finite_differences(head, ragged):
     assert (data.dense is None) == ragged
     batch = data.batch(np.array([4, 0, 3, 1, 2]))
     targets = np.searchsorted(clf.classes_, y)[batch.sample_index]
-    _, grads = clf._loss_and_grads(batch, targets, seed=None)
+    weights = weights[batch.sample_index]
+    _, grads = clf._loss_and_grads(batch, targets, weights, seed=None)
     params = clf._all_params()
     assert [g.shape for g in grads] == [p.shape for p in params]
     step = 1e-6
@@ -154,9 +230,9 @@ def test_loss_gradients_match_finite_differences(head, ragged):
             index = np.unravel_index(flat, param.shape)
             saved = param[index]
             param[index] = saved + step
-            plus, _ = clf._loss_and_grads(batch, targets, seed=None)
+            plus, _ = clf._loss_and_grads(batch, targets, weights, seed=None)
             param[index] = saved - step
-            minus, _ = clf._loss_and_grads(batch, targets, seed=None)
+            minus, _ = clf._loss_and_grads(batch, targets, weights, seed=None)
             param[index] = saved
             assert grad[index] == pytest.approx((plus - minus) / (2 * step), rel=1e-5, abs=1e-8)
 
@@ -230,7 +306,7 @@ def test_predictions_match_torch_with_the_same_weights(head):
 
 def test_sequence_batch_is_packed_in_length_order():
     seqs = [np.full((2, 1), 1.0), np.full((4, 1), 2.0), np.full((3, 1), 3.0)]
-    batch = _Sequences(ragged=seqs).batch(np.arange(3))
+    batch = Sequences(ragged=seqs).batch(np.arange(3))
     np.testing.assert_array_equal(batch.batch_sizes, [3, 3, 2, 1])
     np.testing.assert_array_equal(batch.sample_index, [1, 2, 0])
     np.testing.assert_array_equal(batch.input[:, 0], [2, 3, 1, 2, 3, 1, 2, 3, 2])
@@ -246,7 +322,8 @@ def test_equal_length_list_is_the_3d_case():
 
 def test_partial_fit_continues_like_fit():
     X, y = sum_sign_problem()
-    fitted = quiet_fit(LSTMClassifier(hidden_size=6, max_iter=3, random_state=0), X, y)
+    fitted = quiet_fit(LSTMClassifier(hidden_size=6, max_iter=3, early_stopping=False,
+                                      random_state=0), X, y)
     stepped = LSTMClassifier(hidden_size=6, random_state=0)
     for _ in range(3):
         stepped.partial_fit(X, y, classes=[0, 1])
@@ -271,7 +348,8 @@ def test_partial_fit_needs_classes_first():
 
 def test_warm_start_continues_training():
     X, y = sum_sign_problem()
-    clf = LSTMClassifier(hidden_size=6, max_iter=4, warm_start=True, random_state=0)
+    clf = LSTMClassifier(hidden_size=6, max_iter=4, n_iter_no_change=None, warm_start=True,
+                         random_state=0)
     quiet_fit(clf, X, y)
     params_after_first = [p.copy() for p in clf.lstm_params_]
     quiet_fit(clf, X, y)
@@ -283,15 +361,32 @@ def test_warm_start_continues_training():
     assert clf.n_iter_ == 4 and len(clf.loss_curve_) == 4
 
 
-def test_early_stopping_keeps_the_best_validation_score():
-    X, y = sum_sign_problem(n=200)
-    clf = quiet_fit(LSTMClassifier(hidden_size=6, early_stopping=True, validation_fraction=0.2,
-                                   n_iter_no_change=3, max_iter=40, learning_rate_init=0.02,
-                                   random_state=0), X, y)
-    assert len(clf.validation_scores_) == clf.n_iter_
-    assert clf.best_validation_score_ == max(clf.validation_scores_)
+def test_early_stopping_keeps_the_parameters_of_the_best_epoch():
+    X, y = sum_sign_problem(n=100)
+    settings = dict(hidden_size=8, learning_rate_init=0.05, early_stopping=True,
+                    n_iter_no_change=None, random_state=0)
+    clf = LSTMClassifier(max_iter=25, **settings).fit(X, y)
+    assert clf.n_iter_ == 25 and len(clf.validation_loss_curve_) == len(clf.validation_scores_) == 25
+    best = int(np.argmin(clf.validation_loss_curve_))
+    assert best + 1 < clf.n_iter_  # the precondition: the last epoch was not the best
+    assert clf.best_validation_loss_ == clf.validation_loss_curve_[best]
+    assert clf.best_validation_score_ == clf.validation_scores_[best]
     assert clf.best_loss_ is None
-    assert clf.n_iter_ < 40  # stopped early
+    # The first best+1 epochs draw the same batches: a fit that ends at the best epoch has
+    # the kept parameters as its last.
+    shorter = LSTMClassifier(max_iter=best + 1, **settings).fit(X, y)
+    assert params_equal(clf, shorter)
+
+
+def test_early_stopping_stops_after_n_iter_no_change_epochs_without_improvement():
+    X, y = sum_sign_problem(n=100)
+    clf = quiet_fit(LSTMClassifier(hidden_size=6, learning_rate_init=0.05, early_stopping=True,
+                                   n_iter_no_change=3, tol=1e-3, max_iter=60, random_state=0),
+                    X, y)
+    curve = clf.validation_loss_curve_
+    assert clf.n_iter_ < 60
+    improving = [k for k in range(len(curve)) if curve[k] < min(curve[:k], default=np.inf) - 1e-3]
+    assert clf.n_iter_ == improving[-1] + 1 + 3 + 1
 
 
 def test_reproducible_with_random_state_and_dropout():
@@ -306,12 +401,46 @@ def test_reproducible_with_random_state_and_dropout():
 
 def test_verbose_prints_one_line_per_epoch(capsys):
     X, y = sum_sign_problem(n=60)
-    clf = quiet_fit(LSTMClassifier(hidden_size=4, max_iter=3, early_stopping=True, verbose=True,
-                                   random_state=0), X, y)
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Iteration")]
-    assert len(lines) == clf.n_iter_ == 3
-    assert all("loss = " in line and "validation score = " in line and line.endswith(" s")
-               for line in lines)
+    clf = LSTMClassifier(hidden_size=4, learning_rate_init=0.05, max_iter=30, n_iter_no_change=2,
+                         early_stopping=True, verbose=1, random_state=0).fit(X, y)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("LSTMClassifier: 54 training sequences, 6 held out for early stopping; "
+                      "batch size 5, 11 steps per epoch, at most 30 epochs")
+    epochs = [line for line in out if line.startswith("epoch")]
+    assert len(epochs) == clf.n_iter_ < 30 and len(out) == clf.n_iter_ + 2
+    for number, line in enumerate(epochs, start=1):
+        assert line.startswith(f"epoch {number:>4}/30  loss {clf.loss_curve_[number - 1]:.4f}  "
+                               f"validation loss {clf.validation_loss_curve_[number - 1]:.4f} "
+                               f"score {clf.validation_scores_[number - 1]:.4f}")
+        assert " elapsed, at most " in line and line.endswith(" left")
+    best = int(np.argmin(clf.validation_loss_curve_)) + 1
+    assert " * " in epochs[best - 1]
+    assert out[-1].startswith("Validation loss did not improve more than tol=0.0001 for 2 "
+                              f"consecutive epochs. Stopping. Kept the parameters of epoch {best}")
+    assert out[-1].endswith(" in all)")
+
+
+def test_verbose_reports_inside_long_epochs_and_is_silent_by_default(capsys, monkeypatch):
+    from lstmcy import _progress
+    X, y = sum_sign_problem(n=40)
+    quiet_fit(LSTMClassifier(hidden_size=4, max_iter=2, random_state=0), X, y)
+    assert capsys.readouterr().out == ""
+    monkeypatch.setattr(_progress, "_INTERVAL", 0.0)  # every batch is "30 s later"
+    quiet_fit(LSTMRegressor(hidden_size=4, max_iter=2, batch_size=10, early_stopping=False,
+                            verbose=True, random_state=0), X, y.astype(float))
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("40 training sequences, no early stopping; batch size 10, 4 steps "
+                           "per epoch, at most 2 epochs")
+    assert [line.split(",")[0] for line in out if re.match(r"epoch +\d+: batch", line)] == \
+        [f"epoch    {e}: batch {b}/4" for e in (1, 2) for b in (1, 2, 3, 4)]
+    assert out[-2].startswith("epoch    2/2  loss ") and out[-2].endswith(" elapsed")
+    assert out[-1].startswith("Reached max_iter=2. (")
+
+
+def test_format_seconds():
+    from lstmcy._progress import format_seconds
+    assert [format_seconds(s) for s in (0.04, 59.94, 61, 3599.6, 3725)] == \
+        ["0.0 s", "59.9 s", "1:01", "1:00:00", "1:02:05"]
 
 
 def test_pickle_round_trip_and_resume():
@@ -351,33 +480,6 @@ def test_grid_search_two_processes():
 
 
 # --------------------------------------------------------------------------- input checks
-
-def test_input_layout_errors():
-    X, y = sum_sign_problem(n=30, features=3)
-    clf = quiet_fit(LSTMClassifier(hidden_size=4, max_iter=1), X, y)
-    assert clf.n_features_in_ == 3 and clf.input_size_ == 3
-    with pytest.raises(ValueError, match="2 features per time step, but LSTMClassifier is "
-                                         "expecting 3"):
-        clf.predict(X[:, :, :2])
-    with pytest.raises(ValueError, match="univariate"):
-        clf.predict(X[:, :, 0])
-    with pytest.raises(ValueError, match=r"X\[1\] has 2 features"):
-        clf.predict([X[0], X[1][:, :2]])
-    with pytest.raises(ValueError, match="must be 2-D .* 3-D"):
-        clf.predict(X[:, :, :, None])
-    with pytest.raises(ValueError, match="NaN"):
-        clf.predict(np.where(X > 2, np.nan, X))
-    # Other sequence lengths are fine for 3-D input.
-    assert clf.predict(X[:, :2]).shape == (30,)
-
-
-def test_table_fit_checks_columns_but_univariate_3d_is_accepted():
-    X, y = noisy_sine_windows(60, steps=5, seed=0)
-    model = quiet_fit(LSTMRegressor(hidden_size=4, max_iter=1), X, y)
-    with pytest.raises(ValueError, match="X has 4 features, but LSTMRegressor is expecting 5"):
-        model.predict(X[:, :4])
-    assert model.predict(X[:, :4, None]).shape == (60,)
-
 
 @pytest.mark.parametrize("param, value, error, match", [
     ("hidden_size", 0, ValueError, "hidden_size"),

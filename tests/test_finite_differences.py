@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import lstmcy
+from lstmcy._cache import SAVED_NAMES
 from lstmcy import reference
 from torch_oracle import LAYOUTS, make_case, run_lstmcy
 
@@ -129,7 +130,7 @@ def test_cython_matches_reference(config, dtype):
     pairs = {n: (getattr(got, n), getattr(expected, n)) for n in names}
     pairs.update({f"dparams[{k}]": ab for k, ab in enumerate(zip(got.dparams, expected.dparams,
                                                                   strict=True))})
-    for field in ("i", "g", "f", "o", "h", "c", "tanhc"):
+    for field in SAVED_NAMES:
         for k, (a, b) in enumerate(zip(getattr(cache, field), getattr(ref_cache, field), strict=True)):
             pairs[f"cache.{field}[{k}]"] = (np.asarray(a, np.float64), np.asarray(b, np.float64))
     errors = {}

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lstmcy
+from lstmcy._cache import SAVED_NAMES
 from hostile import (LAYOUTS, MUST_SUCCEED, MUTATIONS, Config, apply_mutation, make_call,
                      run_call)
 from lstmcy import reference
@@ -57,7 +58,7 @@ def test_valid_configurations_match_reference(cfg, values_seed, output_mask):
     y_r, h_r, c_r, cache_r = reference.lstm_forward(*call.fwd_args, **call.fwd_kwargs)
     for name, a, e in (("y", y, y_r), ("h_n", h_n, h_r), ("c_n", c_n, c_r)):
         assert_close(a, e, tol, name)
-    for name, ours, ref in zip(("i", "g", "f", "o", "h", "c", "tanhc"), cache.saved(),
+    for name, ours, ref in zip(SAVED_NAMES, cache.saved(),
                                cache_r.saved()):
         assert len(ours) == len(ref) == cfg.L * cfg.D
         for k, (a, e) in enumerate(zip(ours, ref)):

@@ -93,8 +93,8 @@ def run_reference(x, hx, params, dy, dh, dc, **kwargs):
 # against PyTorch float64 autograd
 # ---------------------------------------------------------------------------
 
-LAYOUTS = ["time_major", "batch_first", "packed", "padded2d", "padded3d",
-           "padded3d_batch_first"]
+LAYOUTS = ["time_major", "batch_first", "packed", "padded_2d", "padded_3d",
+           "padded_3d_batch_first"]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -106,7 +106,7 @@ def test_against_torch(num_layers, bidirectional, has_bias, layout):
         [num_layers, bidirectional, has_bias, LAYOUTS.index(layout)])
     T, B, I, H = 5, 4, 3, 3
     D = 2 if bidirectional else 1
-    variable = layout in ("packed", "padded2d", "padded3d", "padded3d_batch_first")
+    variable = layout in ("packed", "padded_2d", "padded_3d", "padded_3d_batch_first")
     lengths = [5, 4, 4, 2] if variable else [T] * B
     bs = lengths_to_batch_sizes(lengths)
     active = active_mask(bs, B)[:, :, None]
@@ -136,16 +136,16 @@ def test_against_torch(num_layers, bidirectional, has_bias, layout):
     # Lay the inputs out as the case asks; convert outputs back to packed.
     if layout == "time_major":
         x, dy, unlay = x_tm, dy_tm, (lambda a: a)
-    elif layout in ("batch_first", "padded3d_batch_first"):
+    elif layout in ("batch_first", "padded_3d_batch_first"):
         x, dy = x_tm.transpose(1, 0, 2), dy_tm.transpose(1, 0, 2)
         unlay = lambda a: a.transpose(1, 0, 2)  # noqa: E731
         kwargs["batch_first"] = True
     elif layout == "packed":
         x, dy, unlay = pack(x_tm, bs), pack(dy_tm, bs), None
-    elif layout == "padded2d":
+    elif layout == "padded_2d":
         x, dy = x_tm.reshape(T * B, I), dy_tm.reshape(T * B, D * H)
         unlay = lambda a: a.reshape(T, B, -1)  # noqa: E731
-    else:  # padded3d
+    else:  # padded_3d
         x, dy, unlay = x_tm, dy_tm, (lambda a: a)
     if variable:
         kwargs["batch_sizes"] = bs

@@ -26,10 +26,12 @@ CONFIGS = {
                                        layout="padded_3d", dtype=np.dtype(np.float64),
                                        lengths_seed=2),
 }
-# (first, chunk, block_rows, dx_steps): the policy never has first > chunk, but the kernels
-# take any positive values.
-BACKWARD = [(1, 1, 16, 1), (1, 3, 64, 2), (2, 5, 32, 1), (3, 3, 1000, 3), (1000, 1000, 16, 1),
-            (4, 4, 48, 100), (2, 7, 64, 2), (6, 1, 16, 5), (5, 2, 80, 1)]
+# (first, chunk, block_rows, lanes, dx_steps): the policy never has first > chunk, but the
+# kernels take any positive values (a block of 1000 rows is the whole of dW; more lanes
+# than chunks leave some lanes empty).
+BACKWARD = [(1, 1, 16, 1, 1), (1, 3, 64, 2, 2), (2, 5, 32, 3, 1), (3, 3, 1000, 4, 3),
+            (1000, 1000, 16, 2, 1), (4, 4, 48, 1, 100), (2, 7, 64, 5, 2), (6, 1, 16, 7, 5),
+            (5, 2, 80, 2, 1), (1, 1, 1000, 30, 1)]
 # (split, piece_steps) of the forward
 FORWARD = [(_schedule.SPLIT_ROWS, 1), (_schedule.SPLIT_ROWS, 5), (_schedule.SPLIT_UNITS, 2),
            (_schedule.SPLIT_UNITS, 1000)]
@@ -40,17 +42,18 @@ def schedules(backward, forward):
     """Schedule functions with the bit-fixing fields forced; the split between threads
     still follows the thread count (a group or part per thread, up to one row or 16
     units each)."""
-    first, chunk, block_rows, dx_steps = backward
+    first, chunk, block_rows, lanes, dx_steps = backward
     split, piece_steps = forward
 
-    def fwd(T, B, H, D, n_threads):
+    def fwd(T, B, I, H, D, n_threads, projected=False):
         per_direction = max(1, n_threads // D)
-        groups = per_direction if split == _schedule.SPLIT_UNITS else min(per_direction, B)
-        return _schedule.ForwardSchedule(split, max(1, groups), piece_steps, n_threads)
+        use = _schedule.SPLIT_ROWS if projected else split
+        groups = per_direction if use == _schedule.SPLIT_UNITS else min(per_direction, B)
+        return _schedule.ForwardSchedule(use, max(1, groups), piece_steps, n_threads)
 
-    def bwd(T, B, H, D, n_threads):
+    def bwd(T, B, I, H, D, n_threads):
         return _schedule.BackwardSchedule(max(1, min(n_threads // D, B)), first, chunk,
-                                          block_rows, dx_steps, n_threads)
+                                          block_rows, lanes, dx_steps, n_threads)
 
     return fwd, bwd
 
@@ -71,8 +74,8 @@ def check_against_reference(call, outputs):
 
 
 @pytest.mark.parametrize("forward", FORWARD, ids=[f"{'units' if s else 'rows'}-piece{p}" for s, p in FORWARD])
-@pytest.mark.parametrize("backward", BACKWARD, ids=[f"first{f}-chunk{c}-block{b}-dx{d}"
-                                                    for f, c, b, d in BACKWARD])
+@pytest.mark.parametrize("backward", BACKWARD, ids=[f"first{f}-chunk{c}-block{b}-lanes{n}-dx{d}"
+                                                    for f, c, b, n, d in BACKWARD])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_schedule_matches_reference_and_is_thread_independent(name, backward, forward, calls,
                                                               monkeypatch):
@@ -87,14 +90,16 @@ def test_schedule_matches_reference_and_is_thread_independent(name, backward, fo
 
 
 def test_bit_fixing_fields_are_a_function_of_the_shape():
-    for shape in [(1, 1, 1, 1), (50, 64, 256, 1), (100, 64, 320, 1), (32, 16, 64, 2),
-                  (7, 3, 160, 2), (1000, 1, 8, 1), (0, 4, 8, 1)]:
+    for shape in [(1, 1, 1, 1, 1), (50, 64, 256, 256, 1), (100, 64, 125, 320, 1),
+                  (32, 16, 32, 64, 2), (7, 3, 5, 160, 2), (1000, 1, 1, 8, 1), (0, 4, 2, 8, 1)]:
         forward = {n: _schedule.forward_schedule(*shape, n) for n in (1, 2, 3, 8, 64)}
         backward = {n: _schedule.backward_schedule(*shape, n) for n in (1, 2, 3, 8, 64)}
         assert len({s.piece_steps for s in forward.values()}) == 1
-        assert len({(s.first, s.chunk, s.block_rows, s.dx_steps) for s in backward.values()}) == 1
+        assert len({(s.first, s.chunk, s.block_rows, s.lanes, s.dx_steps)
+                    for s in backward.values()}) == 1
         for n, s in backward.items():
             assert 1 <= s.first <= s.chunk and s.block_rows >= 16 and s.dx_steps >= 1
+            assert 1 <= s.lanes <= _schedule.MAX_LANES
             assert 1 <= s.groups <= max(1, n)
         for n, s in forward.items():
             assert 1 <= s.groups <= max(1, n) and s.pack_pieces >= 1
@@ -113,6 +118,7 @@ def test_no_steps_gives_zero_weight_gradients(threads, monkeypatch):
 
 
 BAD = [("backward", dict(first=0)), ("backward", dict(chunk=0)), ("backward", dict(block_rows=0)),
+       ("backward", dict(lanes=0)),
        ("backward", dict(dx_steps=0)), ("backward", dict(groups=0)), ("backward", dict(pack_pieces=0)),
        ("forward", dict(piece_steps=0)), ("forward", dict(groups=0)), ("forward", dict(pack_pieces=0)),
        ("forward", dict(split=7))]
@@ -124,3 +130,38 @@ def test_kernels_refuse_a_bad_schedule(kind, bad, calls, monkeypatch):
     force_schedules(monkeypatch, **{kind: lambda *shape: own(*shape)._replace(**bad)})
     with pytest.raises(ValueError, match="bad schedule"):
         run_with_threads(calls["f32-time-major"], 1)
+
+
+# Many short chains (a lane per block of 16 gate rows, a step per chunk) on more threads
+# than cores: threads keep taking a chain just as its holder lets it go, after its last
+# chunk too. Run in a child so that a crash or a hang fails the test.
+CHAIN_HANDOVER = """
+import sys
+import numpy as np
+from lstmcy import _core, _schedule
+from hostile import Config, make_call, run_with_threads
+
+def backward(T, B, I, H, D, n_threads):
+    return _schedule.BackwardSchedule(max(1, min(n_threads // D, B)), 1, 1, 16, 4, 1, n_threads)
+
+_core.backward_schedule = backward
+call = make_call(Config(T=12, B=8, I=16, H=16, bidirectional=True, dtype=np.dtype(np.float64)),
+                 np.random.default_rng(3), seed=0)
+want = [a.tobytes() for a in run_with_threads(call, 1)[0]]
+for _ in range(300):
+    got = [a.tobytes() for a in run_with_threads(call, 8)[0]]
+    assert got == want, "8 threads differ from 1"
+print("ok")
+"""
+
+
+def test_chains_handed_over_between_threads_stay_in_bounds():
+    import os
+    import subprocess
+    import sys
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", CHAIN_HANDOVER], capture_output=True, text=True,
+                          timeout=240, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import lstmcy
+from lstmcy._cache import SAVED_NAMES as SAVED
 from hostile import Config, make_call
 
 T, B, I, H, L, D = 3, 2, 5, 4, 2, 2
@@ -34,7 +35,6 @@ ARRAY_MSG = r"floating-point array"
 # Positions in lstm_backward's argument list.
 BWD = {"input": 0, "hx": 1, "params": 2, "dy": 3, "dh": 4, "dc": 5,
        "i": 6, "g": 7, "f": 8, "o": 9, "h": 10, "c": 11, "tanhc": 12}
-SAVED = ("i", "g", "f", "o", "h", "c", "tanhc")
 
 
 @functools.lru_cache(maxsize=None)
@@ -205,6 +205,15 @@ for side in ("fwd", "bwd"):
                         ("complex", 0.1j)):
         entry(f"{side}-dropout-{kind}", side, "kw:dropout", lambda old, v=value: v, TypeError,
               r"\bdropout\b", r"float in \[0, 1\)")
+    for value in (-1, -(2 ** 63)):
+        entry(f"{side}-proj_size={value}", side, "kw:proj_size", lambda old, v=value: v,
+              ValueError, r"\bproj_size\b", r">= 0")
+    for kind, value in (("float", 2.0), ("str", "2"), ("None", None), ("bool", True)):
+        entry(f"{side}-proj_size-{kind}", side, "kw:proj_size", lambda old, v=value: v,
+              TypeError, r"\bproj_size\b", r"must be an int")
+    # A projection the parameters do not have: too few arrays for one w_hr per direction.
+    entry(f"{side}-proj_size-without-w_hr", side, "kw:proj_size", lambda old: 2, ValueError,
+          r"\bparams\b", r"20 arrays.*proj_size=2")
     for flag in ("has_bias", "bidirectional", "batch_first", "train"):
         for kind, value in (("None", None), ("int", 1), ("str", "yes"), ("array", np.array([True]))):
             entry(f"{side}-{flag}-{kind}", side, f"kw:{flag}", lambda old, v=value: v,

@@ -25,7 +25,7 @@ import torch
 __all__ = ["LAYOUTS", "Case", "OracleResult", "make_case", "make_params", "param_names",
            "lengths_to_batch_sizes", "packed_index", "torch_lstm", "run_lstmcy",
            "output_names", "as_f64", "assert_close", "module_pair", "random_states",
-           "single_torch_thread"]
+           "single_torch_thread", "norm_rel_err", "assert_no_worse_than"]
 
 #: Layouts of the sequence tensors (input, y, dy, dx).
 LAYOUTS = ("time_major", "batch_first", "packed", "padded")
@@ -34,6 +34,28 @@ LAYOUTS = ("time_major", "batch_first", "packed", "padded")
 def as_f64(array):
     """``array`` (numpy, any float dtype incl. ml_dtypes.bfloat16) as a float64 ndarray."""
     return np.asarray(array).astype(np.float64)
+
+
+def norm_rel_err(actual, expected):
+    """Norm-wise relative error ``||actual - expected|| / ||expected||`` (absolute if
+    ``expected`` is all 0)."""
+    actual, expected = as_f64(actual), as_f64(expected)
+    assert actual.shape == expected.shape
+    scale = np.linalg.norm(expected.ravel())
+    err = np.linalg.norm((actual - expected).ravel())
+    return float(err / scale) if scale > 0 else float(err)
+
+
+def assert_no_worse_than(ours, theirs, exact, what, factor=1.05, below=None):
+    """Each output's norm-wise relative error against ``exact`` is at most ``factor``
+    times that of ``theirs`` (and below ``below``, if given); dicts name -> array. The
+    failure message lists every output that is not."""
+    errors = {name: (norm_rel_err(ours[name], exact[name]), norm_rel_err(theirs[name], exact[name]))
+              for name in exact}
+    bad = {name: f"ours {e:.3g} vs theirs {t:.3g}" for name, (e, t) in errors.items()
+           if not (e <= factor * t and (below is None or e < below))}
+    assert not bad, f"{what}: error above {factor:g}x theirs" + (
+        f" or not below {below:.3g}" if below is not None else "") + f" in {bad}"
 
 
 def param_names(num_layers, bidirectional, has_bias):

@@ -45,6 +45,9 @@ echo "== building debug extensions in $CLONE"
 built=$(date +%s)
 
 export PYTHONPATH="$CLONE${PYTHONPATH:+:$PYTHONPATH}"
+# The debug copy has the baseline kernels only; an editable install elsewhere can still
+# supply optimised AVX2/AVX-512 builds to the package's import path, so pin the build.
+export LSTMCY_KERNELS=baseline
 cd "$CLONE"
 # Make sure the tests will import the debug copy, and that it really has the checks.
 "$PYTHON" - "$CLONE" <<'EOF'
@@ -53,15 +56,17 @@ import os
 import sys
 
 import lstmcy
-from lstmcy import _lstm
+from lstmcy import _dispatch, _lstm, _threadpool
 
 clone = sys.argv[1]
 assert os.path.realpath(lstmcy.__file__).startswith(os.path.realpath(clone)), lstmcy.__file__
-assert os.path.realpath(_lstm.__file__).startswith(os.path.realpath(clone)), _lstm.__file__
+for module in (_lstm, _dispatch.kernels, _threadpool):
+    assert os.path.realpath(module.__file__).startswith(os.path.realpath(clone)), module.__file__
+assert _threadpool.HAS_TEST_HOOKS, "the debug build must have the test hooks"
 # The C generated with boundscheck on raises IndexError on every out-of-range index.
 with open(os.path.join(clone, "src", "lstmcy", "_lstm.c")) as fh:
     assert "__Pyx_RaiseBufferIndexError" in fh.read(), "the kernels were built without boundscheck"
-for module in (_lstm, importlib.import_module("lstmcy._blas")):
+for module in (_lstm, importlib.import_module("lstmcy._blas"), _threadpool):
     c_file = os.path.join(clone, "src", "lstmcy", module.__name__.split(".")[-1] + ".c")
     assert os.path.getmtime(c_file) <= os.path.getmtime(module.__file__), f"{module} not rebuilt"
 print(f"== testing debug build {_lstm.__file__}")

@@ -1,25 +1,31 @@
-# The backward of one layer (both directions) as tasks that any number of threads take.
+# The backward of one layer (both directions), split between any number of threads.
 #
-# Tasks, in the order threads take them (BackwardCall.tasks):
+# First the listed tasks (BackwardCall.tasks), in order:
 #   1. TASK_PACK: pieces of w_hh packed for the per-step products dh = dgates @ w_hh.
 #   2. TASK_RECURRENCE: a group of batch rows (g, g + groups, ...) runs every step alone,
 #      in reverse processing order: the cell's backward writes the four gate gradients of
 #      its rows to dgates and updates dc, then a packed GEMM gives dh for the step before.
 #      A row's recurrence never reads another row. Each group publishes the steps it has
 #      done (BackwardCall.progress).
-#   3. TASK_GATHER_X (x not in packed row order): x's rows gathered into zx.
-#   4. Per chunk of steps, in processing order: TASK_DX pieces that the chunk completes
-#      (dx = dgates @ w_ih, both directions summed), TASK_GATHER_H (the chunk's h_{t-1}
-#      rows into zh), and TASK_WEIGHTS: per block of gate rows, dW_ih += dgates^T x,
-#      dW_hh += dgates^T h_{t-1} and db += sum(dgates) over the chunk's rows.
-# A task waits for what it reads (the recurrence's progress, a gather, the block's
-# previous chunk); everything it waits for comes earlier in the list, so the threads never
-# deadlock, whatever their number, and one thread runs the list in order.
+# Then each thread turns to the gradients the recurrences make ready (_gradients_worker),
+# as they become ready, while the recurrences still run on other threads:
+#   * TASK_DX: a piece of steps, dx = sum over directions of dgates @ w_ih (taken first:
+#     large and independent);
+#   * TASK_WEIGHTS: the next chunk of a chain: a lane (chunks l, l + lanes, ...) of a block
+#     of gate rows, [dW_ih | dW_hh] += dgates^T [x | h_{t-1}] (one GEMM) and db +=
+#     sum(dgates) over the chunk's rows into the lane's own sums (its TASK_GATHER first puts
+#     the chunk's [x | h_{t-1}] rows in packed order); with a projection also blocks of its
+#     rows, dW_hr += dh^T r (r = o * tanh(c)). A chain has one owner at a time and adds its
+#     chunks in processing order; a thread keeps to its chain while it can, so two threads
+#     never wait on one chain. The last lane of a block to finish adds the lanes' sums in
+#     lane order (TASK_FINISH). Lanes let large blocks (efficient GEMMs) run in parallel.
+# Nothing waits for anything that needs a thread it holds, so any number of threads (one
+# included) completes the call.
 #
-# Bits: the recurrence's products of a row do not depend on the group; the chunks, blocks
-# and dx pieces are a function of the shape, and each block adds its chunks in processing
-# order (db in float64, row by row), whichever thread runs them. So the results are
-# bitwise identical for any number of threads or groups.
+# Bits: the recurrence's products of a row do not depend on the group; the chunks, blocks,
+# lanes and dx pieces are a function of the shape, each chain adds its chunks in order and
+# the lanes are added in order (db in float64, row by row), whichever thread runs them. So
+# the results are bitwise identical for any number of threads or groups.
 
 
 cdef inline void _chunk_steps(const BackwardCall *bc, Py_ssize_t c, Py_ssize_t *s_lo,
@@ -50,7 +56,7 @@ cdef inline void _chunk_rows(const BackwardCall *bc, Py_ssize_t d, Py_ssize_t c,
 
 cdef inline void _dx_piece_rows(const BackwardCall *bc, Py_ssize_t q, Py_ssize_t *t_lo,
                                 Py_ssize_t *t_hi, Py_ssize_t *r0, Py_ssize_t *r1) noexcept nogil:
-    """Time steps [t_lo, t_hi) and packed rows [r0, r1) of dx piece (or zx piece) q."""
+    """Time steps [t_lo, t_hi) and packed rows [r0, r1) of dx piece q."""
     t_lo[0] = q * bc.dx_steps
     t_hi[0] = t_lo[0] + bc.dx_steps if t_lo[0] + bc.dx_steps < bc.steps.T else bc.steps.T
     r0[0] = bc.steps.start[t_lo[0]]
@@ -68,67 +74,89 @@ cdef inline Py_ssize_t _prev_step(const BackwardCall *bc, Py_ssize_t d, Py_ssize
     return t - 1
 
 
-cdef inline void _wait_groups(const BackwardCall *bc, Py_ssize_t d, Py_ssize_t steps) noexcept nogil:
-    """Until every row group of direction d has done ``steps`` steps."""
-    cdef Py_ssize_t g
-    for g in range(bc.groups):
-        event_wait(&bc.progress[d * bc.groups + g], <int>steps, bc.spin_ns)
-
-
 cdef void _pack_piece_bwd(const BackwardCall *bc, floating *like, Py_ssize_t d,
-                          Py_ssize_t piece) noexcept nogil:
-    """TASK_PACK: panels [p0, p1) of w_hh (its H columns, K = 4H)."""
-    cdef Py_ssize_t H = bc.H
+                          Py_ssize_t piece, Py_ssize_t which) noexcept nogil:
+    """TASK_PACK: panels of w_hh (``which`` 0: its P columns, K = 4H) or of w_hr (1: its H
+    columns, K = P) for piece ``piece`` of ``pack_pieces``."""
     cdef Py_ssize_t nr = panel_width(like)
-    cdef Py_ssize_t panels = (H + nr - 1) // nr
+    cdef Py_ssize_t columns = bc.P if which == 0 else bc.H
+    cdef Py_ssize_t K = 4 * bc.H if which == 0 else bc.P
+    cdef Py_ssize_t panels = (columns + nr - 1) // nr
     cdef Py_ssize_t per = (panels + bc.pack_pieces - 1) // bc.pack_pieces
     cdef Py_ssize_t p0 = piece * per
     cdef Py_ssize_t p1 = p0 + per if p0 + per < panels else panels
-    cdef Py_ssize_t c1 = p1 * nr if p1 * nr < H else H
-    if p1 <= p0:
+    cdef Py_ssize_t c1 = p1 * nr if p1 * nr < columns else columns
+    cdef const floating *w = <floating *>(bc.w_hh[d] if which == 0 else bc.w_hr[d])
+    cdef floating *out = <floating *>bc.w_packed[d] + (0 if which == 0 else bc.hr_offset)
+    if p1 <= p0 or K == 0:
         return
-    pack(<floating *>bc.w_hh[d], H, False, 4 * H, p0 * nr, c1 - p0 * nr,
-         <floating *>bc.w_packed[d] + p0 * nr * 4 * H)
+    pack(w, columns, False, K, p0 * nr, c1 - p0 * nr, out + p0 * nr * K)
 
 
 cdef void _recurrence_rows_bwd(const BackwardCall *bc, floating *like, Py_ssize_t d,
                                Py_ssize_t g, int worker, int order) noexcept nogil:
-    """TASK_RECURRENCE: every step of the rows g, g + groups, ... of direction d."""
+    """TASK_RECURRENCE: every step of the rows g, g + groups, ... of direction d: dh_t = dy_t
+    + the gradient from step t+1 (with a projection kept in dh_rows, and dh_t @ w_hr, the
+    gradient of o * tanh(c_t), in dr_rows), the cell's backward, then dh for the step
+    before, dgates_t @ w_hh."""
     cdef Py_ssize_t T = bc.steps.T
     cdef Py_ssize_t B = bc.steps.B
     cdef Py_ssize_t H = bc.H
+    cdef Py_ssize_t P = bc.P
     cdef Py_ssize_t G4 = 4 * H
     cdef Py_ssize_t groups = bc.groups
     cdef const Saved *sv = &bc.saved[d]
     cdef floating *dgates = <floating *>bc.dgates[d]
     cdef floating *dh_state = <floating *>bc.dh_state[d]
     cdef floating *dc_state = <floating *>bc.dc_state[d]
-    cdef Py_ssize_t s, t, k, m, b, n0, r, prev_t, c_end
+    cdef floating *dh_rows = <floating *>bc.dh_rows[d]
+    cdef floating *dr_rows = <floating *>bc.dr_rows[d]
+    cdef Py_ssize_t s, t, k, m, b, n0, r, prev_t, c_end, j
     cdef Py_ssize_t c = 0
     cdef const floating *c_prev
-    cdef long long start = trace_start(&bc.trace)
+    cdef const floating *dy_row
+    cdef floating *dh_t
+    cdef const floating *cell_in
+    cdef long long start
     if H > 0:
-        event_wait(&bc.pack_done[d], <int>bc.pack_pieces, bc.spin_ns)
+        event_wait(&bc.pack_done[d], <int>(bc.pack_pieces * (2 if bc.projected else 1)), bc.spin_ns)
+    start = trace_start(&bc.trace)
     c_end = bc.first if bc.first < T else T
     for s in range(T):
         t = s if d == 1 else T - 1 - s
         n0 = bc.steps.start[t]
         m = _group_rows(bc.steps.sizes[t], g, groups)
-        if H > 0:
+        if H > 0 and m > 0:
+            if bc.projected:
+                for k in range(m):
+                    b = g + k * groups
+                    dy_row = row_of(<floating *>bc.dy.data, &bc.dy, t, b) + d * P
+                    dh_t = dh_rows + (n0 + b) * P
+                    for j in range(P):
+                        dh_t[j] = dy_row[j] + dh_state[b * P + j]
+                packed_gemm(m, H, P, dh_rows + (n0 + g) * P, groups * P,
+                            <floating *>bc.w_packed[d] + bc.hr_offset, dr_rows + (n0 + g) * H,
+                            groups * H, False)
             for k in range(m):
                 b = g + k * groups
                 r = (t * B + b) * H
+                if bc.projected:
+                    cell_in = dr_rows + (n0 + b) * H
+                else:
+                    dy_row = row_of(<floating *>bc.dy.data, &bc.dy, t, b) + d * P
+                    dh_t = dh_state + b * P
+                    for j in range(P):  # dh = dy + dh_next
+                        dh_t[j] = dy_row[j] + dh_t[j]
+                    cell_in = dh_t
                 prev_t = _prev_step(bc, d, t, b)
                 c_prev = (<floating *>sv.c + (prev_t * B + b) * H if prev_t >= 0
                           else <floating *>bc.c0[d] + b * H)
-                backward_cell(H, row_of(<floating *>bc.dy.data, &bc.dy, t, b) + d * H, c_prev,
-                              <floating *>sv.i + r, <floating *>sv.f + r, <floating *>sv.g + r,
-                              <floating *>sv.o + r, <floating *>sv.tanhc + r,
-                              dh_state + b * H, dc_state + b * H, dgates + (n0 + b) * G4)
-            if m > 0:
-                # dh for the step before: dgates_t @ w_hh over the group's rows.
-                packed_gemm(m, H, G4, dgates + (n0 + g) * G4, groups * G4,
-                            <floating *>bc.w_packed[d], dh_state + g * H, groups * H, False)
+                backward_cell(H, cell_in, c_prev, <floating *>sv.i + r, <floating *>sv.f + r,
+                              <floating *>sv.g + r, <floating *>sv.o + r,
+                              <floating *>sv.tanhc + r, dc_state + b * H, dgates + (n0 + b) * G4)
+            # dh for the step before: dgates_t @ w_hh over the group's rows.
+            packed_gemm(m, P, G4, dgates + (n0 + g) * G4, groups * G4,
+                        <floating *>bc.w_packed[d], dh_state + g * P, groups * P, False)
         event_set(&bc.progress[d * groups + g], <int>(s + 1))
         if s + 1 == c_end:
             trace_task(&bc.trace, TASK_RECURRENCE, d, g, c, worker, start, order)
@@ -137,98 +165,143 @@ cdef void _recurrence_rows_bwd(const BackwardCall *bc, floating *like, Py_ssize_
             c_end = c_end + bc.chunk if c_end + bc.chunk < T else T
 
 
-cdef void _gather_x(const BackwardCall *bc, floating *like, Py_ssize_t q) noexcept nogil:
-    """TASK_GATHER_X: zx[packed rows of piece q] = x's rows."""
+cdef void _gather(const BackwardCall *bc, floating *like, Py_ssize_t d,
+                  Py_ssize_t c) noexcept nogil:
+    """TASK_GATHER: z[d][packed rows of chunk c] = [x | h_{t-1}] of each row (h_{t-1} the
+    saved h of the step before, or h0), and with a projection [... | o * tanh(c_t)]."""
     cdef Py_ssize_t I = bc.I
-    cdef Py_ssize_t t_lo, t_hi, r0, r1, t, b, j
-    cdef const floating *src
-    cdef floating *dst
-    _dx_piece_rows(bc, q, &t_lo, &t_hi, &r0, &r1)
-    for t in range(t_lo, t_hi):
-        for b in range(bc.steps.sizes[t]):
-            src = row_of(<floating *>bc.x.data, &bc.x, t, b)
-            dst = <floating *>bc.zx + (bc.steps.start[t] + b) * I
-            for j in range(I):
-                dst[j] = src[j]
-
-
-cdef void _gather_h(const BackwardCall *bc, floating *like, Py_ssize_t d,
-                    Py_ssize_t c) noexcept nogil:
-    """TASK_GATHER_H: zh[d][packed rows of chunk c] = h_{t-1} of each row (saved h or h0)."""
     cdef Py_ssize_t H = bc.H
+    cdef Py_ssize_t P = bc.P
     cdef Py_ssize_t B = bc.steps.B
-    cdef Py_ssize_t t_lo, t_hi, r0, r1, t, b, j, prev_t
-    cdef const floating *src
+    cdef Py_ssize_t t_lo, t_hi, r0, r1, t, b, j, prev_t, row
+    cdef const floating *x_row
+    cdef const floating *h_prev
+    cdef const floating *o_row
+    cdef const floating *tc_row
     cdef floating *dst
     _chunk_rows(bc, d, c, &t_lo, &t_hi, &r0, &r1)
     for t in range(t_lo, t_hi):
         for b in range(bc.steps.sizes[t]):
+            dst = <floating *>bc.z[d] + (bc.steps.start[t] + b) * bc.z_width
+            x_row = row_of(<floating *>bc.x.data, &bc.x, t, b)
+            for j in range(I):
+                dst[j] = x_row[j]
             prev_t = _prev_step(bc, d, t, b)
-            src = (<floating *>bc.saved[d].h + (prev_t * B + b) * H if prev_t >= 0
-                   else <floating *>bc.h0[d] + b * H)
-            dst = <floating *>bc.zh[d] + (bc.steps.start[t] + b) * H
-            for j in range(H):
-                dst[j] = src[j]
+            h_prev = (<floating *>bc.saved[d].h + (prev_t * B + b) * P if prev_t >= 0
+                      else <floating *>bc.h0[d] + b * P)
+            for j in range(P):
+                dst[I + j] = h_prev[j]
+            if bc.projected:  # r = o * tanh(c), as the forward computed it
+                row = (t * B + b) * H
+                o_row = <floating *>bc.saved[d].o + row
+                tc_row = <floating *>bc.saved[d].tanhc + row
+                for j in range(H):
+                    dst[I + P + j] = o_row[j] * tc_row[j]
 
 
-cdef void _weights(const BackwardCall *bc, floating *like, Py_ssize_t d, Py_ssize_t c,
-                   Py_ssize_t k) noexcept nogil:
-    """TASK_WEIGHTS: block k's gate rows of dW_ih, dW_hh and db, chunk c added (the first
-    chunk overwrites); the last chunk writes db."""
-    cdef Py_ssize_t I = bc.I
+cdef inline void _block_rows(const BackwardCall *bc, Py_ssize_t k, Py_ssize_t *k0,
+                             Py_ssize_t *kb) noexcept nogil:
+    """The rows [k0, k0 + kb) of block k: of the gate rows (k < n_gate_blocks), else of
+    the projection's P rows."""
+    cdef Py_ssize_t rows = bc.P if k >= bc.n_gate_blocks else 4 * bc.H
+    k0[0] = (k - bc.n_gate_blocks if k >= bc.n_gate_blocks else k) * bc.block_rows
+    kb[0] = bc.block_rows if k0[0] + bc.block_rows < rows else rows - k0[0]
+
+
+cdef long long _weights(const BackwardCall *bc, floating *like, Py_ssize_t d, Py_ssize_t lane,
+                        Py_ssize_t c, Py_ssize_t k) noexcept nogil:
+    """TASK_WEIGHTS: chunk c added to lane ``lane``'s sums of block k (the lane's first
+    chunk overwrites). A block of gate rows (k < n_gate_blocks) takes [dW_ih | dW_hh] +=
+    dgates^T [x | h_{t-1}] and db (in float64), a block of the projection's rows dW_hr +=
+    dh^T r. The caller holds the chain and the recurrences have done the chunk. Returns
+    when the work started (for the trace: after the wait for the chunk's gathered rows)."""
     cdef Py_ssize_t H = bc.H
+    cdef Py_ssize_t P = bc.P
+    cdef Py_ssize_t K = bc.I + P
+    cdef Py_ssize_t Z = bc.z_width
     cdef Py_ssize_t G4 = 4 * H
-    cdef Py_ssize_t k0 = k * bc.block_rows
-    cdef Py_ssize_t kb = bc.block_rows if k0 + bc.block_rows < G4 else G4 - k0
-    cdef Py_ssize_t t_lo, t_hi, r0, r1, s_lo, s_hi, n, j, ldx
+    cdef Py_ssize_t k0, kb, t_lo, t_hi, r0, r1, n, j
     cdef const floating *dg = <floating *>bc.dgates[d]
-    cdef const floating *xr
-    cdef double *db_acc = bc.db_acc[d] + k0
-    cdef floating *db = <floating *>bc.db[d] + k0
-    cdef floating beta = 0 if c == 0 else 1
-    _chunk_steps(bc, c, &s_lo, &s_hi)
+    cdef const floating *z = <floating *>bc.z[d]
+    cdef floating beta = 0 if c < bc.lanes else 1
+    cdef double *db_acc
+    cdef long long start
+    _block_rows(bc, k, &k0, &kb)
     _chunk_rows(bc, d, c, &t_lo, &t_hi, &r0, &r1)
-    _wait_groups(bc, d, s_hi)
-    event_wait(&bc.h_gathered[d * bc.n_chunks + c], 1, bc.spin_ns)
-    if bc.x_rows_packed:
-        xr = <floating *>bc.x.data + r0 * bc.x.ld + bc.x.col
-        ldx = bc.x.ld
-    else:
-        event_wait(bc.x_gathered, <int>bc.n_x_gathers, bc.spin_ns)
-        xr = <floating *>bc.zx + r0 * I
-        ldx = I
-    event_wait(&bc.block_done[d * bc.n_blocks + k], <int>c, bc.spin_ns)
-    gemm(Trans, NoTrans, <int>kb, <int>I, <int>(r1 - r0), <floating>1, dg + r0 * G4 + k0,
-         <int>G4, xr, <int>ldx, beta, <floating *>bc.dw_ih[d] + k0 * I, <int>I)
-    gemm(Trans, NoTrans, <int>kb, <int>H, <int>(r1 - r0), <floating>1, dg + r0 * G4 + k0,
-         <int>G4, <floating *>bc.zh[d] + r0 * H, <int>H, beta, <floating *>bc.dw_hh[d] + k0 * H,
-         <int>H)
-    if c == 0:
+    event_wait(&bc.gathered[d * bc.n_chunks + c], 1, bc.spin_ns)  # maybe another block's owner
+    start = trace_start(&bc.trace)
+    if k >= bc.n_gate_blocks:
+        gemm(Trans, NoTrans, <int>kb, <int>H, <int>(r1 - r0), <floating>1,
+             <floating *>bc.dh_rows[d] + r0 * P + k0, <int>P, z + r0 * Z + K, <int>Z, beta,
+             <floating *>bc.dw_hr_acc[d] + (lane * P + k0) * H, <int>H)
+        return start
+    gemm(Trans, NoTrans, <int>kb, <int>K, <int>(r1 - r0), <floating>1, dg + r0 * G4 + k0,
+         <int>G4, z + r0 * Z, <int>Z, beta, <floating *>bc.dw[d] + (lane * G4 + k0) * K, <int>K)
+    db_acc = bc.db_acc[d] + lane * G4 + k0
+    if c < bc.lanes:
         for j in range(kb):
             db_acc[j] = 0
     for n in range(r0, r1):  # in row order: the same sum whichever thread adds it
         for j in range(kb):
             db_acc[j] += dg[n * G4 + k0 + j]
-    if c == bc.n_chunks - 1:
-        for j in range(kb):
-            db[j] = <floating>db_acc[j]
-    event_set(&bc.block_done[d * bc.n_blocks + k], <int>(c + 1))
+    return start
 
 
-cdef void _dx_piece(const BackwardCall *bc, floating *like, Py_ssize_t q) noexcept nogil:
+cdef void _finish_block(const BackwardCall *bc, floating *like, Py_ssize_t d,
+                        Py_ssize_t k) noexcept nogil:
+    """Block k's results from its lanes' sums, added in lane order: dW_ih, dW_hh and db
+    (the sum of the float64 sums), or dW_hr."""
+    cdef Py_ssize_t I = bc.I
+    cdef Py_ssize_t H = bc.H
+    cdef Py_ssize_t P = bc.P
+    cdef Py_ssize_t K = I + P
+    cdef Py_ssize_t G4 = 4 * H
+    cdef Py_ssize_t lanes = bc.lanes if bc.lanes < bc.n_chunks else bc.n_chunks
+    cdef Py_ssize_t k0, kb, q, j, lane
+    cdef const floating *acc
+    cdef floating *out
+    cdef floating value
+    cdef double total
+    _block_rows(bc, k, &k0, &kb)
+    if k >= bc.n_gate_blocks:
+        for q in range(k0, k0 + kb):
+            out = <floating *>bc.dw_hr[d] + q * H
+            for j in range(H):
+                value = (<floating *>bc.dw_hr_acc[d])[q * H + j]
+                for lane in range(1, lanes):
+                    value = value + (<floating *>bc.dw_hr_acc[d])[(lane * P + q) * H + j]
+                out[j] = value
+        return
+    acc = <floating *>bc.dw[d]
+    for q in range(k0, k0 + kb):
+        total = bc.db_acc[d][q]
+        for lane in range(1, lanes):
+            total = total + bc.db_acc[d][lane * G4 + q]
+        (<floating *>bc.db[d])[q] = <floating>total
+        for j in range(K):
+            value = acc[q * K + j]
+            for lane in range(1, lanes):
+                value = value + acc[(lane * G4 + q) * K + j]
+            if j < I:
+                (<floating *>bc.dw_ih[d])[q * I + j] = value
+            else:
+                (<floating *>bc.dw_hh[d])[q * P + j - I] = value
+
+
+cdef long long _dx_piece(const BackwardCall *bc, floating *like, Py_ssize_t q) noexcept nogil:
     """TASK_DX: dx[rows of piece q] = sum over directions of dgates[d] @ w_ih[d], written
-    into dx directly when its rows are packed, else through dx_packed."""
+    into dx directly when its rows are packed, else through dx_packed. The recurrences
+    have done its steps. Returns when the work started."""
     cdef Py_ssize_t I = bc.I
     cdef Py_ssize_t G4 = 4 * bc.H
     cdef Py_ssize_t t_lo, t_hi, r0, r1, d, t, b, j, ld
     cdef floating *target
     cdef const floating *src
     cdef floating *dst
+    cdef long long start = trace_start(&bc.trace)
     _dx_piece_rows(bc, q, &t_lo, &t_hi, &r0, &r1)
-    for d in range(bc.D):
-        _wait_groups(bc, d, bc.steps.T - t_lo if d == 0 else t_hi)
     if r1 == r0 or I == 0:
-        return
+        return start
     if bc.x_rows_packed:
         target = <floating *>bc.dx.data + r0 * bc.dx.ld + bc.dx.col
         ld = bc.dx.ld
@@ -246,36 +319,156 @@ cdef void _dx_piece(const BackwardCall *bc, floating *like, Py_ssize_t q) noexce
                 dst = row_of(<floating *>bc.dx.data, &bc.dx, t, b)
                 for j in range(I):
                     dst[j] = src[j]
+    return start
+
+
+cdef inline bint _steps_done(const BackwardCall *bc, Py_ssize_t d, Py_ssize_t steps) noexcept nogil:
+    """Whether every row group of direction d has done ``steps`` steps."""
+    cdef Py_ssize_t g
+    for g in range(bc.groups):
+        if event_get(&bc.progress[d * bc.groups + g]) < steps:
+            return False
+    return True
+
+
+cdef inline Py_ssize_t _dx_steps_needed(const BackwardCall *bc, Py_ssize_t d, Py_ssize_t q) noexcept nogil:
+    """Steps direction d must have done before dx piece q can run."""
+    cdef Py_ssize_t t_lo, t_hi, r0, r1
+    _dx_piece_rows(bc, q, &t_lo, &t_hi, &r0, &r1)
+    return bc.steps.T - t_lo if d == 0 else t_hi
+
+
+cdef inline bint _dx_ready(const BackwardCall *bc) noexcept nogil:
+    """Whether the next dx piece can run."""
+    cdef int next_piece = load_acquire(bc.dx_next)
+    cdef Py_ssize_t d
+    if next_piece >= bc.n_dx_pieces:
+        return False
+    for d in range(bc.D):
+        if not _steps_done(bc, d, _dx_steps_needed(bc, d, bc.dx_order[next_piece])):
+            return False
+    return True
+
+
+cdef bint _take_dx_piece(BackwardCall *bc, floating *like, int worker) noexcept nogil:
+    """Run the next dx piece (in the order the recurrences complete them) if its steps are
+    done; whether one ran (or another thread took it meanwhile)."""
+    cdef int next_piece = load_acquire(bc.dx_next)
+    cdef Py_ssize_t d, q
+    cdef long long start
+    if not _dx_ready(bc):
+        return False
+    q = bc.dx_order[next_piece]
+    if not compare_exchange(bc.dx_next, next_piece, next_piece + 1):
+        return True  # another thread took it: look again
+    start = _dx_piece(bc, like, q)
+    trace_task(&bc.trace, TASK_DX, 0, q, 0, worker, start, -1)
+    return True
+
+
+cdef void _chain_chunk(BackwardCall *bc, floating *like, Py_ssize_t d, Py_ssize_t lane,
+                       Py_ssize_t k, Py_ssize_t c, int worker) noexcept nogil:
+    """Chunk c of lane ``lane`` of block k of direction d, the chunk's [x | h_{t-1}] rows
+    gathered first (by whichever chain gets there first); the block's results once it was
+    the last chunk of the block's last lane to finish."""
+    cdef Py_ssize_t slot = d * bc.n_chunks + c
+    cdef Py_ssize_t lanes = bc.lanes if bc.lanes < bc.n_chunks else bc.n_chunks
+    cdef long long start
+    if claim(&bc.gather_claims[slot]):
+        start = trace_start(&bc.trace)
+        _gather(bc, like, d, c)
+        event_set(&bc.gathered[slot], 1)
+        trace_task(&bc.trace, TASK_GATHER, d, c, 0, worker, start, -1)
+    start = _weights(bc, like, d, lane, c, k)
+    trace_task(&bc.trace, TASK_WEIGHTS, d, c, k, worker, start, -1)
+    if c + bc.lanes >= bc.n_chunks and take_next(&bc.lanes_done[d * bc.n_blocks + k]) == lanes - 1:
+        start = trace_start(&bc.trace)
+        _finish_block(bc, like, d, k)
+        trace_task(&bc.trace, TASK_FINISH, d, k, 0, worker, start, -1)
+
+
+cdef void _gradients_worker(BackwardCall *bc, floating *like, int worker) noexcept nogil:
+    """A thread's part of the gradients: ready dx pieces first, then the next chunk of a
+    chain (a lane of a block) nobody holds, its own chain first (held while its chunks are
+    ready), waiting for the recurrences when nothing is ready; it returns once every dx
+    piece is taken and every chain with chunks left is held by another thread. Chain b is
+    direction b // (lanes * n_blocks), lane b // n_blocks % lanes, block b % n_blocks; lane
+    l adds chunks l, l + lanes, ..."""
+    cdef Py_ssize_t per_direction = bc.lanes * bc.n_blocks
+    cdef Py_ssize_t n_chains = bc.D * per_direction if bc.want_dparams else 0
+    cdef Py_ssize_t own = worker % n_chains if n_chains > 0 else 0
+    cdef Py_ssize_t j, b, d, k, c, lane, s_lo, s_hi
+    cdef bint ran, free_left
+    cdef int seen
+    while True:
+        if bc.want_dx and _take_dx_piece(bc, like, worker):
+            continue
+        ran = False
+        free_left = False
+        for j in range(n_chains):
+            b = (own + j) % n_chains
+            d = b // per_direction
+            lane = b // bc.n_blocks % bc.lanes
+            k = b % bc.n_blocks
+            c = lane + bc.lanes * load_acquire(&bc.block_next[b])
+            if c >= bc.n_chunks or load_acquire(&bc.block_busy[b]) != 0:
+                continue
+            free_left = True
+            _chunk_steps(bc, c, &s_lo, &s_hi)
+            if not _steps_done(bc, d, s_hi) or not claim(&bc.block_busy[b]):
+                continue
+            # The chain is this thread's: its chunks while they are ready and no dx piece
+            # is (the chain is let go before a dx piece, so others may take it). What was
+            # read before the claim is looked at again: meanwhile another holder may have
+            # run the chain's next chunks, its last one included.
+            while True:
+                c = lane + bc.lanes * bc.block_next[b]
+                if c >= bc.n_chunks:
+                    break
+                _chunk_steps(bc, c, &s_lo, &s_hi)
+                if not _steps_done(bc, d, s_hi):
+                    break
+                _chain_chunk(bc, like, d, lane, k, c, worker)
+                store_release(&bc.block_next[b], bc.block_next[b] + 1)
+                ran = True
+                if bc.want_dx and _dx_ready(bc):
+                    break
+            store_release(&bc.block_busy[b], 0)
+            if ran:
+                own = b
+                break
+        if ran:
+            continue
+        if not free_left and not (bc.want_dx and load_acquire(bc.dx_next) < bc.n_dx_pieces):
+            return
+        # Something is left but not ready: wait for the recurrences to get further (the
+        # group furthest behind that has not finished).
+        for j in range(bc.D * bc.groups):
+            seen = event_get(&bc.progress[j])
+            if seen < bc.steps.T:
+                event_wait(&bc.progress[j], seen + 1, bc.spin_ns)
+                break
 
 
 cdef void _backward_worker(BackwardCall *bc, floating *like, int worker) noexcept nogil:
-    """One thread's part of a backward call: tasks from the shared list until none is left."""
+    """One thread's part of a backward call: tasks from the shared list until none is left,
+    then the gradients."""
     cdef int k
     cdef const Task *task
     cdef long long start
     while True:
         k = take_next(bc.next_task)
         if k >= bc.n_tasks:
-            return
+            break
         task = &bc.tasks[k]
-        start = trace_start(&bc.trace)
         if task.kind == TASK_PACK:
-            _pack_piece_bwd(bc, like, task.d, task.i)
+            start = trace_start(&bc.trace)
+            _pack_piece_bwd(bc, like, task.d, task.i, task.j)
             event_add(&bc.pack_done[task.d], 1)
-        elif task.kind == TASK_RECURRENCE:
-            _recurrence_rows_bwd(bc, like, task.d, task.i, worker, k)
-            continue  # traced per chunk
-        elif task.kind == TASK_GATHER_X:
-            _gather_x(bc, like, task.i)
-            event_add(bc.x_gathered, 1)
-        elif task.kind == TASK_GATHER_H:
-            _gather_h(bc, like, task.d, task.i)
-            event_set(&bc.h_gathered[task.d * bc.n_chunks + task.i], 1)
-        elif task.kind == TASK_WEIGHTS:
-            _weights(bc, like, task.d, task.i, task.j)
+            trace_task(&bc.trace, task.kind, task.d, task.i, task.j, worker, start, k)
         else:
-            _dx_piece(bc, like, task.i)
-        trace_task(&bc.trace, task.kind, task.d, task.i, task.j, worker, start, k)
+            _recurrence_rows_bwd(bc, like, task.d, task.i, worker, k)  # traced per chunk
+    _gradients_worker(bc, like, worker)
 
 
 cdef void _backward_job_float(void *ctx, int worker, int n_workers) noexcept nogil:

@@ -5,7 +5,8 @@
 # Forward, gate order [i f g o] (PyTorch's), a = x W_ih^T + h_{t-1} W_hh^T + b:
 #     i = sigmoid(a_i)  f = sigmoid(a_f)  g = tanh(a_g)  o = sigmoid(a_o)
 #     c_t = f * c_{t-1} + i * g            h_t = o * tanh(c_t)
-# Backward (dh, dc: the gradients reaching h_t and c_t):
+# (with a projection, o * tanh(c_t) is r_t and h_t = r_t W_hr^T, a GEMM outside the cell).
+# Backward (dh, dc: the gradients reaching o * tanh(c_t) and c_t):
 #     dc = dh * o * (1 - tanh(c_t)^2) + dc_next
 #     do = dh * tanh(c_t) * o (1 - o)      di = dc * g * i (1 - i)
 #     dg = dc * i * (1 - g^2)              df = dc * c_{t-1} * f (1 - f)
@@ -29,16 +30,16 @@ ctypedef fused floating_rp:
 
 cdef inline void forward_cell(
         Py_ssize_t w, Py_ssize_t gs, const floating *act, const floating *bias,
-        floating_rp c_row, floating_rp y_row, floating_rp ci, floating_rp cf, floating_rp cg,
-        floating_rp co, floating_rp cc, floating_rp ctc, floating_rp ch) noexcept nogil:
+        floating_rp c_row, floating_rp out_row, floating_rp ci, floating_rp cf, floating_rp cg,
+        floating_rp co, floating_rp cc, floating_rp ctc) noexcept nogil:
     """One row of ``w`` units, training. ``act`` holds the pre-activations without the
     bias (gate q at ``act + q*gs``, likewise ``bias``); ``c_row`` goes from c_{t-1} to c_t
-    in place; h_t goes to ``y_row`` and, with the activations, c_t and tanh(c_t), to the
-    saved rows ``ci .. ch``. Two loops over the units rather than one short loop per
+    in place; o * tanh(c_t) goes to ``out_row`` and the activations, c_t and tanh(c_t) to
+    the saved rows ``ci .. ctc``. Two loops over the units rather than one short loop per
     quantity, which cost more in set-up than in work at the widths of a split step, and
     rather than one loop with all of it, which runs out of vector registers."""
     cdef Py_ssize_t j
-    cdef floating c, h
+    cdef floating c
     for j in range(w):
         ci[j] = fast_sigmoid(act[j] + bias[j])
         cf[j] = fast_sigmoid(act[gs + j] + bias[gs + j])
@@ -48,17 +49,16 @@ cdef inline void forward_cell(
         # c = f * c_prev + i * g, as PyTorch: (f * c_prev) + (i * g).
         c = cf[j] * c_row[j] + ci[j] * cg[j]
         ctc[j] = fast_tanh(c)
-        h = co[j] * ctc[j]
         cc[j] = c
-        ch[j] = h
         c_row[j] = c
-        y_row[j] = h
+        out_row[j] = co[j] * ctc[j]
 
 
 cdef inline void forward_cell_inference(
         Py_ssize_t w, Py_ssize_t gs, floating_rp act, const floating *bias,
-        floating_rp c_row, floating_rp y_row) noexcept nogil:
-    """:func:`forward_cell` without saved rows: the activations go back into ``act``."""
+        floating_rp c_row, floating_rp out_row) noexcept nogil:
+    """:func:`forward_cell` without saved rows: the activations go back into ``act``, and
+    o * tanh(c_t) to ``out_row``."""
     cdef Py_ssize_t j
     cdef floating c
     for j in range(w):
@@ -69,25 +69,21 @@ cdef inline void forward_cell_inference(
     for j in range(w):
         c = act[gs + j] * c_row[j] + act[j] * act[2 * gs + j]
         c_row[j] = c
-        y_row[j] = act[3 * gs + j] * fast_tanh(c)
+        out_row[j] = act[3 * gs + j] * fast_tanh(c)
 
 
 cdef inline void backward_cell(
-        Py_ssize_t H, const floating *dy_row, const floating *c_prev, const floating *i_row,
+        Py_ssize_t H, const floating *dh_row, const floating *c_prev, const floating *i_row,
         const floating *f_row, const floating *g_row, const floating *o_row,
-        const floating *tc_row, floating_rp dh_row, floating_rp dc_row,
-        floating_rp dg) noexcept nogil:
-    """One row of the backward: ``dh_row`` holds the gradient reaching h_t from step t+1
-    and takes dh_t = dy + that (free afterwards until the GEMM overwrites it with
-    dh_{t-1}); ``dc_row`` goes from dc_t (from step t+1) to dc_{t-1}; the four gate
-    gradients go to ``dg`` (``[i f g o]``, ``4H``). Short loops with few pointers each (one
-    fused loop ran slower in float64). Multiplication order follows PyTorch's autograd
-    formulas (tanh_backward, sigmoid_backward, mul_backward), so that overflow and NaN
-    appear exactly where float64 autograd has them."""
+        const floating *tc_row, floating_rp dc_row, floating_rp dg) noexcept nogil:
+    """One row of the backward: ``dh_row`` is the gradient reaching o * tanh(c_t) (dh_t, or
+    with a projection dh_t W_hr); ``dc_row`` goes from dc_t (from step t+1) to dc_{t-1};
+    the four gate gradients go to ``dg`` (``[i f g o]``, ``4H``). Short loops with few
+    pointers each (one fused loop ran slower in float64). Multiplication order follows
+    PyTorch's autograd formulas (tanh_backward, sigmoid_backward, mul_backward), so that
+    overflow and NaN appear exactly where float64 autograd has them."""
     cdef Py_ssize_t j
     cdef floating one = 1
-    for j in range(H):  # dh = dy + dh_next
-        dh_row[j] = dy_row[j] + dh_row[j]
     for j in range(H):  # dc = dh * o * (1 - tanh(c)^2) + dc_next
         dc_row[j] = (dh_row[j] * o_row[j]) * (one - tc_row[j] * tc_row[j]) + dc_row[j]
     for j in range(H):  # do

@@ -17,7 +17,9 @@
 # h_{t-1} is read where the step before wrote h: the saved h (training) or the layer output
 # y (inference); rows without a previous step (the first step, and in reverse direction a
 # sequence's own last step) read h0. At the end each row's last h goes to h_n; c_state is
-# updated in place (each row's units by one task at a time).
+# updated in place (each row's units by one task at a time). With a projection (h of size
+# P), the cells write r = o * tanh(c) to r_rows and a second packed GEMM per step gives the
+# group's h = r @ w_hr^T (the units split is not used then).
 #
 # Bits: every product of a row, or of a column, is the same whichever rows or columns
 # share its packed GEMM call, and the projection pieces are a function of the shape. So the
@@ -29,10 +31,10 @@ cdef inline floating *_h_source(const ForwardCall *fc, floating *like, Py_ssize_
     """Where h_t of row b was written (the saved h, or y), and the stride between rows b
     and b + 1 there."""
     if fc.training:
-        row_stride[0] = fc.H
-        return <floating *>fc.saved[d].h + (t * fc.steps.B + b) * fc.H
+        row_stride[0] = fc.P
+        return <floating *>fc.saved[d].h + (t * fc.steps.B + b) * fc.P
     row_stride[0] = fc.y.batch_stride * fc.y.ld
-    return row_of(<floating *>fc.y.data, &fc.y, t, b) + d * fc.H
+    return row_of(<floating *>fc.y.data, &fc.y, t, b) + d * fc.P
 
 
 cdef inline Py_ssize_t _group_rows(Py_ssize_t n_active, Py_ssize_t g, Py_ssize_t groups) noexcept nogil:
@@ -47,14 +49,14 @@ cdef void _add_recurrent_products(const ForwardCall *fc, floating *like, Py_ssiz
     """gates[rows, c0:c0+nc] += h_{t-1}[rows] @ op(w_hh)[:, c0:c0+nc] for the ``m`` active
     rows g, g + groups, ... of step t (step ``s`` in processing order); ``packed`` holds
     those columns. Rows active at the previous step read its h, the others h0."""
-    cdef Py_ssize_t H = fc.H
-    cdef Py_ssize_t G4 = 4 * H
+    cdef Py_ssize_t P = fc.P
+    cdef Py_ssize_t G4 = 4 * fc.H
     cdef Py_ssize_t n0 = fc.steps.start[t]
     cdef Py_ssize_t m_prev = 0
     cdef Py_ssize_t t_prev, stride
     cdef const floating *src
     cdef floating *out = <floating *>fc.gates[d] + (n0 + g) * G4 + c0
-    if m == 0 or nc == 0 or H == 0:
+    if m == 0 or nc == 0 or P == 0:
         return
     if s > 0:
         t_prev = t + 1 if d == 1 else t - 1
@@ -62,17 +64,20 @@ cdef void _add_recurrent_products(const ForwardCall *fc, floating *like, Py_ssiz
         m_prev = m if m_prev > m else m_prev
     if m_prev > 0:
         src = _h_source(fc, like, d, t_prev, g, &stride)
-        packed_gemm(m_prev, nc, H, src, groups * stride, packed, out, groups * G4, True)
+        packed_gemm(m_prev, nc, P, src, groups * stride, packed, out, groups * G4, True)
     if m > m_prev:
-        src = <floating *>fc.h0[d] + (g + m_prev * groups) * H
-        packed_gemm(m - m_prev, nc, H, src, groups * H, packed,
+        src = <floating *>fc.h0[d] + (g + m_prev * groups) * P
+        packed_gemm(m - m_prev, nc, P, src, groups * P, packed,
                     out + m_prev * groups * G4, groups * G4, True)
 
 
 cdef void _cells(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t t,
                  Py_ssize_t g, Py_ssize_t groups, Py_ssize_t u0, Py_ssize_t w) noexcept nogil:
-    """The cells of units [u0, u0 + w) of the active rows g, g + groups, ... at step t."""
+    """The cells of units [u0, u0 + w) of the active rows g, g + groups, ... at step t. Their
+    o * tanh(c) is h (saved and copied to y, or y alone in inference), or with a projection
+    r (to r_rows, for _project_h)."""
     cdef Py_ssize_t H = fc.H
+    cdef Py_ssize_t P = fc.P
     cdef Py_ssize_t B = fc.steps.B
     cdef Py_ssize_t n0 = fc.steps.start[t]
     cdef Py_ssize_t nb = fc.steps.sizes[t]
@@ -81,23 +86,60 @@ cdef void _cells(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t
     cdef floating *gates = <floating *>fc.gates[d]
     cdef floating *act
     cdef floating *y_row
-    cdef Py_ssize_t b, r
+    cdef floating *out_row
+    cdef Py_ssize_t b, r, j
     cdef const Saved *sv = &fc.saved[d]
     if w == 0:
         return
     b = g
     while b < nb:
         act = gates + (n0 + b) * 4 * H + u0
-        y_row = row_of(<floating *>fc.y.data, &fc.y, t, b) + d * H + u0
+        y_row = row_of(<floating *>fc.y.data, &fc.y, t, b) + d * P + u0
+        if fc.projected:
+            out_row = <floating *>fc.r_rows[d] + (n0 + b) * H + u0
+        elif fc.training:
+            out_row = <floating *>sv.h + (t * B + b) * P + u0
+        else:
+            out_row = y_row
         if fc.training:
             r = (t * B + b) * H + u0
-            forward_cell(w, H, act, bias, c_state + b * H + u0, y_row,
+            forward_cell(w, H, act, bias, c_state + b * H + u0, out_row,
                          <floating *>sv.i + r, <floating *>sv.f + r, <floating *>sv.g + r,
-                         <floating *>sv.o + r, <floating *>sv.c + r, <floating *>sv.tanhc + r,
-                         <floating *>sv.h + r)
+                         <floating *>sv.o + r, <floating *>sv.c + r, <floating *>sv.tanhc + r)
+            if not fc.projected:
+                for j in range(w):
+                    y_row[j] = out_row[j]
         else:
-            forward_cell_inference(w, H, act, bias, c_state + b * H + u0, y_row)
+            forward_cell_inference(w, H, act, bias, c_state + b * H + u0, out_row)
         b += groups
+
+
+cdef void _project_h(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t t,
+                     Py_ssize_t g, Py_ssize_t groups, Py_ssize_t m) noexcept nogil:
+    """With a projection: h = r @ w_hr^T for the m active rows g, g + groups, ... of step t,
+    into the saved h (then copied to y) or y."""
+    cdef Py_ssize_t H = fc.H
+    cdef Py_ssize_t P = fc.P
+    cdef Py_ssize_t n0 = fc.steps.start[t]
+    cdef Py_ssize_t stride, k, b, j
+    cdef floating *h_out
+    cdef floating *y_row
+    if m == 0 or P == 0:
+        return
+    h_out = _h_source(fc, like, d, t, g, &stride)
+    if H > 0:
+        packed_gemm(m, P, H, <floating *>fc.r_rows[d] + (n0 + g) * H, groups * H,
+                    <floating *>fc.w_packed[d] + fc.hr_offset, h_out, groups * stride, False)
+    else:
+        for k in range(m):
+            for j in range(P):
+                h_out[k * groups * stride + j] = 0
+    if fc.training:
+        for k in range(m):
+            b = g + k * groups
+            y_row = row_of(<floating *>fc.y.data, &fc.y, t, b) + d * P
+            for j in range(P):
+                y_row[j] = h_out[k * groups * stride + j]
 
 
 cdef void _final_h(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t g,
@@ -119,7 +161,7 @@ cdef void _final_h(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize
             while t > 0 and fc.steps.sizes[t] <= b:  # rows sorted longest first
                 t -= 1
         src = _h_source(fc, like, d, t, b, &stride) + u0
-        dst = <floating *>fc.h_n[d] + b * fc.H + u0
+        dst = <floating *>fc.h_n[d] + b * fc.P + u0
         for j in range(w):
             dst[j] = src[j]
         b += groups
@@ -162,20 +204,23 @@ cdef void _project(const ForwardCall *fc, floating *like, Py_ssize_t piece) noex
              <floating *>fc.gates[d] + r0 * G4, <int>G4)
 
 
-cdef void _pack_piece(const ForwardCall *fc, floating *like, Py_ssize_t d,
-                      Py_ssize_t piece) noexcept nogil:
-    """TASK_PACK: panels [p0, p1) of w_hh^T (all 4H columns, K = H) for the rows split."""
-    cdef Py_ssize_t H = fc.H
+cdef void _pack_piece(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t piece,
+                      Py_ssize_t which) noexcept nogil:
+    """TASK_PACK: panels of w_hh^T (``which`` 0: 4H columns, K = P; split by rows) or of
+    w_hr^T (1: P columns, K = H) for piece ``piece`` of ``pack_pieces``."""
     cdef Py_ssize_t nr = panel_width(like)
-    cdef Py_ssize_t panels = (4 * H + nr - 1) // nr
+    cdef Py_ssize_t columns = 4 * fc.H if which == 0 else fc.P
+    cdef Py_ssize_t K = fc.P if which == 0 else fc.H
+    cdef Py_ssize_t panels = (columns + nr - 1) // nr
     cdef Py_ssize_t per = (panels + fc.pack_pieces - 1) // fc.pack_pieces
     cdef Py_ssize_t p0 = piece * per
     cdef Py_ssize_t p1 = p0 + per if p0 + per < panels else panels
-    cdef Py_ssize_t c1 = p1 * nr if p1 * nr < 4 * H else 4 * H
-    if p1 <= p0:
+    cdef Py_ssize_t c1 = p1 * nr if p1 * nr < columns else columns
+    cdef const floating *w = <floating *>(fc.w_hh[d] if which == 0 else fc.w_hr[d])
+    cdef floating *out = <floating *>fc.w_packed[d] + (0 if which == 0 else fc.hr_offset)
+    if p1 <= p0 or K == 0:
         return
-    pack(<floating *>fc.w_hh[d], H, True, H, p0 * nr, c1 - p0 * nr,
-         <floating *>fc.w_packed[d] + p0 * nr * H)
+    pack(w, K, True, K, p0 * nr, c1 - p0 * nr, out + p0 * nr * K)
 
 
 cdef void _recurrence_rows(const ForwardCall *fc, floating *like, Py_ssize_t d,
@@ -185,23 +230,26 @@ cdef void _recurrence_rows(const ForwardCall *fc, floating *like, Py_ssize_t d,
     cdef Py_ssize_t groups = fc.groups
     cdef Py_ssize_t s, t, m, piece
     cdef Py_ssize_t last_piece = -1
-    cdef long long start = trace_start(&fc.trace)
+    cdef long long start = 0
     if fc.H > 0:
-        event_wait(&fc.pack_done[d], <int>fc.pack_pieces, fc.spin_ns)
+        event_wait(&fc.pack_done[d], <int>(fc.pack_pieces * (2 if fc.projected else 1)), fc.spin_ns)
     for s in range(T):
         t = T - 1 - s if d == 1 else s
         piece = t // fc.piece_steps
         if piece != last_piece:
+            # Traced per piece of steps, from after the wait for the piece.
             if last_piece >= 0:
                 trace_task(&fc.trace, TASK_RECURRENCE, d, g, last_piece, worker, start, order)
-                start = trace_start(&fc.trace)
             event_wait(&fc.piece_done[piece], 1, fc.spin_ns)
+            start = trace_start(&fc.trace)
             last_piece = piece
         m = _group_rows(fc.steps.sizes[t], g, groups)
         _add_recurrent_products(fc, like, d, s, t, g, groups, m, 0, 4 * fc.H,
                                 <floating *>fc.w_packed[d])
         _cells(fc, like, d, t, g, groups, 0, fc.H)
-    _final_h(fc, like, d, g, groups, 0, fc.H)
+        if fc.projected:
+            _project_h(fc, like, d, t, g, groups, m)
+    _final_h(fc, like, d, g, groups, 0, fc.P)
     if last_piece >= 0:
         trace_task(&fc.trace, TASK_RECURRENCE, d, g, last_piece, worker, start, order)
 
@@ -234,8 +282,10 @@ cdef void _unit_step(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssi
     cdef Py_ssize_t T = fc.steps.T
     cdef Py_ssize_t t = T - 1 - s if d == 1 else s
     cdef Py_ssize_t u0, u1, w, q, plen
-    cdef long long start = trace_start(&fc.trace)
+    cdef long long start
     cdef floating *packed
+    event_wait(&fc.piece_done[t // fc.piece_steps], 1, fc.spin_ns)
+    start = trace_start(&fc.trace)
     _unit_range(H, fc.groups, u, &u0, &u1)
     w = u1 - u0
     packed = <floating *>fc.w_packed[d] + _unit_packed_offset(fc, like, u)
@@ -243,7 +293,6 @@ cdef void _unit_step(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssi
     if s == 0 and w > 0 and H > 0:
         for q in range(4):
             pack(<floating *>fc.w_hh[d], H, True, H, q * H + u0, w, packed + q * plen)
-    event_wait(&fc.piece_done[t // fc.piece_steps], 1, fc.spin_ns)
     if w > 0:
         for q in range(4):
             _add_recurrent_products(fc, like, d, s, t, 0, 1, fc.steps.sizes[t], q * H + u0, w,
@@ -298,9 +347,9 @@ cdef void _forward_worker(ForwardCall *fc, floating *like, int worker) noexcept 
         task = &fc.tasks[k]
         start = trace_start(&fc.trace)
         if task.kind == TASK_PACK:
-            _pack_piece(fc, like, task.d, task.i)
+            _pack_piece(fc, like, task.d, task.i, task.j)
             event_add(&fc.pack_done[task.d], 1)
-            trace_task(&fc.trace, TASK_PACK, task.d, task.i, 0, worker, start, k)
+            trace_task(&fc.trace, TASK_PACK, task.d, task.i, task.j, worker, start, k)
         elif task.kind == TASK_PROJECT:
             _project(fc, like, task.i)
             event_set(&fc.piece_done[task.i], 1)

@@ -22,11 +22,12 @@ cdef enum TaskKind:
     TASK_PACK = 0          # i: piece of the packed w_hh of direction d
     TASK_PROJECT = 1       # i: projection piece (a range of steps, both directions)
     TASK_RECURRENCE = 2    # i: row group of direction d (traced per chunk j of its steps)
+    # The backward's gradients are not listed: threads take them as they become ready.
     TASK_UNIT_STEP = 3     # i: step in processing order, j: unit part (forward, units split)
-    TASK_GATHER_X = 4      # i: piece of x gathered into packed row order (backward)
-    TASK_GATHER_H = 5      # i: chunk of h_{t-1} gathered into packed row order (backward)
-    TASK_WEIGHTS = 6       # i: chunk, j: block of gate rows of dW and db (backward)
-    TASK_DX = 7            # i: dx piece (a range of steps, both directions; backward)
+    TASK_GATHER = 4        # i: chunk whose [x | h_{t-1}] rows are gathered (backward)
+    TASK_WEIGHTS = 5       # i: chunk, j: block of gate rows of dW and db (backward)
+    TASK_DX = 6            # i: dx piece (a range of steps, both directions; backward)
+    TASK_FINISH = 7        # i: block whose lanes' sums are added up (backward)
 
 
 cdef struct Task:
@@ -37,8 +38,8 @@ cdef struct Task:
 
 
 cdef enum:
-    TRACE_FIELDS = 8       # a trace entry: kind, direction, i, j, worker, start, end (ns),
-                           # and the task's place in the task list (-1: not listed)
+    TRACE_FIELDS = 8       # a trace entry: kind, direction, i, j, worker, start (after the
+                           # task's waits), end (ns), its place in the task list (-1: none)
 
 
 cdef struct Trace:
@@ -70,7 +71,8 @@ cdef struct RowTable:
 
 
 cdef struct Saved:
-    # The forward's saved activations of one direction: [T*B, H] each, row t*B + b.
+    # The forward's saved activations of one direction: [T*B, H] each (h: [T*B, P]), row
+    # t*B + b.
     char *i
     char *f
     char *g
@@ -83,20 +85,25 @@ cdef struct Saved:
 cdef struct ForwardCall:
     Steps steps
     Py_ssize_t D, I, H
+    Py_ssize_t P                    # size of h: H, or the projection's (proj_size)
+    bint projected                  # h_t = (o * tanh(c_t)) @ w_hr^T
     bint training                   # save the activations (else y only)
     RowTable x                      # layer input [rows, I]
     bint x_rows_packed              # x row n is packed row n (else gathered into x_packed)
-    RowTable y                      # layer output, direction d at columns d*H ..
+    RowTable y                      # layer output, direction d at columns d*P ..
     char *w_ih[2]                   # [4H, I] per direction
-    char *w_hh[2]                   # [4H, H]
+    char *w_hh[2]                   # [4H, P]
     char *bias[2]                   # [4H]: b_ih + b_hh
-    char *h0[2]                     # [B, H]: the initial state (read only)
-    char *h_n[2]                    # [B, H]: the final state (written at the end)
+    char *w_hr[2]                   # [P, H] (projected)
+    char *h0[2]                     # [B, P]: the initial state (read only)
+    char *h_n[2]                    # [B, P]: the final state (written at the end)
     char *c_state[2]                # [B, H]: in c0, out c_n
     Saved saved[2]
     char *gates[2]                  # workspace [N, 4H]: pre-activations
+    char *r_rows[2]                 # workspace [N, H]: o * tanh(c_t) (projected)
     char *x_packed                  # workspace [N, I]
-    char *w_packed[2]               # workspace: packed w_hh^T (see forward_packed_len)
+    char *w_packed[2]               # workspace: packed w_hh^T, then w_hr^T (projected)
+    Py_ssize_t hr_offset            # where w_hr^T starts in w_packed
     # schedule (a function of the shape, but for groups and split: of the thread count)
     Split split
     Py_ssize_t groups               # row groups or unit parts per direction
@@ -118,35 +125,46 @@ cdef struct ForwardCall:
 cdef struct BackwardCall:
     Steps steps
     Py_ssize_t D, I, H
+    Py_ssize_t P                    # size of h: H, or the projection's
+    bint projected
     RowTable x                      # layer input [rows, I]; dx has the same rows
     bint x_rows_packed
-    RowTable dy                     # gradient of the layer output, direction d at d*H ..
+    RowTable dy                     # gradient of the layer output, direction d at d*P ..
     RowTable dx                     # written at active rows when want_dx
     bint want_dx, want_dparams
     char *w_ih[2]                   # [4H, I]
-    char *w_hh[2]                   # [4H, H]
-    char *h0[2]                     # [B, H]
-    char *c0[2]
+    char *w_hh[2]                   # [4H, P]
+    char *w_hr[2]                   # [P, H] (projected)
+    char *h0[2]                     # [B, P]
+    char *c0[2]                     # [B, H]
     Saved saved[2]
-    char *dh_state[2]               # [B, H]: in the gradient of h_n, out that of h0
+    char *dh_state[2]               # [B, P]: in the gradient of h_n, out that of h0
     char *dc_state[2]               # [B, H]: likewise for c
     char *dw_ih[2]                  # [4H, I] results
-    char *dw_hh[2]                  # [4H, H]
+    char *dw_hh[2]                  # [4H, P]
+    char *dw_hr[2]                  # [P, H] (projected)
     char *db[2]                     # [4H]
     char *dgates[2]                 # workspace [N, 4H]: gate gradients
-    char *zh[2]                     # workspace [N, H]: h_{t-1} in packed row order
-    char *zx                        # workspace [N, I]: x in packed row order (if not packed)
-    double *db_acc[2]               # workspace [4H]: db summed in float64
+    char *dh_rows[2]                # workspace [N, P]: dh_t of every row (projected)
+    char *dr_rows[2]                # workspace [N, H]: dh_t @ w_hr (projected)
+    char *z[2]                      # workspace [N, I + P (+ H)]: [x | h_{t-1} (| r_t)]
+    Py_ssize_t z_width              # I + P, + H when projected
+    char *dw[2]                     # workspace [lanes, 4H, I + P]: [dW_ih | dW_hh] per lane
+    double *db_acc[2]               # workspace [lanes, 4H]: db per lane, in float64
+    char *dw_hr_acc[2]              # workspace [lanes, P, H]: dW_hr per lane (projected)
     char *dx_packed                 # workspace [N, I]: dx in packed row order (if not packed)
-    char *w_packed[2]               # workspace: packed w_hh (see backward_packed_len)
+    char *w_packed[2]               # workspace: packed w_hh, then w_hr (projected)
+    Py_ssize_t hr_offset            # where w_hr starts in w_packed
     # schedule: chunks of processing steps (the first `first` long, then `chunk`), dW in
-    # blocks of `block_rows` gate rows, dx in pieces of `dx_steps` time steps, the
-    # recurrence in `groups` row groups per direction
+    # blocks of `block_rows` gate rows (then dW_hr in blocks of as many of its P rows) and
+    # `lanes` lanes of chunks, dx in pieces of `dx_steps` time steps, the recurrence in
+    # `groups` row groups per direction
     Py_ssize_t groups
     Py_ssize_t first, chunk, n_chunks
-    Py_ssize_t block_rows, n_blocks
+    Py_ssize_t block_rows, n_blocks  # n_blocks: per direction, dW's and then dW_hr's
+    Py_ssize_t n_gate_blocks         # dW's blocks (the others are dW_hr's)
+    Py_ssize_t lanes                 # chunks c go to lane c % lanes, each with its own sums
     Py_ssize_t dx_steps, n_dx_pieces
-    Py_ssize_t n_x_gathers          # TASK_GATHER_X tasks (0 when x is read in place)
     Py_ssize_t pack_pieces
     # the tasks, in the order threads take them, and the synchronisation (per call)
     Task *tasks
@@ -154,9 +172,13 @@ cdef struct BackwardCall:
     int *next_task
     lstmcy_event *pack_done         # [2]
     lstmcy_event *progress          # [2, groups]: steps done by each row group
-    lstmcy_event *x_gathered        # [1]: pieces of zx done
-    lstmcy_event *h_gathered        # [2, n_chunks]
-    lstmcy_event *block_done        # [2, n_blocks]: chunks added to each dW block
+    lstmcy_event *gathered          # [2, n_chunks]
+    int *gather_claims              # [2, n_chunks]
+    int *block_next                 # [2, lanes, n_blocks]: chunks each chain has added
+    int *block_busy                 # [2, lanes, n_blocks]: whether a thread holds the chain
+    int *lanes_done                 # [2, n_blocks]: lanes of each block finished
+    int *dx_next                    # how many dx pieces are taken
+    const int *dx_order             # [n_dx_pieces]: the pieces in the order they get ready
     long long spin_ns
     Trace trace
 

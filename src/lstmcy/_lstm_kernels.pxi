@@ -33,12 +33,12 @@ from lstmcy._cell cimport backward_cell, forward_cell, forward_cell_inference
 from lstmcy._fastmath cimport fast_sigmoid, fast_tanh
 from lstmcy._layer cimport (
     BackwardCall, ForwardCall, RowTable, Saved, SPLIT_ROWS, SPLIT_UNITS, Split, Task, TaskKind, Trace,
-    TASK_DX, TASK_GATHER_H, TASK_GATHER_X, TASK_PACK, TASK_PROJECT, TASK_RECURRENCE,
+    TASK_DX, TASK_FINISH, TASK_GATHER, TASK_PACK, TASK_PROJECT, TASK_RECURRENCE,
     TASK_UNIT_STEP, TASK_WEIGHTS, TRACE_FIELDS, row_of, trace_start, trace_task)
 from lstmcy._packed_gemm cimport (pack, packed_gemm, packed_len, panel_width, pg_d_packed_len,
                                   pg_s_packed_len)
-from lstmcy._sync cimport (claim, event_add, event_get, event_set, event_wait, load_acquire,
-                           lstmcy_event, take_next)
+from lstmcy._sync cimport (claim, compare_exchange, event_add, event_get, event_set, event_wait,
+                           load_acquire, lstmcy_event, store_release, take_next)
 from lstmcy._threadpool cimport job_fn, run_job, wait_spin_ns
 
 include "_forward.pxi"
@@ -87,12 +87,14 @@ cdef inline void _add_task(Task *tasks, Py_ssize_t *n, int kind, Py_ssize_t d, P
     n[0] += 1
 
 
-cdef void _check_saved(tuple arrays, Py_ssize_t D, Py_ssize_t rows, Py_ssize_t H) except *:
+cdef void _check_saved(tuple arrays, Py_ssize_t D, Py_ssize_t rows, Py_ssize_t H,
+                       Py_ssize_t P) except *:
     if len(arrays) != 7:
         raise ValueError(f"saved must hold the 7 activations {SAVED_ORDER}")
     for name, a in zip(SAVED_ORDER, arrays):
-        if a.shape != (D, rows, H):
-            raise ValueError(f"saved {name} must be [{D}, {rows}, {H}], got {list(a.shape)}")
+        width = P if name == "h" else H
+        if a.shape != (D, rows, width):
+            raise ValueError(f"saved {name} must be [{D}, {rows}, {width}], got {list(a.shape)}")
 
 
 cdef void _need(bint ok, str what) except *:
@@ -120,14 +122,54 @@ cdef Trace _trace_of(object trace, int *count) except *:
     return out
 
 
-def unit_packed_len(Py_ssize_t H, Py_ssize_t parts, bint is_double):
-    """Elements of the forward's packed w_hh when split by units in ``parts`` parts."""
+cdef void _order_dx_pieces(BackwardCall *bc, int *order) noexcept:
+    """The dx pieces sorted by the steps the recurrences must do before each can run (one
+    direction: the last steps first; two: the middle ones), ties by index."""
+    cdef Py_ssize_t n = bc.n_dx_pieces
+    cdef Py_ssize_t q, j, d, need, other
+    cdef int piece
+    for q in range(n):
+        order[q] = <int>q
+    for q in range(1, n):  # insertion sort: a few dozen pieces
+        piece = order[q]
+        need = 0
+        for d in range(bc.D):
+            need = max(need, _dx_steps_needed(bc, d, piece))
+        j = q
+        while j > 0:
+            other = 0
+            for d in range(bc.D):
+                other = max(other, _dx_steps_needed(bc, d, order[j - 1]))
+            if other <= need:
+                break
+            order[j] = order[j - 1]
+            j -= 1
+        order[j] = piece
+    bc.dx_order = order
+
+
+cdef Py_ssize_t _packed(Py_ssize_t n, Py_ssize_t k, bint is_double) noexcept:
+    return pg_d_packed_len(n, k) if is_double else pg_s_packed_len(n, k)
+
+
+def forward_packed_len(Py_ssize_t H, Py_ssize_t P, bint projected, int split, Py_ssize_t groups,
+                       bint is_double):
+    """Elements of one direction's packed weights in a forward: w_hh^T for the rows split
+    (then w_hr^T with a projection), or each of ``groups`` unit parts' columns."""
     cdef Py_ssize_t u, u0, u1
     cdef Py_ssize_t total = 0
-    for u in range(parts):
-        _unit_range(H, parts, u, &u0, &u1)
-        total += 4 * (pg_d_packed_len(u1 - u0, H) if is_double else pg_s_packed_len(u1 - u0, H))
+    if split == SPLIT_ROWS:
+        return _packed(4 * H, P, is_double) + (_packed(P, H, is_double) if projected else 0)
+    for u in range(groups):
+        _unit_range(H, groups, u, &u0, &u1)
+        total += 4 * _packed(u1 - u0, H, is_double)
     return total
+
+
+def backward_packed_len(Py_ssize_t H, Py_ssize_t P, bint projected, bint is_double):
+    """Elements of one direction's packed weights in a backward: w_hh (its P columns, K =
+    4H), then w_hr (its H columns, K = P) with a projection."""
+    return _packed(P, 4 * H, is_double) + (_packed(H, P, is_double) if projected else 0)
 
 
 def packed_elements(Py_ssize_t n, Py_ssize_t k, bint is_double):
@@ -139,13 +181,13 @@ def forward_layer(
         const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
         bint x_rows_packed,
         const floating[:, :, ::1] w_ih, const floating[:, :, ::1] w_hh,
-        const floating[:, ::1] bias,
+        const floating[:, ::1] bias, const floating[:, :, ::1] w_hr,
         const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
         floating[:, ::1] y, const Py_ssize_t[::1] y_step_row, Py_ssize_t y_batch_stride,
         const floating[:, :, ::1] h0, floating[:, :, ::1] h_n, floating[:, :, ::1] c_state,
         tuple saved, bint training,
-        floating[:, :, ::1] gates, floating[:, ::1] x_packed, floating[::1] w_packed,
-        schedule, int n_threads, bint flush_denormals=True, trace=None):
+        floating[:, :, ::1] gates, floating[:, :, ::1] r_rows, floating[:, ::1] x_packed,
+        floating[::1] w_packed, schedule, int n_threads, bint flush_denormals=True, trace=None):
     """Run one layer forward, both directions.
 
     Parameters
@@ -153,30 +195,34 @@ def forward_layer(
     x, x_step_row, x_batch_stride, x_rows_packed
         Layer input ``[rows, I]`` as a row table; ``x_rows_packed`` says row ``n`` of ``x``
         is packed row ``n`` (then ``x`` is read in place, else gathered into ``x_packed``).
-    w_ih, w_hh : ndarray [D, 4H, I], [D, 4H, H]
+    w_ih, w_hh : ndarray [D, 4H, I], [D, 4H, P]
+        P is the size of h: H, or with a projection its size.
     bias : ndarray [D, 4H]
         ``b_ih + b_hh`` (zeros without bias).
+    w_hr : ndarray [D, P, H]
+        The projection (``h_t = (o * tanh(c_t)) @ w_hr^T``), or ``[D, 0, H]`` for none.
     batch_sizes, packed_start : ndarray [T] of intp
         Active rows per step (longest first) and the first packed row of each step.
     y, y_step_row, y_batch_stride
-        Output ``[rows, D*H]`` as a row table; direction ``d`` writes columns
-        ``d*H .. (d+1)*H``.
-    h0 : ndarray [D, B, H]
+        Output ``[rows, D*P]`` as a row table; direction ``d`` writes columns
+        ``d*P .. (d+1)*P``.
+    h0 : ndarray [D, B, P]
         The initial hidden state.
-    h_n : ndarray [D, B, H]
+    h_n : ndarray [D, B, P]
         Out: the final hidden state (untouched when there are no steps).
     c_state : ndarray [D, B, H]
         In: the initial cell state. Out: the final one.
-    saved : tuple of 7 ndarray [D, T*B, H]
-        The activations in ``SAVED_ORDER``, written when ``training`` (else ``[D, 0, H]``).
+    saved : tuple of 7 ndarray [D, T*B, H] (h: [D, T*B, P])
+        The activations in ``SAVED_ORDER``, written when ``training`` (else ``[D, 0, .]``).
     training : bool
     gates : ndarray [D, N, 4H]
         Workspace (N: packed rows).
+    r_rows : ndarray [D, N, H]
+        Workspace with a projection (else ``[D, 0, H]``).
     x_packed : ndarray [N, I]
         Workspace, when not ``x_rows_packed`` (else ``[0, I]``).
     w_packed : ndarray
-        Workspace of ``D * packed_len(4H, H)`` elements (split by rows) or
-        ``D * unit_packed_len(H, groups)`` (by units).
+        Workspace of ``D * forward_packed_len(H, P, projected, split, groups)`` elements.
     schedule
         ``split`` (0 rows, 1 units), ``groups`` (row groups or unit parts per direction),
         ``piece_steps`` (steps per projection piece), ``pack_pieces``.
@@ -196,10 +242,12 @@ def forward_layer(
     cdef Py_ssize_t D = w_ih.shape[0]
     cdef Py_ssize_t T = batch_sizes.shape[0]
     cdef Py_ssize_t B = h0.shape[1]
-    cdef Py_ssize_t H = h0.shape[2]
+    cdef Py_ssize_t P = h0.shape[2]
+    cdef Py_ssize_t H = c_state.shape[2]
     cdef Py_ssize_t I = w_ih.shape[2]
     cdef Py_ssize_t N = gates.shape[1]
-    cdef Py_ssize_t d, j, g, q, n_tasks
+    cdef bint projected = w_hr.shape[1] > 0
+    cdef Py_ssize_t d, j, g, q, n_tasks, which, n_matrices
     cdef int split = schedule.split
     cdef Py_ssize_t groups = schedule.groups
     cdef Py_ssize_t piece_steps = schedule.piece_steps
@@ -208,12 +256,17 @@ def forward_layer(
     cdef Py_ssize_t plen
     cdef job_fn job
     cdef int n_workers
-    _need(1 <= D <= 2 and w_hh.shape[0] == D and bias.shape[0] == D, "D must be 1 or 2")
-    _need(w_ih.shape[1] == 4 * H and w_hh.shape[1] == 4 * H and w_hh.shape[2] == H
-          and bias.shape[1] == 4 * H, "weights must be [D, 4H, I], [D, 4H, H], bias [D, 4H]")
-    _need(x.shape[1] == I and y.shape[1] >= D * H, "x must be [rows, I] and y [rows, D*H]")
-    _need(h0.shape[0] == D and tuple(h_n.shape)[:3] == (D, B, H)
-          and tuple(c_state.shape)[:3] == (D, B, H), "h0, h_n and c_state must be [D, B, H]")
+    _need(1 <= D <= 2 and w_hh.shape[0] == D and bias.shape[0] == D and w_hr.shape[0] == D,
+          "D must be 1 or 2")
+    _need(w_ih.shape[1] == 4 * H and w_hh.shape[1] == 4 * H and w_hh.shape[2] == P
+          and bias.shape[1] == 4 * H and w_hr.shape[2] == H
+          and (w_hr.shape[1] == P if projected else P == H),
+          "weights must be [D, 4H, I], [D, 4H, P], bias [D, 4H], w_hr [D, P, H] or [D, 0, H]")
+    _need(x.shape[1] == I and y.shape[1] >= D * P, "x must be [rows, I] and y [rows, D*P]")
+    _need(h0.shape[0] == D and tuple(h_n.shape)[:3] == (D, B, P)
+          and tuple(c_state.shape)[:3] == (D, B, H),
+          "h0 and h_n must be [D, B, P], c_state [D, B, H]")
+    _need(not projected or tuple(r_rows.shape)[:3] == (D, N, H), "r_rows must be [D, N, H]")
     _need(packed_start.shape[0] == T and x_step_row.shape[0] == T and y_step_row.shape[0] == T,
           "batch_sizes, packed_start and the step rows must have T entries")
     _need(N == (packed_start[T - 1] + batch_sizes[T - 1] if T > 0 else 0) and gates.shape[0] >= D
@@ -221,14 +274,12 @@ def forward_layer(
     _need(x_rows_packed or (x_packed.shape[0] >= N and x_packed.shape[1] == I),
           "x_packed must be [N, I]")
     _need(groups >= 1 and piece_steps >= 1 and pack_pieces >= 1
-          and (split == SPLIT_ROWS or split == SPLIT_UNITS), f"bad schedule {schedule!r}")
-    if split == SPLIT_ROWS:
-        plen = packed_len(4 * H, H, <floating *>NULL)
-    else:
-        plen = unit_packed_len(H, groups, floating is double)
+          and (split == SPLIT_ROWS or (split == SPLIT_UNITS and not projected)),
+          f"bad schedule {schedule!r}")
+    plen = forward_packed_len(H, P, projected, split, groups, floating is double)
     _need(w_packed.shape[0] >= D * plen, "w_packed is too small")
     if training:
-        _check_saved(saved, D, T * B, H)
+        _check_saved(saved, D, T * B, H, P)
     if T == 0 or B == 0 or N == 0:
         return 1, 0
 
@@ -241,6 +292,9 @@ def forward_layer(
     fc.D = D
     fc.I = I
     fc.H = H
+    fc.P = P
+    fc.projected = projected
+    fc.hr_offset = packed_len(4 * H, P, <floating *>NULL)
     fc.training = training
     _rows(&fc.x, x, x_step_row, x_batch_stride)
     fc.x_rows_packed = x_rows_packed
@@ -253,6 +307,8 @@ def forward_layer(
         fc.h_n[d] = _data3(h_n, d) if d < D else NULL
         fc.c_state[d] = _data3(c_state, d) if d < D else NULL
         fc.gates[d] = _data3(gates, d) if d < D else NULL
+        fc.w_hr[d] = _data3(w_hr, d) if d < D and projected else NULL
+        fc.r_rows[d] = _data3(r_rows, d) if d < D and projected else NULL
         fc.w_packed[d] = <char *>&w_packed[d * plen] if d < D and plen > 0 else NULL
         if training and d < D:
             _set_saved(&fc.saved[d], saved, d, <floating *>NULL)
@@ -266,7 +322,8 @@ def forward_layer(
 
     # The task list: packing (rows split), the projection pieces in the order the
     # recurrences use them (two directions: from both ends), the row groups.
-    n_tasks = D * pack_pieces + n_pieces + D * groups
+    n_matrices = 2 if projected else 1  # w_hh, and w_hr
+    n_tasks = D * pack_pieces * n_matrices + n_pieces + D * groups
     cdef Task *tasks = <Task *>calloc(n_tasks, sizeof(Task))
     cdef lstmcy_event *events = <lstmcy_event *>calloc(n_pieces + 6, sizeof(lstmcy_event))
     cdef int *claims = <int *>calloc(D * T * groups if split == SPLIT_UNITS else 1, sizeof(int))
@@ -278,8 +335,9 @@ def forward_layer(
     n_tasks = 0
     if split == SPLIT_ROWS and H > 0:
         for d in range(D):
-            for q in range(pack_pieces):
-                _add_task(tasks, &n_tasks, TASK_PACK, d, q, 0)
+            for which in range(n_matrices):
+                for q in range(pack_pieces):
+                    _add_task(tasks, &n_tasks, TASK_PACK, d, q, which)
     for j in range(n_pieces):
         q = j if D == 1 else (j // 2 if j % 2 == 0 else n_pieces - 1 - j // 2)
         _add_task(tasks, &n_tasks, TASK_PROJECT, 0, q, 0)
@@ -311,14 +369,17 @@ def backward_layer(
         bint x_rows_packed,
         const floating[:, ::1] dy, const Py_ssize_t[::1] dy_step_row, Py_ssize_t dy_batch_stride,
         const floating[:, :, ::1] w_ih, const floating[:, :, ::1] w_hh,
+        const floating[:, :, ::1] w_hr,
         const floating[:, :, ::1] h0, const floating[:, :, ::1] c0, tuple saved,
         const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
         floating[:, :, ::1] dh_state, floating[:, :, ::1] dc_state,
         floating[:, ::1] dx, bint want_dx,
         floating[:, :, ::1] dw_ih, floating[:, :, ::1] dw_hh, floating[:, ::1] db,
-        bint want_dparams,
-        floating[:, :, ::1] dgates, floating[:, :, ::1] zh, floating[:, ::1] zx,
-        double[:, ::1] db_acc, floating[:, ::1] dx_packed, floating[::1] w_packed,
+        floating[:, :, ::1] dw_hr, bint want_dparams,
+        floating[:, :, ::1] dgates, floating[:, :, ::1] dh_rows, floating[:, :, ::1] dr_rows,
+        floating[:, :, ::1] z, floating[:, :, ::1] dw,
+        double[:, ::1] db_acc, floating[:, :, ::1] dw_hr_acc,
+        floating[:, ::1] dx_packed, floating[::1] w_packed,
         schedule, int n_threads, bint flush_denormals=True, trace=None):
     """Backpropagate through one layer, both directions.
 
@@ -327,35 +388,47 @@ def backward_layer(
     x, x_step_row, x_batch_stride, x_rows_packed
         Layer input ``[rows, I]`` as a row table; ``dx`` has the same rows.
     dy, dy_step_row, dy_batch_stride
-        Gradient of the layer output (direction ``d`` reads columns ``d*H .. (d+1)*H``).
-    w_ih, w_hh : ndarray [D, 4H, I], [D, 4H, H]
-    h0, c0 : ndarray [D, B, H]
+        Gradient of the layer output (direction ``d`` reads columns ``d*P .. (d+1)*P``).
+    w_ih, w_hh : ndarray [D, 4H, I], [D, 4H, P]
+        P is the size of h: H, or with a projection its size.
+    w_hr : ndarray [D, P, H]
+        The projection, or ``[D, 0, H]`` for none.
+    h0, c0 : ndarray [D, B, P], [D, B, H]
         Initial states of the forward.
-    saved : tuple of 7 ndarray [D, T*B, H]
+    saved : tuple of 7 ndarray [D, T*B, H] (h: [D, T*B, P])
         The forward's activations, in ``SAVED_ORDER``.
     batch_sizes, packed_start : ndarray [T] of intp
-    dh_state, dc_state : ndarray [D, B, H]
+    dh_state, dc_state : ndarray [D, B, P], [D, B, H]
         In: gradients of ``h_n``, ``c_n``. Out: gradients of ``h0``, ``c0``.
     dx : ndarray [rows, I]
         Input gradient, written at active rows when ``want_dx`` (padded rows untouched).
-    dw_ih, dw_hh, db : ndarray [D, 4H, I], [D, 4H, H], [D, 4H]
-        Parameter gradients, written when ``want_dparams`` (else ``[D, 0, .]``).
+    dw_ih, dw_hh, db, dw_hr : ndarray [D, 4H, I], [D, 4H, P], [D, 4H], [D, P, H]
+        Parameter gradients, written when ``want_dparams`` (else ``[D, 0, .]``; dw_hr
+        ``[D, 0, H]`` without a projection).
     dgates : ndarray [D, N, 4H]
         Workspace: the gate gradients.
-    zh : ndarray [D, N, H]
-        Workspace: h_{t-1} in packed row order (when ``want_dparams``).
-    zx : ndarray [N, I]
-        Workspace: x in packed row order (``want_dparams`` and not ``x_rows_packed``).
-    db_acc : ndarray [D, 4H] of float64
-        Workspace: db summed in float64.
+    dh_rows, dr_rows : ndarray [D, N, P], [D, N, H]
+        Workspaces with a projection: dh_t of every row and dh_t @ w_hr (else ``[D, 0, .]``).
+    z : ndarray [D, N, I + P] (with a projection [D, N, I + P + H])
+        Workspace: ``[x | h_{t-1} (| o * tanh(c_t))]`` in packed row order (when
+        ``want_dparams``).
+    dw : ndarray [D, lanes*4H, I + P]
+        Workspace: ``[dW_ih | dW_hh]`` summed over each lane's chunks (when
+        ``want_dparams``).
+    db_acc : ndarray [D, lanes*4H] of float64
+        Workspace: db summed over each lane's chunks, in float64.
+    dw_hr_acc : ndarray [D, lanes*P, H]
+        Workspace with a projection: dW_hr summed over each lane's chunks (else
+        ``[D, 0, H]``).
     dx_packed : ndarray [N, I]
         Workspace: dx in packed row order (``want_dx`` and not ``x_rows_packed``).
     w_packed : ndarray
-        Workspace of ``D * packed_len(H, 4H)`` elements.
+        Workspace of ``D * backward_packed_len(H, P, projected)`` elements.
     schedule
         ``groups`` (row groups per direction), ``first`` and ``chunk`` (steps of the first
-        chunk and of the others), ``block_rows`` (gate rows per block of dW),
-        ``dx_steps`` (steps per dx piece), ``pack_pieces``.
+        chunk and of the others), ``block_rows`` (gate rows per block of dW, and rows of
+        the projection's per block of dW_hr), ``lanes`` (chunk c adds to lane
+        ``c % lanes``'s sums), ``dx_steps`` (steps per dx piece), ``pack_pieces``.
     n_threads, flush_denormals, trace
         As for :func:`forward_layer`.
 
@@ -367,50 +440,63 @@ def backward_layer(
     cdef Py_ssize_t D = w_ih.shape[0]
     cdef Py_ssize_t T = batch_sizes.shape[0]
     cdef Py_ssize_t B = h0.shape[1]
-    cdef Py_ssize_t H = h0.shape[2]
+    cdef Py_ssize_t P = h0.shape[2]
+    cdef Py_ssize_t H = c0.shape[2]
     cdef Py_ssize_t I = w_ih.shape[2]
+    cdef bint projected = w_hr.shape[1] > 0
+    cdef Py_ssize_t Z = I + P + (H if projected else 0)
     cdef Py_ssize_t G4 = 4 * H
     cdef Py_ssize_t N = dgates.shape[1]
     cdef Py_ssize_t groups = schedule.groups
     cdef Py_ssize_t first = schedule.first
     cdef Py_ssize_t chunk = schedule.chunk
     cdef Py_ssize_t block_rows = schedule.block_rows
+    cdef Py_ssize_t lanes = schedule.lanes
     cdef Py_ssize_t dx_steps = schedule.dx_steps
     cdef Py_ssize_t pack_pieces = schedule.pack_pieces
-    cdef Py_ssize_t n_chunks, n_blocks, n_dx, n_x_gathers, n_tasks, d, g, q, c, k, plen
-    cdef Py_ssize_t s_last, ready, ready_d
+    cdef Py_ssize_t n_chunks, n_blocks, n_dx, n_tasks, d, g, q, c, k, plen, which
     cdef job_fn job
     cdef int n_workers
-    _need(1 <= D <= 2 and w_hh.shape[0] == D, "D must be 1 or 2")
-    _need(w_ih.shape[1] == G4 and w_hh.shape[1] == G4 and w_hh.shape[2] == H,
-          "weights must be [D, 4H, I], [D, 4H, H]")
-    _need(tuple(h0.shape)[:3] == (D, B, H) and tuple(c0.shape)[:3] == (D, B, H)
-          and tuple(dh_state.shape)[:3] == (D, B, H) and tuple(dc_state.shape)[:3] == (D, B, H),
-          "h0, c0, dh_state and dc_state must be [D, B, H]")
-    _need(x.shape[1] == I and dy.shape[1] >= D * H, "x must be [rows, I] and dy [rows, D*H]")
+    _need(1 <= D <= 2 and w_hh.shape[0] == D and w_hr.shape[0] == D, "D must be 1 or 2")
+    _need(w_ih.shape[1] == G4 and w_hh.shape[1] == G4 and w_hh.shape[2] == P
+          and w_hr.shape[2] == H and (w_hr.shape[1] == P if projected else P == H),
+          "weights must be [D, 4H, I], [D, 4H, P], w_hr [D, P, H] or [D, 0, H]")
+    _need(tuple(h0.shape)[:3] == (D, B, P) and tuple(c0.shape)[:3] == (D, B, H)
+          and tuple(dh_state.shape)[:3] == (D, B, P) and tuple(dc_state.shape)[:3] == (D, B, H),
+          "h0 and dh_state must be [D, B, P], c0 and dc_state [D, B, H]")
+    _need(x.shape[1] == I and dy.shape[1] >= D * P, "x must be [rows, I] and dy [rows, D*P]")
     _need(packed_start.shape[0] == T and x_step_row.shape[0] == T and dy_step_row.shape[0] == T,
           "batch_sizes, packed_start and the step rows must have T entries")
     _need(N == (packed_start[T - 1] + batch_sizes[T - 1] if T > 0 else 0) and dgates.shape[0] >= D
           and dgates.shape[2] == G4, "dgates must be [D, N, 4H]")
-    _need(groups >= 1 and first >= 1 and chunk >= 1 and block_rows >= 1 and dx_steps >= 1
-          and pack_pieces >= 1, f"bad schedule {schedule!r}")
+    _need(groups >= 1 and first >= 1 and chunk >= 1 and block_rows >= 1 and lanes >= 1
+          and dx_steps >= 1 and pack_pieces >= 1, f"bad schedule {schedule!r}")
     _need(not want_dx or (dx.shape[0] == x.shape[0] and dx.shape[1] == I
                           and (x_rows_packed or (dx_packed.shape[0] >= N and dx_packed.shape[1] == I))),
           "dx must be shaped like x, and dx_packed [N, I]")
-    _need(not want_dparams or (tuple(dw_ih.shape)[:3] == (D, G4, I) and tuple(dw_hh.shape)[:3] == (D, G4, H)
-                               and tuple(db.shape)[:2] == (D, G4) and tuple(db_acc.shape)[:2] == (D, G4)
-                               and tuple(zh.shape)[:3] == (D, N, H)
-                               and (x_rows_packed or (zx.shape[0] >= N and zx.shape[1] == I))),
-          "dw_ih, dw_hh, db, db_acc must be [D, 4H, I], [D, 4H, H], [D, 4H], [D, 4H]; zh [D, N, H], zx [N, I]")
-    plen = packed_len(H, G4, <floating *>NULL)
+    _need(not want_dparams or (tuple(dw_ih.shape)[:3] == (D, G4, I) and tuple(dw_hh.shape)[:3] == (D, G4, P)
+                               and tuple(db.shape)[:2] == (D, G4)
+                               and tuple(dw_hr.shape)[:3] == (D, w_hr.shape[1], H)
+                               and tuple(z.shape)[:3] == (D, N, Z)
+                               and tuple(dw.shape)[:3] == (D, lanes * G4, I + P)
+                               and tuple(db_acc.shape)[:2] == (D, lanes * G4)
+                               and tuple(dw_hr_acc.shape)[:3] == (D, lanes * w_hr.shape[1], H)),
+          "dw_ih, dw_hh, db, dw_hr must be [D, 4H, I], [D, 4H, P], [D, 4H], [D, P, H]; "
+          "z [D, N, I + P (+ H)]; dw, db_acc, dw_hr_acc [D, lanes*4H, I + P], [D, lanes*4H], "
+          "[D, lanes*P, H]")
+    _need(not projected or (tuple(dh_rows.shape)[:3] == (D, N, P)
+                            and tuple(dr_rows.shape)[:3] == (D, N, H)),
+          "dh_rows and dr_rows must be [D, N, P] and [D, N, H]")
+    plen = backward_packed_len(H, P, projected, floating is double)
     _need(w_packed.shape[0] >= D * plen, "w_packed is too small")
-    _check_saved(saved, D, T * B, H)
+    _check_saved(saved, D, T * B, H, P)
     n_chunks = 0 if T == 0 else (1 if T <= first else 1 + _count(T - first, chunk))
     if want_dparams and (n_chunks == 0 or B == 0):
         # No steps, or no rows: no product adds anything.
         dw_ih[...] = 0
         dw_hh[...] = 0
         db[...] = 0
+        dw_hr[...] = 0
     if T == 0 or B == 0:
         return 1, 0
 
@@ -423,6 +509,10 @@ def backward_layer(
     bc.D = D
     bc.I = I
     bc.H = H
+    bc.P = P
+    bc.projected = projected
+    bc.z_width = Z
+    bc.hr_offset = packed_len(P, G4, <floating *>NULL)
     _rows(&bc.x, x, x_step_row, x_batch_stride)
     bc.x_rows_packed = x_rows_packed
     _rows(&bc.dy, dy, dy_step_row, dy_batch_stride)
@@ -440,74 +530,73 @@ def backward_layer(
         bc.w_packed[d] = <char *>&w_packed[d * plen] if d < D and plen > 0 else NULL
         if d < D:
             _set_saved(&bc.saved[d], saved, d, <floating *>NULL)
+        if projected and d < D:
+            bc.w_hr[d] = _data3(w_hr, d)
+            bc.dh_rows[d] = _data3(dh_rows, d)
+            bc.dr_rows[d] = _data3(dr_rows, d)
         if want_dparams and d < D and G4 > 0:
             bc.dw_ih[d] = _data3(dw_ih, d)
             bc.dw_hh[d] = _data3(dw_hh, d)
             bc.db[d] = <char *>&db[d, 0]
             bc.db_acc[d] = &db_acc[d, 0]
-            bc.zh[d] = _data3(zh, d)
-    bc.zx = _data2(zx) if want_dparams and not x_rows_packed else NULL
+            bc.z[d] = _data3(z, d)
+            bc.dw[d] = _data3(dw, d)
+            bc.dw_hr[d] = _data3(dw_hr, d) if projected else NULL
+            bc.dw_hr_acc[d] = _data3(dw_hr_acc, d) if projected else NULL
     bc.dx_packed = _data2(dx_packed) if want_dx and not x_rows_packed else NULL
     bc.groups = groups
     bc.first = first
     bc.chunk = chunk
     bc.n_chunks = n_chunks
     bc.block_rows = block_rows
-    n_blocks = bc.n_blocks = _count(G4, block_rows)
+    bc.n_gate_blocks = _count(G4, block_rows)
+    n_blocks = bc.n_blocks = bc.n_gate_blocks + (_count(P, block_rows) if projected else 0)
+    bc.lanes = lanes
     bc.dx_steps = dx_steps
     n_dx = bc.n_dx_pieces = _count(T, dx_steps)
     bc.pack_pieces = pack_pieces
     bc.spin_ns = wait_spin_ns(n_threads)
-    n_x_gathers = n_dx if want_dparams and not x_rows_packed and I > 0 else 0
-    bc.n_x_gathers = n_x_gathers
 
-    n_tasks = (D * pack_pieces + D * groups + n_x_gathers + n_dx
-               + (n_chunks * D * (1 + n_blocks) if want_dparams else 0))
+    n_tasks = D * pack_pieces * (2 if projected else 1) + D * groups
     cdef Task *tasks = <Task *>calloc(n_tasks, sizeof(Task))
-    # next_task, x_gathered, pack_done[2], progress[D*groups], h_gathered[D*n_chunks],
-    # block_done[D*n_blocks], the trace's count
-    cdef Py_ssize_t n_events = 5 + D * groups + D * n_chunks + D * n_blocks
+    # next_task, pack_done[2], progress[D*groups], gathered[D*n_chunks], the trace's count
+    cdef Py_ssize_t n_events = 4 + D * groups + D * n_chunks
     cdef lstmcy_event *events = <lstmcy_event *>calloc(n_events, sizeof(lstmcy_event))
-    if tasks == NULL or events == NULL:
+    # gather claims [D*n_chunks], block_next and block_busy [D*lanes*n_blocks], lanes_done
+    # [D*n_blocks], dx_next, dx_order
+    cdef Py_ssize_t n_chains = D * lanes * n_blocks
+    cdef int *flags = <int *>calloc(D * n_chunks + 2 * n_chains + D * n_blocks + 1 + n_dx,
+                                    sizeof(int))
+    if tasks == NULL or events == NULL or flags == NULL:
         free(tasks)
         free(events)
+        free(flags)
         raise MemoryError()
     bc.next_task = &events[0].value
-    bc.x_gathered = &events[1]
-    bc.pack_done = &events[2]
-    bc.progress = &events[4]
-    bc.h_gathered = &events[4 + D * groups]
-    bc.block_done = &events[4 + D * groups + D * n_chunks]
+    bc.pack_done = &events[1]
+    bc.progress = &events[3]
+    bc.gathered = &events[3 + D * groups]
     bc.trace = _trace_of(trace, &events[n_events - 1].value)
+    bc.gather_claims = flags
+    bc.block_next = flags + D * n_chunks
+    bc.block_busy = bc.block_next + n_chains
+    bc.lanes_done = bc.block_busy + n_chains
+    bc.dx_next = bc.lanes_done + D * n_blocks
+    _order_dx_pieces(&bc, bc.dx_next + 1)
+    if not want_dx:
+        bc.n_dx_pieces = 0
 
-    # The task list (see _backward.pxi): packing, the row groups' recurrences, x gathered,
-    # then chunk by chunk the dx pieces it completes, its h_{t-1} rows and its dW blocks.
+    # The task list (see _backward.pxi): packing, the row groups' recurrences; the
+    # gradients follow as the recurrences make them ready.
     n_tasks = 0
     if H > 0:
         for d in range(D):
-            for q in range(pack_pieces):
-                _add_task(tasks, &n_tasks, TASK_PACK, d, q, 0)
+            for which in range(2 if projected else 1):  # w_hh, and w_hr
+                for q in range(pack_pieces):
+                    _add_task(tasks, &n_tasks, TASK_PACK, d, q, which)
     for g in range(groups):
         for d in range(D):
             _add_task(tasks, &n_tasks, TASK_RECURRENCE, d, g, 0)
-    for q in range(n_x_gathers):
-        _add_task(tasks, &n_tasks, TASK_GATHER_X, 0, q, 0)
-    for c in range(n_chunks):
-        if want_dx:
-            for q in range(n_dx):
-                # The chunk whose end completes piece q's steps in every direction.
-                ready = 0
-                for d in range(D):
-                    s_last = T - q * dx_steps - 1 if d == 0 else min(T, (q + 1) * dx_steps) - 1
-                    ready_d = 0 if s_last < first else min(n_chunks - 1, 1 + (s_last - first) // chunk)
-                    ready = ready_d if ready_d > ready else ready
-                if ready == c:
-                    _add_task(tasks, &n_tasks, TASK_DX, 0, q, 0)
-        if want_dparams:
-            for d in range(D):
-                _add_task(tasks, &n_tasks, TASK_GATHER_H, d, c, 0)
-                for k in range(n_blocks):
-                    _add_task(tasks, &n_tasks, TASK_WEIGHTS, d, c, k)
     bc.tasks = tasks
     bc.n_tasks = <int>n_tasks
     job = _backward_job_float if floating is float else _backward_job_double
@@ -517,6 +606,7 @@ def backward_layer(
     finally:
         free(tasks)
         free(events)
+        free(flags)
     return n_workers, min(bc.trace.count[0], bc.trace.capacity)
 
 

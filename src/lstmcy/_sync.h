@@ -136,6 +136,14 @@ static inline int lstmcy_take_next(int *counter)
     return __atomic_fetch_add(counter, 1, __ATOMIC_ACQ_REL);
 }
 
+static inline void lstmcy_store_release(int *p, int v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+/* Replace *p by desired if it still is expected: whether it did. */
+static inline int lstmcy_compare_exchange(int *p, int expected, int desired)
+{
+    return __atomic_compare_exchange_n(p, &expected, desired, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
 /* Take the task guarded by *flag (0 while nobody has): whether this thread got it. */
 static inline int lstmcy_claim(int *flag)
 {

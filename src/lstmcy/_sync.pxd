@@ -8,6 +8,8 @@ cdef extern from "_sync.h" nogil:
     void event_add "lstmcy_event_add"(lstmcy_event *e, int delta)
     void event_wait "lstmcy_event_wait"(lstmcy_event *e, int target, long long spin_ns)
     int load_acquire "lstmcy_load_acquire"(const int *p)
+    void store_release "lstmcy_store_release"(int *p, int v)
+    bint compare_exchange "lstmcy_compare_exchange"(int *p, int expected, int desired)
     int take_next "lstmcy_take_next"(int *counter)
     bint claim "lstmcy_claim"(int *flag)
     long long now_ns "lstmcy_now_ns"()

@@ -8,7 +8,7 @@
    on its own thread. The pool holds at most n - 1 workers for the largest n asked for,
    so lstmcy adds no more threads than that to the callers' own.
 
-   Workers wait for a job by spinning briefly (consecutive kernel calls, such as the
+   Workers wait for a job by spinning for 300 us (consecutive kernel calls, such as the
    layers of one forward, then find them awake) and then sleeping on a futex; they never
    spin without bound. The pool starts workers when a job first needs them.
 
@@ -44,8 +44,12 @@ typedef struct {
     int busy;               /* taken by a caller (under the pool lock) */
 } lstmcy_worker;
 
-/* How long an idle worker spins for the next job before it sleeps. */
-#define LSTMCY_IDLE_SPIN_NS 100000LL
+/* How long an idle worker spins for the next job before it sleeps: consecutive kernel
+   calls (the layers of a forward; a training step's forward and backward with Python in
+   between) find it awake. Spinning, not yielding: a thread that yields to another
+   process's can lose its core for a whole scheduler tick, a sleeping one is woken in
+   microseconds. */
+#define LSTMCY_IDLE_SPIN_NS 300000LL
 /* How long a wait inside a job spins before it sleeps (see _sync.h). */
 #define LSTMCY_WAIT_SPIN_NS 50000LL
 

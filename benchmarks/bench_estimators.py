@@ -1,0 +1,418 @@
+#!/usr/bin/env python
+"""LSTMClassifier's defaults against skorch + torch.nn.LSTM with the same settings.
+
+Usage::
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE nice -n 15 python benchmarks/bench_estimators.py
+    python benchmarks/bench_estimators.py --datasets BasicMotions,digits --seeds 2
+
+Needs torch (installed as for the ``torch`` extra) and the ``bench`` extra
+(``pip install -e ".[bench]"``: skorch, and sktime, whose wheel ships the
+UCR/UEA datasets used here). ``--threads N`` gives both libraries N threads (default:
+their own defaults, two each on two cores).
+
+For every dataset and seed, one default-constructed ``LSTMClassifier(random_state=seed)``
+and one skorch ``NeuralNetClassifier`` with the same model and training settings are
+fitted, each in a fresh worker process (the two OpenMP runtimes never share one), the
+order alternating from seed to seed. Both models are a one-layer LSTM with 64 hidden
+units whose last hidden state (each sequence's own last step for variable lengths)
+feeds a linear layer; both train with Adam (lr 1e-3) on the same batch size, clip the
+gradients' global norm at 5, apply the same L2 penalty to the weights and stop on the
+same rule: 10 epochs without the watched loss improving by 1e-4 (the validation loss,
+with the best epoch's parameters restored, when ``early_stopping='auto'`` holds out
+10 % of the data, else the training loss), at most 200 epochs.
+
+Datasets: BasicMotions (6 channels, 100 steps, 40 training series), JapaneseVowels (12
+channels, 7-29 steps, 270), ItalyPowerDemand (1 channel, 24 steps, 67) and GunPoint (1
+channel, 150 steps, 50) from sktime's bundled UCR/UEA files with their own train/test
+splits; scikit-learn's digits (8x8 images read row by row: 8 channels, 8 steps, 1347
+training images); and ``motions-20k``, a synthetic 3-channel, 30-step, 4-class set of
+20000 training series (the generator of the estimator tests), for the large end.
+
+Writes ``benchmarks/results/estimators.md`` (or ``--out``): accuracy on the test split
+(mean and spread over seeds), fit time (median over seeds) and the ratio of the medians,
+with the command, versions and the outside load during the fits.
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path[:0] = [HERE, ROOT]  # this checkout's lstmcy, also when another one is installed
+from _env import reexec_without_openblas_overrides  # noqa: E402  (no numpy import)
+
+if __name__ == "__main__":
+    reexec_without_openblas_overrides()
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+DEFAULT_OUT = os.path.join(HERE, "results", "estimators.md")
+UCR = ("BasicMotions", "JapaneseVowels", "ItalyPowerDemand", "GunPoint")
+DATASETS = UCR + ("digits", "motions-20k")
+
+# The shared settings: LSTMClassifier's defaults, spelled out for skorch.
+HIDDEN = 64
+LEARNING_RATE = 1e-3
+ALPHA = 1e-4
+CLIP = 5.0
+MAX_EPOCHS = 200
+PATIENCE = 10  # n_iter_no_change: stop once the count of epochs without improvement exceeds it
+TOL = 1e-4
+VALIDATION_FRACTION = 0.1
+
+
+# --------------------------------------------------------------------------- data
+
+def load_dataset(name):
+    """``(X_train, y_train, X_test, y_test, channels_first)``.
+
+    UCR/UEA data comes as sktime gives it: a 3-D ``(n, channels, timepoints)`` array, or
+    a list of ``(channels, timepoints_i)`` arrays for variable lengths.
+    """
+    if name in UCR:
+        return (*_load_ucr(name, "train"), *_load_ucr(name, "test"), True)
+    if name == "digits":
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+        digits = load_digits()
+        X_train, X_test, y_train, y_test = train_test_split(
+            digits.images / 16.0, digits.target, test_size=0.25, random_state=0,
+            stratify=digits.target)
+        return X_train, y_train, X_test, y_test, False
+    if name == "motions-20k":
+        sys.path.insert(0, os.path.join(ROOT, "tests"))
+        from estimator_helpers import motions
+        return (*motions(20000, seed=0), *motions(5000, seed=1), False)
+    raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
+
+
+def _load_ucr(name, split):
+    import warnings
+
+    from sktime.datasets import load_UCR_UEA_dataset
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            X, y = load_UCR_UEA_dataset(name, split=split, return_type="numpy3D")
+        except ValueError:  # unequal lengths: one (channels, timepoints) array per series
+            frame, y = load_UCR_UEA_dataset(name, split=split, return_type="nested_univ")
+            X = [np.stack([np.asarray(frame.iloc[i, c], dtype=float)
+                           for c in range(frame.shape[1])]) for i in range(len(frame))]
+    return X, np.asarray(y)
+
+
+def describe(X, channels_first):
+    """``(channels, min length, max length)`` of a dataset."""
+    arrays = [np.asarray(x) for x in X]
+    if channels_first:
+        return arrays[0].shape[0], min(a.shape[1] for a in arrays), max(a.shape[1] for a in arrays)
+    return arrays[0].shape[1], min(a.shape[0] for a in arrays), max(a.shape[0] for a in arrays)
+
+
+def training_plan(y):
+    """Batch size and early stopping of ``LSTMClassifier()`` on labels ``y``."""
+    from lstmcy.estimators import _AUTO_MIN_VALIDATION, auto_batch_size
+    n = len(y)
+    n_validation = math.ceil(VALIDATION_FRACTION * n)
+    _, counts = np.unique(y, return_counts=True)
+    holds_out = (n_validation >= _AUTO_MIN_VALIDATION and counts.min() >= 2
+                 and min(n_validation, n - n_validation) >= len(counts))
+    n_train = n - n_validation if holds_out else n
+    return {"batch_size": auto_batch_size(n_train), "early_stopping": holds_out}
+
+
+# --------------------------------------------------------------------------- workers
+
+def fit_lstmcy(X, y, seed, channels_first, plan):
+    from lstmcy.estimators import LSTMClassifier
+    clf = LSTMClassifier(channels_first=channels_first, random_state=seed)
+    start = time.perf_counter()
+    clf.fit(X, y)
+    seconds = time.perf_counter() - start
+    assert (clf.validation_scores_ is not None) == plan["early_stopping"]
+    return clf, seconds, clf.n_iter_
+
+
+def _channels_last(X, channels_first):
+    arrays = [np.asarray(x, dtype=np.float32) for x in X]
+    return [a.T if channels_first else a for a in arrays]
+
+
+def skorch_inputs(X, channels_first):
+    """A 3-D float32 array, or ``{"x": zero-padded array, "lengths": ...}`` for ragged data."""
+    arrays = _channels_last(X, channels_first)
+    lengths = np.array([len(a) for a in arrays])
+    if (lengths == lengths[0]).all():
+        return np.stack(arrays)
+    padded = np.zeros((len(arrays), lengths.max(), arrays[0].shape[1]), dtype=np.float32)
+    for i, a in enumerate(arrays):
+        padded[i, :len(a)] = a
+    return {"x": padded, "lengths": lengths}
+
+
+def fit_skorch(X, y, seed, channels_first, plan):
+    import torch
+    from skorch import NeuralNetClassifier
+    from skorch.callbacks import Callback, GradientNormClipping
+    from skorch.dataset import ValidSplit
+
+    class StopLikeLSTMClassifier(Callback):
+        """LSTMClassifier's (and MLP's) rule: the best loss is the lowest so far, an epoch
+        improves on it by more than ``TOL`` or counts, and training stops once the count
+        exceeds ``PATIENCE``; with a validation set, the lowest epoch's parameters are
+        restored. (skorch's EarlyStopping measures from the last improvement instead, so
+        it runs on through slow declines.)"""
+
+        def __init__(self, monitor, restore):
+            self.monitor, self.restore = monitor, restore
+
+        def initialize(self):
+            self.best, self.count, self.state = np.inf, 0, None
+            return self
+
+        def on_epoch_end(self, net, **kwargs):
+            loss = net.history[-1, self.monitor]
+            self.count = 0 if loss < self.best - TOL else self.count + 1
+            if loss < self.best:
+                self.best = loss
+                if self.restore:
+                    self.state = {k: v.clone() for k, v in net.module_.state_dict().items()}
+            if self.count > PATIENCE:
+                raise KeyboardInterrupt  # skorch's way to end training early
+
+        def on_train_end(self, net, **kwargs):
+            if self.state is not None:
+                net.module_.load_state_dict(self.state)
+
+    class LSTMHead(torch.nn.Module):
+        def __init__(self, input_size, n_classes):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(input_size, HIDDEN, batch_first=True)
+            self.linear = torch.nn.Linear(HIDDEN, n_classes)
+
+        def forward(self, x, lengths=None):
+            if lengths is not None:
+                x = torch.nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True,
+                                                            enforce_sorted=False)
+            _, (h_n, _) = self.lstm(x)
+            return self.linear(h_n[-1])
+
+    torch.manual_seed(seed)
+    inputs = skorch_inputs(X, channels_first)
+    input_size = (inputs["x"] if isinstance(inputs, dict) else inputs).shape[2]
+    classes, codes = np.unique(y, return_inverse=True)
+    early_stopping = plan["early_stopping"]
+    net = NeuralNetClassifier(
+        LSTMHead, module__input_size=input_size, module__n_classes=len(classes),
+        criterion=torch.nn.CrossEntropyLoss, optimizer=torch.optim.Adam, lr=LEARNING_RATE,
+        # LSTMClassifier's L2 term: alpha / batch_size * W in the gradient, not on biases
+        optimizer__weight_decay=ALPHA / plan["batch_size"],
+        optimizer__param_groups=[("*bias*", {"weight_decay": 0.0})],
+        batch_size=plan["batch_size"], max_epochs=MAX_EPOCHS, iterator_train__shuffle=True,
+        train_split=(ValidSplit(VALIDATION_FRACTION, stratified=True, random_state=seed)
+                     if early_stopping else None),
+        callbacks=[GradientNormClipping(CLIP),
+                   StopLikeLSTMClassifier("valid_loss" if early_stopping else "train_loss",
+                                          restore=early_stopping)],
+        verbose=0, device="cpu")
+    start = time.perf_counter()
+    net.fit(inputs, codes.astype(np.int64))
+    seconds = time.perf_counter() - start
+
+    class Predictor:
+        def score(self, X_test, y_test):
+            predicted = classes[net.predict(skorch_inputs(X_test, channels_first))]
+            return float(np.mean(predicted == y_test))
+
+    return Predictor(), seconds, len(net.history)
+
+
+def worker(library, dataset, seed, threads):
+    """Fit one model; print one JSON line with accuracy, fit time, epochs and load."""
+    import machine
+    if threads:
+        if library == "lstmcy":
+            import lstmcy
+            lstmcy.set_num_threads(threads)
+        else:
+            import torch
+            torch.set_num_threads(threads)
+    X_train, y_train, X_test, y_test, channels_first = load_dataset(dataset)
+    plan = training_plan(y_train)
+    fit = fit_lstmcy if library == "lstmcy" else fit_skorch
+    before = machine.cpu_snapshot()
+    model, seconds, epochs = fit(X_train, y_train, seed, channels_first, plan)
+    others = machine.others_cores(before, machine.cpu_snapshot())
+    accuracy = float(model.score(X_test, y_test))
+    print(json.dumps({"library": library, "dataset": dataset, "seed": seed, "accuracy": accuracy,
+                      "fit_seconds": seconds, "epochs": epochs, "others_cores": others,
+                      "loadavg": os.getloadavg()[0], **plan}))
+
+
+# --------------------------------------------------------------------------- driver
+
+def run_worker(library, dataset, seed, threads):
+    command = [sys.executable, os.path.abspath(__file__), "--worker", library, dataset, str(seed),
+               str(threads)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"{library} on {dataset} (seed {seed}) failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def summarise(records, dataset):
+    out = {}
+    for library in ("lstmcy", "skorch"):
+        rows = [r for r in records if r["dataset"] == dataset and r["library"] == library]
+        accuracy = np.array([r["accuracy"] for r in rows])
+        out[library] = {"accuracy": accuracy.mean(), "accuracy_sd": accuracy.std(),
+                        "accuracies": accuracy, "seconds": np.median([r["fit_seconds"] for r in rows]),
+                        "epochs": np.median([r["epochs"] for r in rows]),
+                        "per_epoch": np.median([r["fit_seconds"] / r["epochs"] for r in rows])}
+    paired = {(r["seed"], r["library"]): r["fit_seconds"] for r in records if r["dataset"] == dataset}
+    seeds = sorted({seed for seed, _ in paired})
+    out["ratios"] = [paired[s, "skorch"] / paired[s, "lstmcy"] for s in seeds]
+    out["speedup"] = out["skorch"]["seconds"] / out["lstmcy"]["seconds"]
+    return out
+
+
+def versions(threads):
+    import sklearn
+    import skorch
+    import sktime
+    import torch
+
+    import lstmcy
+    return (f"lstmcy {lstmcy.__version__}, torch {torch.__version__}, threads "
+            f"{threads or 'default'} (torch's default: {torch.get_num_threads()}), skorch "
+            f"{skorch.__version__}, scikit-learn "
+            f"{sklearn.__version__}, sktime {sktime.__version__}, numpy {np.__version__}")
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write_markdown(path, records, datasets, meta):
+    lines = [
+        "## Estimators: LSTMClassifier's defaults against skorch + torch.nn.LSTM",
+        "",
+        f"`{meta['command']}` — {meta['date']}, lstmcy {meta['commit']}, {meta['seeds']} seeds per "
+        f"dataset ({meta['large_seeds']} for motions-20k), each fit in its own process. "
+        f"{meta['versions']}.",
+        "",
+        "Both sides fit the same model (one LSTM layer of 64 units, its last hidden state into a "
+        "linear layer) with the same settings, LSTMClassifier's defaults: Adam at 1e-3, the batch "
+        "size of `batch_size='auto'`, gradient clipping at 5, the L2 term, and 10 epochs without "
+        "improvement (validation loss on a held-out, stratified 10 % and the best epoch restored "
+        "where `early_stopping='auto'` holds one out; else the training loss), at most 200 "
+        "epochs. Accuracy on the dataset's test split: mean ± standard deviation over seeds. "
+        "Fit time: median over seeds; speed-up: skorch's median over lstmcy's (per-seed ratios "
+        "in brackets); the two stop on the same rule (skorch through a callback that applies "
+        "LSTMClassifier's), but not after the same number of epochs, so the median time per "
+        "epoch is shown too.",
+        "",
+        "| dataset | train / test | channels × steps | classes | batch, early stopping | "
+        "lstmcy accuracy | skorch accuracy | lstmcy fit | skorch fit | speed-up | "
+        "epochs (lstmcy / skorch) | per epoch (lstmcy / skorch) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for dataset in datasets:
+        info = meta["datasets"][dataset]
+        s = summarise(records, dataset)
+        steps = (f"{info['min_len']}" if info["min_len"] == info["max_len"]
+                 else f"{info['min_len']}–{info['max_len']}")
+        plan = f"{info['batch_size']}, {'yes' if info['early_stopping'] else 'no'}"
+        ratios = ", ".join(f"{r:.1f}" for r in s["ratios"])
+        lines.append(
+            f"| {dataset} | {info['n_train']} / {info['n_test']} | {info['channels']} × {steps} | "
+            f"{info['classes']} | {plan} | {s['lstmcy']['accuracy']:.3f} ± "
+            f"{s['lstmcy']['accuracy_sd']:.3f} | {s['skorch']['accuracy']:.3f} ± "
+            f"{s['skorch']['accuracy_sd']:.3f} | {s['lstmcy']['seconds']:.1f} s | "
+            f"{s['skorch']['seconds']:.1f} s | **{s['speedup']:.1f}×** ({ratios}) | "
+            f"{s['lstmcy']['epochs']:.0f} / {s['skorch']['epochs']:.0f} | "
+            f"{1e3 * s['lstmcy']['per_epoch']:.0f} / {1e3 * s['skorch']['per_epoch']:.0f} ms |")
+    others = [r["others_cores"] for r in records if r["others_cores"] is not None]
+    lines += [
+        "",
+        f"Outside load: other processes kept {np.median(others):.1f} cores busy during the "
+        f"median fit (from {min(others):.1f} to {max(others):.1f}; the machine has "
+        f"{os.cpu_count()}); load average {meta['loadavg_start']:.2f} at the start and "
+        f"{meta['loadavg_end']:.2f} at the end. "
+        + ("The machine was under outside load: the times are not a clean measurement, and "
+           "a burst hits whichever fit runs at the time." if np.median(others) >= 0.3
+           else "The machine was quiet."),
+        "",
+    ]
+    with open(path, "w") as fh:
+        fh.write("\n".join(lines))
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--datasets", default=",".join(DATASETS),
+                        help=f"comma-separated, from {', '.join(DATASETS)} (default: all)")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per dataset (default 3)")
+    parser.add_argument("--large-seeds", type=int, default=1,
+                        help="seeds for motions-20k (default 1)")
+    parser.add_argument("--out", default=DEFAULT_OUT, help="markdown file to write")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="threads of each library (default 0: their own default, 2 here)")
+    parser.add_argument("--worker", nargs=4, metavar=("LIBRARY", "DATASET", "SEED", "THREADS"),
+                        help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        library, dataset, seed, threads = args.worker
+        worker(library, dataset, int(seed), int(threads))
+        return
+    datasets = [d for d in args.datasets.split(",") if d]
+    meta = {"command": "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE nice -n 15 python "
+                       "benchmarks/bench_estimators.py"
+                       + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:])),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": git_commit(), "versions": versions(args.threads), "seeds": args.seeds,
+            "large_seeds": args.large_seeds,
+            "loadavg_start": os.getloadavg()[0], "datasets": {}}
+    records = []
+    for dataset in datasets:
+        X_train, y_train, X_test, y_test, channels_first = load_dataset(dataset)
+        channels, min_len, max_len = describe(X_train, channels_first)
+        meta["datasets"][dataset] = {
+            "n_train": len(y_train), "n_test": len(y_test), "channels": channels,
+            "min_len": min_len, "max_len": max_len, "classes": len(np.unique(y_train)),
+            **training_plan(y_train)}
+        for seed in range(args.large_seeds if dataset == "motions-20k" else args.seeds):
+            order = ("lstmcy", "skorch") if seed % 2 == 0 else ("skorch", "lstmcy")
+            for library in order:
+                record = run_worker(library, dataset, seed, args.threads)
+                records.append(record)
+                print(f"{dataset:>16} seed {seed} {library:>6}: accuracy {record['accuracy']:.3f}, "
+                      f"fit {record['fit_seconds']:6.1f} s, {record['epochs']:3d} epochs, "
+                      f"outside load {record['others_cores'] or 0:.1f} cores", flush=True)
+        # Written after every dataset, so that a long run leaves its finished part behind.
+        meta["loadavg_end"] = os.getloadavg()[0]
+        write_markdown(args.out, records, list(meta["datasets"]), meta)
+        with open(os.path.splitext(args.out)[0] + ".json", "w") as fh:
+            json.dump({"meta": meta, "records": records}, fh, indent=1, default=float)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

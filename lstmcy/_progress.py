@@ -1,0 +1,88 @@
+"""Progress lines of a verbose fit in :mod:`lstmcy.estimators`.
+
+One line when training starts (how many samples, the held-out part, batches per epoch),
+one line per epoch (loss, validation loss and score, elapsed time, an upper bound on the
+time left), a line inside an epoch that runs longer than ``_INTERVAL`` seconds since the
+last line, and one line when training stops.
+"""
+import time
+
+__all__ = ["FitProgress"]
+
+# Seconds without a line after which a long epoch reports how far it got.
+_INTERVAL = 30.0
+
+
+def format_seconds(seconds):
+    """``12.3 s`` below a minute, else ``m:ss`` (or ``h:mm:ss``)."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if hours:
+        return f"{hours}:{minutes:02d}:{seconds:02d}"
+    return f"{minutes}:{seconds:02d}"
+
+
+class FitProgress:
+    """Prints the progress of one call to ``fit`` or ``partial_fit``.
+
+    Parameters
+    ----------
+    name : str
+        The estimator's class name.
+    max_epochs : int
+        Epochs this call runs at most (the bound of the time-left estimate).
+    first_epoch : int
+        Number of the first epoch of this call (warm start and partial_fit continue).
+    n_batches : int
+        Mini-batches per epoch.
+    out : callable, default=print
+    """
+
+    def __init__(self, name, max_epochs, first_epoch, n_batches, out=print):
+        self.name = name
+        self.max_epochs = max_epochs
+        self.first_epoch = first_epoch
+        self.n_batches = n_batches
+        self.out = out
+        self.start = time.perf_counter()
+        self.last_line = self.start
+        self.epochs_done = 0
+
+    def _print(self, line):
+        self.out(line)
+        self.last_line = time.perf_counter()
+
+    def begin(self, n_train, n_validation, batch_size):
+        held_out = (f", {n_validation} held out for early stopping" if n_validation
+                    else ", no early stopping")
+        self._print(f"{self.name}: {n_train} training sequences{held_out}; batch size "
+                    f"{batch_size}, {self.n_batches} steps per epoch, at most "
+                    f"{self.max_epochs} epochs")
+
+    def batch_done(self, epoch, batch):
+        """Report the position inside a long epoch (at most every ``_INTERVAL`` s)."""
+        now = time.perf_counter()
+        if now - self.last_line >= _INTERVAL:
+            self._print(f"epoch {epoch:>4}: batch {batch}/{self.n_batches}, "
+                        f"{format_seconds(now - self.start)} elapsed")
+
+    def epoch_done(self, epoch, loss, validation_loss=None, validation_score=None,
+                   best=False):
+        self.epochs_done += 1
+        elapsed = time.perf_counter() - self.start
+        left = (self.max_epochs - self.epochs_done) * elapsed / self.epochs_done
+        last = self.first_epoch + self.max_epochs - 1
+        line = f"epoch {epoch:>4}/{last}  loss {loss:.4f}"
+        if validation_loss is not None:
+            line += (f"  validation loss {validation_loss:.4f} score {validation_score:.4f}"
+                     f"{' *' if best else '  '}")
+        line += f"  {format_seconds(elapsed)} elapsed"
+        if self.epochs_done < self.max_epochs:
+            line += f", at most {format_seconds(left)} left"
+        self._print(line)
+
+    def end(self, message):
+        self._print(f"{message} ({format_seconds(time.perf_counter() - self.start)} in all)")
