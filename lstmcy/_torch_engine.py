@@ -1,10 +1,10 @@
 """The one entry point from :mod:`lstmcy.torch` into lstmcy's kernels, tensors in and out.
 
 :func:`forward` and :func:`backward` take and return CPU tensors (float32 or float64, in
-``aten::lstm``'s layouts) and run :class:`lstmcy._core.LSTMPlan`'s checked-problem methods
-on numpy views of them: no copies on the way in or out. Both the module's eager autograd
-``Function`` and the registered custom operators (:mod:`lstmcy._torch_ops`) call only
-these two functions, so the engine behind them can change in one place.
+``aten::lstm``'s layouts) and run :mod:`lstmcy._engine` on numpy views of them: no copies
+on the way in or out. Both the module's eager autograd ``Function`` and the registered
+custom operators (:mod:`lstmcy._torch_ops`) call only these two functions, so the engine
+behind them can change in one place.
 
 The module has checked every tensor as ``torch.nn.LSTM`` does, so padded input skips
 lstmcy's argument checks (:func:`~lstmcy._validation.trusted_problem`); packed input
@@ -17,10 +17,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from lstmcy._core import _block_reader, _thread_plan
-from lstmcy._validation import SAVED_NAMES, check_problem, trusted_problem
+from lstmcy import _engine
+from lstmcy._engine import SAVED_NAMES, check_problem, trusted_problem
 
-__all__ = ["Config", "forward", "backward", "problem_for"]
+__all__ = ["Config", "forward", "backward", "problem_for", "saved_parts", "saved_numel"]
 
 
 class Config(NamedTuple):
@@ -46,24 +46,23 @@ def _np(tensor):
 def problem_for(input, batch_sizes, h0, c0, weights, cfg):
     """The checked :class:`~lstmcy._validation.Problem` of one call (numpy views of the
     tensors; the backward of a call rebuilds the forward's from the same tensors)."""
-    if cfg.proj_size:
-        raise NotImplementedError("lstmcy's kernels have no projections (proj_size > 0)")
     x = _np(input)
     params = [_np(w) for w in weights]
     if batch_sizes is None:
         return trusted_problem(x, _np(h0), _np(c0), params, hidden_size=cfg.hidden_size,
                                has_bias=cfg.has_bias, num_layers=cfg.num_layers,
-                               bidirectional=cfg.bidirectional, batch_first=cfg.batch_first)
+                               bidirectional=cfg.bidirectional, batch_first=cfg.batch_first,
+                               proj_size=cfg.proj_size)
     hx = None if h0 is None else (_np(h0), _np(c0))
     return check_problem(x, hx, params, has_bias=cfg.has_bias, num_layers=cfg.num_layers,
                          bidirectional=cfg.bidirectional, batch_first=False,
-                         batch_sizes=_np(batch_sizes))
+                         batch_sizes=_np(batch_sizes), proj_size=cfg.proj_size)
 
 
 def _engine_masks(masks, problem):
     """Dropout multipliers in ``aten::lstm``'s layer-output layout (time-major
-    ``[T, B, F]``, or packed ``[N, F]``) as the ``[T, B, F]`` arrays the plan applies to its
-    internal time-major layer outputs (padded rows get 0: they hold zeros anyway)."""
+    ``[T, B, F]``, or packed ``[N, F]``) as the ``[T, B, F]`` arrays the engine applies to
+    its internal time-major layer outputs (padded rows, which it ignores, get 0)."""
     if not masks:
         return None
     if problem.layout != "packed":
@@ -111,7 +110,8 @@ def forward(input, batch_sizes, h0, c0, weights, masks, cfg, train):
     -------
     y, h_n, c_n : Tensor
     saved : Tensor
-        The saved activations ``[7, L*D, T, B, H]`` (empty unless ``train``).
+        The saved activations, the engine's flat block (empty unless ``train``; see
+        :func:`saved_parts`).
     problem : Problem
         The checked call, which :func:`backward` may reuse.
     """
@@ -119,12 +119,8 @@ def forward(input, batch_sizes, h0, c0, weights, masks, cfg, train):
     if problem.T == 0:
         # As aten::lstm (lstmcy's numpy API accepts T = 0).
         raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
-    y, h_n, c_n, block = _thread_plan()._run_forward(problem, train, _engine_masks(masks, problem))
-    if train:
-        saved = torch.from_numpy(block.reshape(
-            len(SAVED_NAMES), problem.L * problem.D, problem.T, problem.B, problem.H))
-    else:
-        saved = torch.empty(0, dtype=input.dtype)
+    y, h_n, c_n, block = _engine.forward(problem, train, _engine_masks(masks, problem))
+    saved = torch.from_numpy(block) if train else torch.empty(0, dtype=input.dtype)
     return torch.from_numpy(y), torch.from_numpy(h_n), torch.from_numpy(c_n), saved, problem
 
 
@@ -162,23 +158,34 @@ def backward(problem, saved, masks, grad_y, grad_h_n, grad_c_n, output_mask):
     """
     if not any(output_mask):
         return None, None, None, None
-    block = _np(saved.contiguous()).reshape(len(SAVED_NAMES), problem.L * problem.D,
-                                            problem.T * problem.B, problem.H)
     if grad_y is None:
-        dy = _zeros(problem.output_shape(problem.D * problem.H), problem.dtype)
+        dy = _zeros(problem.output_shape(), problem.dtype)
     else:
         dy = _np(grad_y)
-    arrays = {"dy": dy}
-    if grad_h_n is not None:
-        arrays["dh"] = _np(grad_h_n)
-    if grad_c_n is not None:
-        arrays["dc"] = _np(grad_c_n)
-    engine_masks = _engine_masks(masks, problem)
-    if engine_masks is not None:
-        arrays["dropout_masks"] = engine_masks
-    dx, dh0, dc0, dparams = _thread_plan()._run_backward(
-        problem, _block_reader(block, problem.D), arrays, tuple(output_mask))
+    dx, dh0, dc0, dparams = _engine.backward(
+        problem, _np(saved.contiguous()), dy, _np(grad_h_n), _np(grad_c_n),
+        _engine_masks(masks, problem), tuple(output_mask))
     return (None if dx is None else torch.from_numpy(dx),
             None if dh0 is None else torch.from_numpy(dh0),
             None if dc0 is None else torch.from_numpy(dc0),
             None if dparams is None else [torch.from_numpy(g) for g in dparams])
+
+
+def saved_parts(saved, cfg, T, B):
+    """The seven activations of a saved block (:func:`forward`'s, of a call with ``T``
+    steps and ``B`` sequences) as ``[L*D, T, B, F]`` views, in ``SAVED_NAMES`` order (F is
+    the hidden size, for h the output size)."""
+    rows = cfg.num_layers * cfg.num_directions * T * B
+    parts, start = [], 0
+    for name in SAVED_NAMES:
+        width = (cfg.proj_size or cfg.hidden_size) if name == "h" else cfg.hidden_size
+        parts.append(saved[start:start + rows * width].view(
+            cfg.num_layers * cfg.num_directions, T, B, width))
+        start += rows * width
+    return parts
+
+
+def saved_numel(cfg, T, B):
+    """Elements of :func:`forward`'s saved block for ``T`` steps and ``B`` sequences."""
+    H = cfg.hidden_size
+    return cfg.num_layers * cfg.num_directions * T * B * (6 * H + (cfg.proj_size or H))

@@ -28,9 +28,6 @@ from lstmcy._torch_reference import second_derivatives
 
 __all__ = ["lstm_forward", "lstm_backward"]
 
-# Activations saved per layer and direction (i, g, f, o, h, c, tanh c).
-_NUM_SAVED = 7
-
 
 def _config(hidden_size, num_layers, bidirectional, has_bias, batch_first, proj_size):
     return engine.Config(hidden_size, num_layers, bidirectional, has_bias, batch_first, proj_size)
@@ -96,8 +93,8 @@ def _lstm_forward_fake(input, batch_sizes, h0, c0, weights, masks, hidden_size, 
     y = input.new_empty(tuple(input.shape[:-1]) + (D * out_size,))
     h_n = input.new_empty((num_layers * D, B, out_size))
     c_n = input.new_empty((num_layers * D, B, hidden_size))
-    saved = (input.new_empty((_NUM_SAVED, num_layers * D, T, B, hidden_size)) if train
-             else input.new_empty(0))
+    cfg = _config(hidden_size, num_layers, bidirectional, has_bias, batch_first, proj_size)
+    saved = input.new_empty(engine.saved_numel(cfg, T, B) if train else 0)
     return y, h_n, c_n, saved
 
 
@@ -249,9 +246,14 @@ def _lstm_forward_vmap(info, in_dims, input, batch_sizes, h0, c0, weights, masks
 
     def split(tensor, axis):
         return tensor.unflatten(axis, (N, tensor.shape[axis] // N))
-    out = (split(y, batch_axis), split(h_n, 1), split(c_n, 1),
-           split(saved, 3) if train else saved)
-    return out, (batch_axis, 1, 1, 3 if train else None)
+    if train:
+        # Each sample's own saved block (as an unbatched call would save it), stacked.
+        cfg = _config(hidden_size, num_layers, bidirectional, has_bias, batch_first, proj_size)
+        T, NB = (x.shape[1], x.shape[0]) if batch_first else x.shape[:2]
+        saved = torch.cat([part.unflatten(2, (N, NB // N)).movedim(2, 0).reshape(N, -1)
+                           for part in engine.saved_parts(saved, cfg, T, NB)], dim=1)
+    out = (split(y, batch_axis), split(h_n, 1), split(c_n, 1), saved)
+    return out, (batch_axis, 1, 1, 0 if train else None)
 
 
 @lstm_backward.register_vmap
