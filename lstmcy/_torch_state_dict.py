@@ -14,9 +14,11 @@ __all__ = ["params_from_state_dict", "config_from_state_dict", "params_to_state_
 _GATE_KEYS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
 
 
-def _layer_keys(layer, direction, has_bias):
+def _layer_keys(layer, direction, has_bias, projected):
+    """One direction's keys, in ``_flat_weights`` order (``weight_hr`` after the biases)."""
     suffix = f"_l{layer}" + ("_reverse" if direction else "")
-    return [key + suffix for key in (_GATE_KEYS if has_bias else _GATE_KEYS[:2])]
+    keys = list(_GATE_KEYS if has_bias else _GATE_KEYS[:2]) + (["weight_hr"] if projected else [])
+    return [key + suffix for key in keys]
 
 
 def _strip_prefix(state_dict, prefix):
@@ -39,18 +41,17 @@ def config_from_state_dict(state_dict, *, prefix=""):
     Returns
     -------
     dict
-        ``{"num_layers": int, "bidirectional": bool, "has_bias": bool}``, ready to pass as
-        ``**kwargs`` to :func:`lstmcy.lstm_forward` / :func:`lstmcy.lstm_backward`.
+        ``{"num_layers": int, "bidirectional": bool, "has_bias": bool, "proj_size": int}``
+        (``proj_size`` 0 without projections), ready to pass as ``**kwargs`` to
+        :func:`lstmcy.lstm_forward` / :func:`lstmcy.lstm_backward`.
 
     Raises
     ------
     ValueError
-        If the keys are not those of an ``nn.LSTM`` (missing layers, projections).
+        If the keys are not those of an ``nn.LSTM`` (missing or extra layers or weights).
     """
-    keys = set(_strip_prefix(state_dict, prefix))
-    if any(key.startswith("weight_hr_l") for key in keys):
-        raise ValueError("state_dict has projection weights (weight_hr_l*, proj_size > 0), "
-                         "which lstmcy does not support")
+    entries = _strip_prefix(state_dict, prefix)
+    keys = set(entries)
     num_layers = 0
     while f"weight_ih_l{num_layers}" in keys:
         num_layers += 1
@@ -59,15 +60,18 @@ def config_from_state_dict(state_dict, *, prefix=""):
                          f"(check prefix={prefix!r})")
     bidirectional = "weight_ih_l0_reverse" in keys
     has_bias = "bias_ih_l0" in keys
+    projected = "weight_hr_l0" in keys
     expected = {key for layer in range(num_layers) for direction in range(2 if bidirectional else 1)
-                for key in _layer_keys(layer, direction, has_bias)}
+                for key in _layer_keys(layer, direction, has_bias, projected)}
     lstm_keys = {key for key in keys if key.split("_l")[0] in _GATE_KEYS + ("weight_hr",)}
     if lstm_keys != expected:
         missing = sorted(expected - lstm_keys)
         extra = sorted(lstm_keys - expected)
         raise ValueError(f"state_dict is not a consistent nn.LSTM state_dict: missing {missing}, "
                          f"unexpected {extra}")
-    return {"num_layers": num_layers, "bidirectional": bidirectional, "has_bias": has_bias}
+    proj_size = int(np.shape(entries["weight_hr_l0"])[0]) if projected else 0
+    return {"num_layers": num_layers, "bidirectional": bidirectional, "has_bias": has_bias,
+            "proj_size": proj_size}
 
 
 def _to_numpy(value, name, copy):
@@ -103,9 +107,10 @@ def params_from_state_dict(state_dict, *, prefix="", copy=True):
     Returns
     -------
     list of ndarray
-        Per layer, forward direction then reverse: ``w_ih, w_hh[, b_ih, b_hh]``, the order
-        of :func:`lstmcy.lstm_forward`'s ``params``. Use :func:`config_from_state_dict` for
-        the matching ``num_layers``, ``bidirectional`` and ``has_bias``.
+        Per layer, forward direction then reverse: ``w_ih, w_hh[, b_ih, b_hh][, w_hr]``,
+        the order of :func:`lstmcy.lstm_forward`'s ``params``. Use
+        :func:`config_from_state_dict` for the matching ``num_layers``, ``bidirectional``,
+        ``has_bias`` and ``proj_size``.
 
     Examples
     --------
@@ -123,20 +128,23 @@ def params_from_state_dict(state_dict, *, prefix="", copy=True):
     params = []
     for layer in range(config["num_layers"]):
         for direction in range(2 if config["bidirectional"] else 1):
-            for key in _layer_keys(layer, direction, config["has_bias"]):
+            for key in _layer_keys(layer, direction, config["has_bias"], config["proj_size"] > 0):
                 params.append(_to_numpy(entries[key], prefix + key, copy))
     return params
 
 
-def params_to_state_dict(params, *, num_layers=1, bidirectional=False, has_bias=True, prefix=""):
+def params_to_state_dict(params, *, num_layers=1, bidirectional=False, has_bias=True, proj_size=0,
+                         prefix=""):
     """An ``nn.LSTM`` ``state_dict`` (of new tensors) from lstmcy's ``params`` list.
 
     Parameters
     ----------
     params : list of ndarray
         As given to :func:`lstmcy.lstm_forward`: per layer, forward direction then
-        reverse, ``w_ih [4H, I_l], w_hh [4H, H]`` and, if ``has_bias``, ``b_ih, b_hh [4H]``.
-    num_layers, bidirectional, has_bias
+        reverse, ``w_ih [4H, I_l], w_hh [4H, P]``, if ``has_bias`` ``b_ih, b_hh [4H]`` and,
+        if ``proj_size`` ``w_hr [P, H]`` (``P = proj_size``, else ``H``; ``I_l`` is the
+        input size for the first layer, ``D * P`` after).
+    num_layers, bidirectional, has_bias, proj_size
         The layout of ``params`` (as for :func:`lstmcy.lstm_forward`).
     prefix : str, default ""
         Prepended to every key.
@@ -159,33 +167,42 @@ def params_to_state_dict(params, *, num_layers=1, bidirectional=False, has_bias=
         raise TypeError(f"bidirectional must be a bool, got {bidirectional!r}")
     if not isinstance(has_bias, bool):
         raise TypeError(f"has_bias must be a bool, got {has_bias!r}")
+    if isinstance(proj_size, bool) or not isinstance(proj_size, int) or proj_size < 0:
+        raise ValueError(f"proj_size must be an int >= 0, got {proj_size!r}")
     if not isinstance(params, (list, tuple)):
         raise TypeError(f"params must be a list of arrays, got {type(params).__name__}")
     D = 2 if bidirectional else 1
-    per_direction = 4 if has_bias else 2
+    projected = proj_size > 0
+    per_direction = (4 if has_bias else 2) + (1 if projected else 0)
     if len(params) != num_layers * D * per_direction:
         raise ValueError(f"params must hold {num_layers * D * per_direction} arrays for "
                          f"num_layers={num_layers}, bidirectional={bidirectional}, "
-                         f"has_bias={has_bias}, got {len(params)}")
+                         f"has_bias={has_bias}, proj_size={proj_size}, got {len(params)}")
     state_dict = OrderedDict()
     index = 0
     hidden = None
     for layer in range(num_layers):
         for direction in range(D):
-            for key in _layer_keys(layer, direction, has_bias):
+            for key in _layer_keys(layer, direction, has_bias, projected):
                 array = params[index]
                 if not isinstance(array, np.ndarray):
                     raise TypeError(f"params[{index}] ({key}) must be an ndarray, "
                                     f"got {type(array).__name__}")
                 if hidden is None:
                     hidden = array.shape[0] // 4 if array.ndim >= 1 else 0
-                rows = 4 * hidden
-                expected_ndim = 2 if key.startswith("weight") else 1
-                if array.ndim != expected_ndim or array.shape[0] != rows or (
-                        key.startswith("weight_hh") and array.shape[1] != hidden) or (
-                        key.startswith("weight_ih") and layer > 0 and array.shape[1] != D * hidden):
-                    raise ValueError(f"params[{index}] ({key}) has shape {array.shape}, which does "
-                                     f"not fit hidden size {hidden}")
+                out = proj_size if projected else hidden
+                if key.startswith("weight_hr"):
+                    expected = (proj_size, hidden)
+                elif key.startswith("weight_hh"):
+                    expected = (4 * hidden, out)
+                elif key.startswith("weight_ih"):
+                    expected = (4 * hidden, array.shape[1] if layer == 0 else D * out)
+                else:
+                    expected = (4 * hidden,)
+                if array.shape != expected:
+                    raise ValueError(f"params[{index}] ({key}) has shape {array.shape}, expected "
+                                     f"{expected} for hidden size {hidden}"
+                                     + (f" and proj_size {proj_size}" if projected else ""))
                 if array.dtype.name == "bfloat16":
                     tensor = torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
                 else:

@@ -1,6 +1,6 @@
 """PyTorch drop-in: :class:`LSTM`, a ``torch.nn.LSTM`` computed by lstmcy's kernels.
 
-This module needs PyTorch (the ``lstmcy[torch]`` extra) and is only imported when asked
+This module needs PyTorch (the ``[torch]`` extra) and is only imported when asked
 for explicitly (``import lstmcy.torch`` or ``from lstmcy.torch import LSTM``);
 ``import lstmcy`` never imports torch.
 
@@ -32,7 +32,8 @@ import math
 try:
     import torch
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("lstmcy.torch needs PyTorch: pip install 'lstmcy[torch]'") from exc
+    raise ImportError("lstmcy.torch needs PyTorch: pip install torch "
+                      "(from lstmcy's checkout: pip install -e '.[torch]')") from exc
 from torch import nn
 from torch.autograd import forward_ad
 from torch.nn.utils.rnn import PackedSequence
@@ -49,9 +50,6 @@ _KERNEL_DTYPES = (torch.float32, torch.float64)
 # Computed in float32 (inputs, states and weights converted on the way in, results on
 # the way out), as lstmcy's numpy API computes them.
 _LOW_PRECISION_DTYPES = (torch.float16, torch.bfloat16)
-# Whether the kernels compute projections (proj_size > 0). The rest of this module, the
-# custom operators and the reference handle them already.
-_KERNELS_HAVE_PROJECTIONS = False
 
 
 # ---------------------------------------------------------------------------
@@ -194,7 +192,9 @@ class LSTM(nn.LSTM):
     bidirectional : bool, default False
         Run a reverse direction too; outputs are concatenated on the feature axis.
     proj_size : int, default 0
-        Must be 0: lstmcy's kernels have no projections yet.
+        If positive, each layer's output is projected to ``proj_size`` features
+        (``h_t = W_hr (o_t * tanh(c_t))``, LSTMP), as in ``torch.nn.LSTM``: ``h0`` and
+        ``h_n`` have ``proj_size`` features, ``c0`` and ``c_n`` ``hidden_size``.
     device, dtype
         As for ``torch.nn.LSTM``. Only the CPU runs forward; float32 and float64 are
         computed natively, float16 and bfloat16 in float32 (results rounded to the
@@ -229,9 +229,6 @@ class LSTM(nn.LSTM):
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
                  dropout=0.0, bidirectional=False, proj_size=0, device=None, dtype=None):
-        if proj_size != 0 and not _KERNELS_HAVE_PROJECTIONS:
-            raise ValueError(f"proj_size must be 0: lstmcy's kernels have no projections "
-                             f"(got proj_size={proj_size}); use torch.nn.LSTM")
         super().__init__(input_size, hidden_size, num_layers=num_layers, bias=bias,
                          batch_first=batch_first, dropout=dropout, bidirectional=bidirectional,
                          proj_size=proj_size, device=device, dtype=dtype)

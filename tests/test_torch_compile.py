@@ -7,6 +7,7 @@ the same weights (outputs and gradients, float64), from a cold start and after
 The operators' registrations are checked with ``torch.library.opcheck``.
 """
 import io
+import os
 import subprocess
 import sys
 import textwrap
@@ -150,11 +151,13 @@ INDUCTOR_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_inductor_fullgraph():
+def test_inductor_fullgraph(tmp_path):
     """Inductor compiles the model around the opaque operator (in a subprocess with a
-    deadline: inductor may start compiler workers)."""
+    deadline: inductor may start compiler workers; with a cache of its own, as inductor's
+    cache keys do not cover a Python fake implementation)."""
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
     result = subprocess.run([sys.executable, "-c", INDUCTOR_SCRIPT], capture_output=True,
-                            text=True, timeout=600)
+                            text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok")
 

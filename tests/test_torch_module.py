@@ -118,6 +118,25 @@ def test_packed_unsorted_matches_nn_lstm(num_layers, bidirectional, batch_first,
             batch=len(lengths))
 
 
+@pytest.mark.parametrize("num_layers", [1, 2])
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("packed", [False, True])
+def test_projections_match_nn_lstm(num_layers, bidirectional, packed):
+    ours, ref = module_pair(3, 5, num_layers=num_layers, bidirectional=bidirectional, proj_size=2,
+                          batch_first=packed)
+    if packed:
+        compare(ours, ref, packed_input([3, 6, 1, 6, 4], 3, True), hx_seed=13, batch=5)
+    else:
+        compare(ours, ref, padded_input(5, 3, 3, False), hx_seed=13, batch=3)
+
+
+@pytest.mark.parametrize("route", ["eager", "operator", "func", "reference"])
+def test_projections_with_dropout_match_nn_lstm_on_every_route(route, monkeypatch):
+    monkeypatch.setattr(lstmcy.torch, "_route", lambda tensors: route)
+    ours, ref = module_pair(3, 6, num_layers=3, bidirectional=True, proj_size=4, dropout=0.4)
+    compare(ours, ref, padded_input(4, 3, 3, False), hx_seed=14, batch=3)
+
+
 def test_packed_output_keeps_permutation():
     lengths = [2, 5, 3]
     ours, ref = module_pair(3, 4, bidirectional=True)
@@ -439,7 +458,7 @@ def test_params_helpers_round_trip_and_drive_lstm_forward():
     sd = wrapper.state_dict()
     params = params_from_state_dict(sd, prefix="rnn.")
     config = config_from_state_dict(sd, prefix="rnn.")
-    assert config == {"num_layers": 2, "bidirectional": True, "has_bias": True}
+    assert config == {"num_layers": 2, "bidirectional": True, "has_bias": True, "proj_size": 0}
     assert [p.shape for p in params] == [tuple(w.shape) for w in ref._flat_weights]
     assert all(isinstance(p, np.ndarray) for p in params)
     # Copies by default; views on request.
@@ -464,10 +483,33 @@ def test_params_helpers_round_trip_and_drive_lstm_forward():
     wrapper.load_state_dict(prefixed)
 
 
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_params_helpers_with_projections_drive_lstm_forward(bidirectional):
+    torch.manual_seed(1)
+    ref = nn.LSTM(3, 5, num_layers=2, bidirectional=bidirectional, proj_size=2, dtype=F64)
+    sd = ref.state_dict()
+    config = config_from_state_dict(sd)
+    assert config == {"num_layers": 2, "bidirectional": bidirectional, "has_bias": True, "proj_size": 2}
+    params = params_from_state_dict(sd)
+    assert [p.shape for p in params] == [tuple(w.shape) for w in ref._flat_weights]
+    x = torch.randn(6, 4, 3, dtype=F64)
+    want, (h_n, c_n) = ref(x)
+    y, got_h, got_c, _ = lstmcy.lstm_forward(x.numpy(), None, params, train=False, **config)
+    assert_close(torch.from_numpy(y), want.detach())
+    assert_close(torch.from_numpy(got_h), h_n.detach())
+    assert_close(torch.from_numpy(got_c), c_n.detach())
+    back = params_to_state_dict(params, **config)
+    assert list(back) == list(sd)
+    loaded = LSTM(3, 5, num_layers=2, bidirectional=bidirectional, proj_size=2, dtype=F64)
+    loaded.load_state_dict(back)
+    assert_close(loaded(x)[0].detach(), want.detach())
+
+
 def test_params_helpers_without_bias_and_errors():
     ref = nn.LSTM(2, 3, num_layers=3, bias=False)
     sd = ref.state_dict()
-    assert config_from_state_dict(sd) == {"num_layers": 3, "bidirectional": False, "has_bias": False}
+    assert config_from_state_dict(sd) == {"num_layers": 3, "bidirectional": False, "has_bias": False,
+                                          "proj_size": 0}
     params = params_from_state_dict(sd)
     assert len(params) == 6
     assert list(params_to_state_dict(params, num_layers=3, has_bias=False)) == list(sd)
@@ -475,8 +517,13 @@ def test_params_helpers_without_bias_and_errors():
         params_to_state_dict(params, num_layers=3, has_bias=True)
     with pytest.raises(ValueError, match="weight_ih_l0"):
         params_from_state_dict(sd, prefix="encoder.")
-    with pytest.raises(ValueError, match="projection"):
-        config_from_state_dict(nn.LSTM(2, 4, proj_size=2).state_dict())
+    projected = dict(nn.LSTM(2, 4, num_layers=2, proj_size=3).state_dict())
+    del projected["weight_hr_l1"]
+    with pytest.raises(ValueError, match="weight_hr_l1"):
+        config_from_state_dict(projected)
+    with pytest.raises(ValueError, match=r"expected \(12, 3\)"):
+        params_to_state_dict([np.zeros((12, 2)), np.zeros((12, 4)), np.zeros((3, 3))], has_bias=False,
+                             proj_size=3)
     broken = dict(sd)
     del broken["weight_hh_l1"]
     with pytest.raises(ValueError, match="weight_hh_l1"):
@@ -492,8 +539,6 @@ def test_params_helpers_without_bias_and_errors():
 # ---------------------------------------------------------------------------
 
 def test_unsupported_dtypes_devices_and_options():
-    with pytest.raises(ValueError, match="proj_size"):
-        LSTM(3, 4, proj_size=2)
     with warnings.catch_warnings():  # torch: "Complex modules are a new feature"
         warnings.simplefilter("ignore", UserWarning)
         complex_lstm = LSTM(3, 4).to(torch.complex64)
