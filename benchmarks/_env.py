@@ -1,6 +1,6 @@
 """Run the benchmark without OpenBLAS's kernel overrides (imported before numpy).
 
-This machine's environment sets ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE``,
+Some environments set ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE``,
 which make OpenBLAS pick older, slower kernels. OpenBLAS reads them once, when
 the library is loaded (on ``import numpy`` / ``import scipy``), so unsetting them
 later in the process has no effect: the script re-executes itself with a clean

@@ -36,7 +36,7 @@ machine load.
 ``--breakdown`` also times, in the same interleaved rounds, each module's LSTM alone
 (forward and backward of ``h_n``, no head, loss or optimiser), so that the rest of the
 step (head, loss, autograd, optimiser: the same work with either module) is the
-difference; and it measures this machine's GEMM peak, to show how fast lstmcy's part
+difference; and it measures the machine's GEMM peak, to show how fast lstmcy's part
 would have to be for a given speed-up and what its FLOPs cost at that peak.
 """
 import argparse

@@ -86,7 +86,7 @@ def parse_args(argv=None):
                         help="frameworks to compare with, comma-separated from torch, jax, tf (default "
                              "torch; PyTorch is always timed). jax and tf add forward+backward timings "
                              "for all, after a cross-check of their gradients; a peer that is not "
-                             "installed is skipped (pip install 'lstmcy[bench]')")
+                             "installed is skipped (pip install -e '.[bench]')")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     args = parser.parse_args(argv)
     from peers import parse_peers

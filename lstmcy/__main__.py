@@ -17,7 +17,8 @@ def _demo(args, extra):
     try:
         import sklearn  # noqa: F401
     except ImportError:
-        print("lstmcy demo needs scikit-learn: pip install 'lstmcy[sklearn]'", file=sys.stderr)
+        print("lstmcy demo needs scikit-learn: pip install scikit-learn "
+              "(from lstmcy's checkout: pip install -e '.[sklearn]')", file=sys.stderr)
         return EXIT_UNAVAILABLE
     from lstmcy._demo import run_demo
     result = run_demo(hidden_size=args.hidden_size, max_iter=args.max_iter,

@@ -114,7 +114,7 @@ def run_demo(*, hidden_size=64, max_iter=30, learning_rate=0.01, batch_size=64, 
             written = plot
             out(f"Loss curve saved to {plot}")
         else:
-            out("matplotlib is not installed: no PNG (pip install 'lstmcy[plot]')")
+            out("matplotlib is not installed: no PNG (pip install matplotlib)")
     return {"accuracy": accuracy, "seconds": seconds, "epochs": clf.n_iter_,
             "loss_curve": list(clf.loss_curve_), "plot": written,
             "n_train": len(X_train), "n_test": len(X_test)}

@@ -9,7 +9,7 @@ scores (softmax) or to the regression targets (identity). Training is mini-batch
 Adam or SGD with momentum; the head's gradients are computed in numpy and every
 gradient of the LSTM comes from ``lstmcy.lstm_backward``.
 
-This module needs scikit-learn (``pip install lstmcy[sklearn]``); ``import lstmcy``
+This module needs scikit-learn (the ``[sklearn]`` extra: ``pip install -e ".[sklearn]"``); ``import lstmcy``
 does not import it.
 
 Input ``X`` can be (see :mod:`lstmcy._sequences` and docs/estimators.md)

@@ -105,7 +105,7 @@ LENGTH_PATTERNS = {
 
 
 @pytest.mark.parametrize("bidirectional", [False, True])
-@pytest.mark.parametrize("layout", ["packed", "padded"])
+@pytest.mark.parametrize("layout", ["packed", "padded_2d"])
 @pytest.mark.parametrize("pattern", list(LENGTH_PATTERNS))
 def test_length_patterns_match_torch(pattern, layout, bidirectional):
     lengths = LENGTH_PATTERNS[pattern]
@@ -119,7 +119,7 @@ def test_length_patterns_match_torch(pattern, layout, bidirectional):
 def test_packed_and_padded_layouts_agree_with_each_other():
     """Same sequences in packed and padded 2-D layouts give the same numbers."""
     packed = make_case(5, T=6, B=4, num_layers=2, bidirectional=True, layout="packed")
-    padded = make_case(5, T=6, B=4, num_layers=2, bidirectional=True, layout="padded")
+    padded = make_case(5, T=6, B=4, num_layers=2, bidirectional=True, layout="padded_2d")
     got_p, _, _ = run_lstmcy(lstmcy, packed)
     got_d, _, _ = run_lstmcy(lstmcy, padded)
     rows = padded.valid_rows()
@@ -160,7 +160,7 @@ def test_low_precision_no_worse_than_torch(dtype_name, num_layers, bidirectional
     exact = oracle_for(case, cache).named(case)
     theirs = oracle_for(case, cache, dtype=torch_dtype).named(case)
     ours = got.named(case)
-    if layout == "padded":
+    if layout == "padded_2d":
         rows = case.valid_rows()
         for named in (exact, theirs, ours):  # padded rows are 0 in all three
             named["y"], named["dx"] = named["y"][rows], named["dx"][rows]

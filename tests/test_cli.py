@@ -92,7 +92,7 @@ def test_demo_without_matplotlib_says_so(monkeypatch, capsys, tmp_path):
 def test_demo_without_sklearn_exits_2(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "sklearn", None)
     assert cli.main(["demo"]) == cli.EXIT_UNAVAILABLE == 2
-    assert "pip install 'lstmcy[sklearn]'" in capsys.readouterr().err
+    assert "pip install -e '.[sklearn]'" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- bench

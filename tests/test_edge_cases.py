@@ -95,7 +95,7 @@ def test_zero_sizes(zero, layout):
         assert np.abs(got.y).max() > 0 and np.abs(got.dh_prev).max() > 0
 
 
-@pytest.mark.parametrize("layout", ["packed", "padded"])
+@pytest.mark.parametrize("layout", ["packed", "padded_2d"])
 def test_zero_steps_varlen(layout):
     """T = 0 with (empty) batch_sizes: h_n = h0, dh_prev = dh; B comes from hx."""
     rng = np.random.default_rng(4)
@@ -165,7 +165,7 @@ def negative(a):
     return view
 
 
-@pytest.mark.parametrize("layout", ["time_major", "batch_first", "packed", "padded"])
+@pytest.mark.parametrize("layout", ["time_major", "batch_first", "packed", "padded_2d"])
 @pytest.mark.parametrize("make_view", [fortran, strided, negative])
 def test_any_strides_same_bits(make_view, layout):
     case = make_case(9, T=5, B=3, I=4, H=3, num_layers=2, bidirectional=True, layout=layout,
@@ -182,7 +182,7 @@ def test_any_strides_same_bits(make_view, layout):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
 def test_inputs_never_modified(dtype):
-    case = make_case(10, T=5, B=3, I=4, H=3, num_layers=2, bidirectional=True, layout="padded",
+    case = make_case(10, T=5, B=3, I=4, H=3, num_layers=2, bidirectional=True, layout="padded_2d",
                      dropout=0.3, dtype=dtype)
     y, h_n, c_n, cache = lstmcy.lstm_forward(case.x, case.hx, case.params, dropout=case.dropout,
                                              seed=case.seed, **case.kwargs())
@@ -232,7 +232,7 @@ def test_dropout_seed_reproducible_and_masks_used():
 # gradient scales, hx=None, inference
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("layout", ["time_major", "packed", "padded"])
+@pytest.mark.parametrize("layout", ["time_major", "packed", "padded_2d"])
 def test_gradients_with_scales_over_decades_match_torch(layout):
     """dy, dh, dc with random signs and magnitudes 1e-5 .. 1e5."""
     case = make_case(16, T=6, B=4, I=3, H=5, num_layers=2, bidirectional=True, layout=layout,
@@ -275,7 +275,7 @@ def test_hx_none_is_zeros(layout):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("layout", ["time_major", "batch_first", "packed", "padded"])
+@pytest.mark.parametrize("layout", ["time_major", "batch_first", "packed", "padded_2d"])
 def test_inference_mode(layout, dtype):
     """train=False: cache None, same outputs as training, and no dropout applied."""
     case = make_case(19, T=5, B=3, I=4, H=3, num_layers=3, bidirectional=True, layout=layout,

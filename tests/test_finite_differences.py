@@ -19,9 +19,9 @@ FD_CONFIGS = {
     # name: (num_layers, bidirectional, has_bias, layout, dropout)
     "L1-uni-time_major": (1, False, True, "time_major", 0.0),
     "L2-bi-packed": (2, True, True, "packed", 0.0),
-    "L1-bi-padded-nobias": (1, True, False, "padded", 0.0),
+    "L1-bi-padded-nobias": (1, True, False, "padded_2d", 0.0),
     "L2-uni-batch_first-dropout": (2, False, True, "batch_first", 0.5),
-    "L2-bi-padded-dropout": (2, True, True, "padded", 0.3),
+    "L2-bi-padded-dropout": (2, True, True, "padded_2d", 0.3),
 }
 
 STEP = 1e-6
@@ -51,7 +51,7 @@ def test_central_finite_differences(module_name, config):
     num_layers, bidirectional, has_bias, layout, dropout = FD_CONFIGS[config]
     case = make_case(11, T=3, B=3, I=2, H=2, num_layers=num_layers, bidirectional=bidirectional,
                      has_bias=has_bias, layout=layout, dropout=dropout)
-    if layout == "padded":  # padded garbage is ignored: keep it moderate for the FD scale
+    if layout == "padded_2d":  # padded garbage is ignored: keep it moderate for the FD scale
         case.x[~case.valid_rows()] *= 1e-3
     grads = analytic_gradients(module, case)
     arrays = {name: a.copy() for name, a in case.arrays().items() if name in grads}
@@ -93,7 +93,7 @@ def random_configs(count, seed):
     configs = []
     for n in range(count):
         layout = LAYOUTS[rng.integers(len(LAYOUTS))]
-        low = 1 if layout in ("packed", "padded") else 0
+        low = 1 if layout in ("packed", "padded_2d") else 0
         sizes = dict(T=int(rng.integers(low, 7)), B=int(rng.integers(low, 5)),
                      I=int(rng.integers(0, 6)), H=int(rng.integers(0, 6)))
         if rng.random() < 0.6:  # mostly non-degenerate

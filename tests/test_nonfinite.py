@@ -24,7 +24,7 @@ CONFIGS = {
     # name: make_case keywords
     "L2-bi-time_major": dict(num_layers=2, bidirectional=True, layout="time_major"),
     "L2-bi-packed-dropout": dict(num_layers=2, bidirectional=True, layout="packed", dropout=0.3),
-    "L1-bi-padded-nobias": dict(num_layers=1, bidirectional=True, layout="padded", has_bias=False),
+    "L1-bi-padded-nobias": dict(num_layers=1, bidirectional=True, layout="padded_2d", has_bias=False),
     "L3-uni-batch_first-dropout": dict(num_layers=3, layout="batch_first", dropout=0.5),
 }
 SIZES = dict(T=4, B=3, I=3, H=3)
@@ -41,7 +41,7 @@ def place(case, name, value, seed):
     """Put ``value`` at one random (valid, for padded layouts) entry of input ``name``."""
     rng = np.random.default_rng(seed)
     array = case.arrays()[name]
-    if name in ("x", "dy") and case.layout == "padded":
+    if name in ("x", "dy") and case.layout == "padded_2d":
         row = rng.choice(np.flatnonzero(case.valid_rows()))
         index = (row, rng.integers(array.shape[1]))
     else:
@@ -105,7 +105,7 @@ def test_non_finite_input_propagates_like_torch(config, name, value):
 @pytest.mark.parametrize("name", ["x", "dy"])
 def test_non_finite_at_padded_positions_is_ignored(name, value):
     """Padded rows of x and dy (2-D padded layout) are never read."""
-    case = make_case(22, **SIZES, num_layers=2, bidirectional=True, layout="padded")
+    case = make_case(22, **SIZES, num_layers=2, bidirectional=True, layout="padded_2d")
     clean, _, _ = run_lstmcy(lstmcy, case)
     array = getattr(case, name)
     array[~case.valid_rows()] = value

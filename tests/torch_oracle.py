@@ -28,7 +28,7 @@ __all__ = ["LAYOUTS", "Case", "OracleResult", "make_case", "make_params", "param
            "single_torch_thread", "norm_rel_err", "assert_no_worse_than"]
 
 #: Layouts of the sequence tensors (input, y, dy, dx).
-LAYOUTS = ("time_major", "batch_first", "packed", "padded")
+LAYOUTS = ("time_major", "batch_first", "packed", "padded_2d")
 
 
 def as_f64(array):
@@ -148,7 +148,7 @@ class Case:
 
     def valid_rows(self):
         """Boolean mask over the rows/positions of x, y that are real (not padding)."""
-        if self.layout != "padded":
+        if self.layout != "padded_2d":
             return np.ones(self.x.shape[:-1], dtype=bool)
         mask = np.zeros(self.T * self.B, dtype=bool)
         mask[packed_index(self.batch_sizes, self.B)] = True
@@ -166,7 +166,7 @@ def make_case(seed, *, T=5, B=3, I=4, H=5, num_layers=1, bidirectional=False, ha
         Seed of everything random (also passed to lstm_forward for the dropout masks).
     T, B, I, H : int
         Sizes. For the variable-length layouts T is the longest length.
-    layout : {"time_major", "batch_first", "packed", "padded"}
+    layout : {"time_major", "batch_first", "packed", "padded_2d"}
         ``packed``: 2-D ``[sum(batch_sizes), I]``; ``padded``: 2-D ``[T*B, I]`` time-major
         with garbage (large random numbers) at the padded positions of x and dy.
     lengths : sequence of int, optional
@@ -179,7 +179,7 @@ def make_case(seed, *, T=5, B=3, I=4, H=5, num_layers=1, bidirectional=False, ha
     D = 2 if bidirectional else 1
     L = num_layers
     batch_sizes = None
-    if layout in ("packed", "padded"):
+    if layout in ("packed", "padded_2d"):
         if lengths is None:
             lengths = rng.integers(1, T + 1, size=B)
             if B:

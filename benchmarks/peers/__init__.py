@@ -71,7 +71,7 @@ def parse_peers(spec):
 
 
 def install_hint(name):
-    return f"pip install 'lstmcy[bench]' (or {_PACKAGES[name]})"
+    return f"pip install -e '.[bench]' (or {_PACKAGES[name]})"
 
 
 def load_peers(names, threads, modules=None):
