@@ -397,14 +397,16 @@ cdef void _gradients_worker(BackwardCall *bc, floating *like, int worker) noexce
     cdef Py_ssize_t per_direction = bc.lanes * bc.n_blocks
     cdef Py_ssize_t n_chains = bc.D * per_direction if bc.want_dparams else 0
     cdef Py_ssize_t own = worker % n_chains if n_chains > 0 else 0
-    cdef Py_ssize_t j, b, d, k, c, lane, s_lo, s_hi
-    cdef bint ran, free_left
-    cdef int seen
+    cdef Py_ssize_t j, b, d, k, c, lane, s_lo, s_hi, g, q
+    cdef Py_ssize_t need[2]
+    cdef bint ran, free_left, waited
+    cdef int next_piece
     while True:
         if bc.want_dx and _take_dx_piece(bc, like, worker):
             continue
         ran = False
         free_left = False
+        need[0] = need[1] = bc.steps.T + 1  # steps each direction must reach for more work
         for j in range(n_chains):
             b = (own + j) % n_chains
             d = b // per_direction
@@ -415,7 +417,11 @@ cdef void _gradients_worker(BackwardCall *bc, floating *like, int worker) noexce
                 continue
             free_left = True
             _chunk_steps(bc, c, &s_lo, &s_hi)
-            if not _steps_done(bc, d, s_hi) or not claim(&bc.block_busy[b]):
+            if not _steps_done(bc, d, s_hi):
+                if s_hi < need[d]:
+                    need[d] = s_hi
+                continue
+            if not claim(&bc.block_busy[b]):
                 continue
             # The chain is this thread's: its chunks while they are ready and no dx piece
             # is (the chain is let go before a dx piece, so others may take it). What was
@@ -441,12 +447,29 @@ cdef void _gradients_worker(BackwardCall *bc, floating *like, int worker) noexce
             continue
         if not free_left and not (bc.want_dx and load_acquire(bc.dx_next) < bc.n_dx_pieces):
             return
-        # Something is left but not ready: wait for the recurrences to get further (the
-        # group furthest behind that has not finished).
-        for j in range(bc.D * bc.groups):
-            seen = event_get(&bc.progress[j])
-            if seen < bc.steps.T:
-                event_wait(&bc.progress[j], seen + 1, bc.spin_ns)
+        # Something is left but not ready: wait until a row group that is behind has done
+        # the steps the nearest piece of work needs (not just its next step: with more
+        # threads than cores, waking at every step would take the cores from the
+        # recurrences).
+        if bc.want_dx:
+            next_piece = load_acquire(bc.dx_next)
+            if next_piece < bc.n_dx_pieces:
+                q = bc.dx_order[next_piece]
+                for d in range(bc.D):
+                    s_hi = _dx_steps_needed(bc, d, q)
+                    if s_hi < need[d] and not _steps_done(bc, d, s_hi):
+                        need[d] = s_hi
+        waited = False
+        for d in range(bc.D):
+            if need[d] > bc.steps.T:
+                continue
+            for g in range(bc.groups):
+                j = d * bc.groups + g
+                if event_get(&bc.progress[j]) < need[d]:
+                    event_wait(&bc.progress[j], <int>need[d], bc.spin_ns)
+                    waited = True
+                    break
+            if waited:
                 break
 
 

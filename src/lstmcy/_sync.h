@@ -26,10 +26,16 @@
 #endif
 
 /* One event on its own cache line: the waits of other events never share it. */
+/* Waiters sleep on seq, not on value: a setter wakes them only once value reaches the
+   lowest target a waiter asked for (wanted), so a thread waiting for step 30 is not woken
+   at steps 1 to 29. With more threads than cores, a wake-up at every change would take
+   the cores from the threads doing the work. Zeroed memory is a valid idle event. */
 typedef struct {
     int value;
-    int waiters;  /* threads asleep (or about to sleep) on value */
-    char pad_[64 - 2 * sizeof(int)];
+    int waiters;  /* threads asleep (or about to sleep) on seq */
+    int wanted;   /* no more than the lowest target of the waiters registered since the last wake */
+    int seq;      /* wake-ups so far: the futex word */
+    char pad_[64 - 4 * sizeof(int)];
 } lstmcy_event;
 
 static inline void lstmcy_cpu_relax(void)
@@ -84,23 +90,28 @@ static inline int lstmcy_event_get(lstmcy_event *e)
     return __atomic_load_n(&e->value, __ATOMIC_ACQUIRE);
 }
 
-static inline void lstmcy_event_wake(lstmcy_event *e)
+static inline void lstmcy_event_wake(lstmcy_event *e, int value)
 {
-    /* seq_cst on both sides: either the waiter sees the new value, or this sees it waiting */
-    if (__atomic_load_n(&e->waiters, __ATOMIC_SEQ_CST) > 0)
-        lstmcy_futex_wake_all(&e->value);
+    /* seq_cst on both sides: either the waiter sees the new value, or this sees it waiting
+       (and its target). Reset wanted before counting the wake-up: a waiter that read seq
+       after the count registered after the reset, and one that read it before is woken. */
+    if (__atomic_load_n(&e->waiters, __ATOMIC_SEQ_CST) > 0
+            && value >= __atomic_load_n(&e->wanted, __ATOMIC_SEQ_CST)) {
+        __atomic_store_n(&e->wanted, INT_MAX, __ATOMIC_SEQ_CST);
+        __atomic_add_fetch(&e->seq, 1, __ATOMIC_SEQ_CST);
+        lstmcy_futex_wake_all(&e->seq);
+    }
 }
 
 static inline void lstmcy_event_set(lstmcy_event *e, int value)
 {
     __atomic_store_n(&e->value, value, __ATOMIC_SEQ_CST);
-    lstmcy_event_wake(e);
+    lstmcy_event_wake(e, value);
 }
 
 static inline void lstmcy_event_add(lstmcy_event *e, int delta)
 {
-    __atomic_add_fetch(&e->value, delta, __ATOMIC_SEQ_CST);
-    lstmcy_event_wake(e);
+    lstmcy_event_wake(e, __atomic_add_fetch(&e->value, delta, __ATOMIC_SEQ_CST));
 }
 
 /* Block until e->value >= target, spinning at most spin_ns before sleeping. */
@@ -120,10 +131,15 @@ static inline void lstmcy_event_wait(lstmcy_event *e, int target, long long spin
         return;
     __atomic_add_fetch(&e->waiters, 1, __ATOMIC_SEQ_CST);
     for (;;) {
-        int value = __atomic_load_n(&e->value, __ATOMIC_SEQ_CST);
-        if (value >= target)
+        int seq = __atomic_load_n(&e->seq, __ATOMIC_SEQ_CST);
+        int wanted = __atomic_load_n(&e->wanted, __ATOMIC_SEQ_CST);
+        while (target < wanted
+               && !__atomic_compare_exchange_n(&e->wanted, &wanted, target, 0, __ATOMIC_SEQ_CST,
+                                               __ATOMIC_SEQ_CST)) {
+        }
+        if (__atomic_load_n(&e->value, __ATOMIC_SEQ_CST) >= target)
             break;
-        lstmcy_futex_wait(&e->value, value);
+        lstmcy_futex_wait(&e->seq, seq);
     }
     __atomic_sub_fetch(&e->waiters, 1, __ATOMIC_SEQ_CST);
 }
