@@ -6,6 +6,14 @@ into Markdown (as pasted into ``RESULTS.md``)::
 
     python benchmarks/report.py benchmarks/results/<timestamp>.json [--chart out.png]
     python benchmarks/report.py run1.json run2.json ...   # merge: per case the least disturbed run
+
+``--results-md`` writes the whole of ``RESULTS.md``: how the suite measures, the headline
+run's tables and targets, and (``--scaling``, ``--contention``) the predicted scaling to
+N threads and the oversubscription and outside-load runs::
+
+    python benchmarks/report.py benchmarks/results/<headline>.json \
+        --scaling benchmarks/results/scaling.json --contention benchmarks/results/contention.json \
+        --results-md benchmarks/RESULTS.md
 """
 import argparse
 import json
@@ -454,12 +462,135 @@ def _peer_panel(ax, cases):
     ax.legend()
 
 
+METHOD = """\
+Every number here comes from the result files named below, measured side by side in one
+process: each case runs lstmcy and PyTorch in interleaved rounds on the same data, and a
+table shows medians and the ratio of medians. The GEMM peak (the best of numpy, scipy and
+PyTorch matrix products at 1024 and 2048, at the start and the end of the run) is the
+scale for the efficiencies. The run records the cores other processes used during each
+case; a case measured with more than 0.3 of them busy is not graded against its target.
+OpenBLAS's `OPENBLAS_CORETYPE` and `OPENBLAS_L2_SIZE` are unset in the benchmark's own
+command. What each script measures: `docs/benchmarks.md`. This file is written by
+`benchmarks/report.py --results-md` from those files."""
+
+
+def _machine_lines(meta):
+    """The machine and libraries of a run, from its metadata (what is there)."""
+    lines = []
+    cpu = meta.get("cpu") or {}
+    if cpu:
+        caches = ", ".join(f"{k} {cpu[k]}" for k in ("L1d cache", "L2 cache", "L3 cache") if k in cpu)
+        lines.append(f"- CPU: {cpu.get('Model name', '?')}, {cpu.get('CPU(s)', '?')} CPUs "
+                     f"({cpu.get('Thread(s) per core', '?')} thread per core), SIMD "
+                     f"{cpu.get('simd', '?')}" + (f", {caches}" if caches else "")
+                     + (f"; hypervisor {cpu['Hypervisor vendor']}" if cpu.get("Hypervisor vendor") else ""))
+    versions = {k: v for k, v in (meta.get("versions") or {}).items() if not k.endswith("_path")}
+    if versions:
+        lines.append("- " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    return lines
+
+
+def scaling_section(doc):
+    """Markdown of a ``benchmarks/scaling.py --json`` file."""
+    results = doc["results"]
+    counts = [row["n"] for row in results[0]["rows"]] if results else []
+    header = ["shape", "dtype"] + [f"{n} threads" for n in counts] + ["measured 1 -> 2", "bound at 8, 32"]
+    rows = []
+    for r in results:
+        bounds = {row["n"]: row["bound"] for row in r["rows"]}
+        rows.append([r["shape"], r["dtype"]] + [f"{row['speedup']:.2f}x" for row in r["rows"]]
+                    + [f"{r['measured_1_to_2']:.2f}x", f"{bounds.get(8, '?')}, {bounds.get(32, '?')}"])
+    return "\n".join([
+        "## Predicted scaling to N threads (`benchmarks/scaling.py`)", "",
+        "The kernels' task graphs, traced on one thread with the schedule of each thread "
+        "count, replayed on N workers the way the kernels take tasks: predicted speed-up of "
+        "forward + backward over one thread, beside the measured 1 -> 2 speed-up of the same "
+        "calls (a check of the model). `span`: the recurrence (the critical path) bounds the "
+        "call; `work`: the total work per worker does. The model leaves out shared caches, "
+        f"memory bandwidth and frequency changes. Load average {doc.get('load', '?')} at the start.",
+        "", _md_table(header, rows)])
+
+
+def contention_section(doc):
+    """Markdown of a ``benchmarks/contention.py --json`` file."""
+    rows = []
+    many = None
+    for r in doc["results"]:
+        many = r["many_threads"]
+        rows.append([r["shape"], r["dtype"], _ms(r["two"]), _ms(r["many"]), f"{r['many'] / r['two']:.3f}",
+                     _ms(r["loaded_one"]), _ms(r["loaded_auto"]),
+                     f"{r['loaded_auto'] / r['loaded_one']:.3f}"])
+    header = ["shape", "dtype", "2 threads ms", f"{many} threads ms", "ratio",
+              "busy: 1 thread ms", "busy: automatic ms", "ratio"]
+    return "\n".join([
+        "## More threads than cores, and cores another process holds (`benchmarks/contention.py`)", "",
+        f"Training pass (forward + backward), medians of alternating blocks. Left: 2 threads "
+        f"against {many} on {doc.get('cpus', '?')} CPUs (target: within about 10 %). Right: with "
+        f"a spinning process on every CPU, the automatic thread count against one thread "
+        f"(target: at most 10 % slower). Load average {doc.get('load', '?')} before the run.",
+        "", _md_table(header, rows)])
+
+
+def results_md(doc, paths, scaling=None, contention=None):
+    """The whole of ``RESULTS.md`` for a headline run (and optional scaling and
+    contention runs); ``paths`` names the files, as cited."""
+    meta = doc["meta"]
+    argv = " ".join(meta.get("argv") or ["benchmarks/run.py"])
+    parts = ["# Benchmark results", "", METHOD, "",
+             "## Headline run", "",
+             f"`{paths['headline']}`, measured with "
+             f"`env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python {argv}`.", ""]
+    parts += _machine_lines(meta)
+    parts += ["", markdown_report(doc)]
+    if scaling is not None:
+        parts += ["", scaling_section(scaling), "", f"From `{paths['scaling']}`."]
+    if contention is not None:
+        parts += ["", contention_section(contention), "", f"From `{paths['contention']}`."]
+    import glob
+    import os
+    others = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "*.md")))
+    if others:
+        parts += ["", "## Other results", ""]
+        parts += [f"- [`results/{os.path.basename(p)}`](results/{os.path.basename(p)}): "
+                  f"{_title_of(p)}" for p in others]
+    return "\n".join(parts) + "\n"
+
+
+def _title_of(path):
+    """The first heading of a Markdown file (its title), else its name."""
+    with open(path) as fh:
+        for line in fh:
+            if line.startswith("#"):
+                return line.lstrip("#").strip()
+    return path
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Markdown tables (and a chart) from benchmark JSON files")
     parser.add_argument("json", nargs="+", help="one run, or several to merge (see merge())")
     parser.add_argument("--chart", default=None, help="also draw the PNG chart here")
     parser.add_argument("--text", action="store_true", help="plain-text tables instead of Markdown")
+    parser.add_argument("--results-md", default=None, metavar="PATH",
+                        help="write the whole RESULTS.md here (one headline JSON)")
+    parser.add_argument("--scaling", default=None, help="a scaling.py --json file, for --results-md")
+    parser.add_argument("--contention", default=None, help="a contention.py --json file, for --results-md")
     args = parser.parse_args(argv)
+    if args.results_md:
+        if len(args.json) != 1:
+            parser.error("--results-md takes one headline JSON")
+        extra = {}
+        for key in ("scaling", "contention"):
+            path = getattr(args, key)
+            if path:
+                with open(path) as fh:
+                    extra[key] = json.load(fh)
+        with open(args.json[0]) as fh:
+            doc = json.load(fh)
+        paths = {"headline": args.json[0], "scaling": args.scaling, "contention": args.contention}
+        text = results_md(doc, paths, **extra)
+        with open(args.results_md, "w") as fh:
+            fh.write(text)
+        return 0
     docs = []
     for path in args.json:
         with open(path) as fh:
