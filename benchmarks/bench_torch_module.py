@@ -22,6 +22,7 @@ Run::
     python benchmarks/bench_torch_module.py --block 1       # alternate single steps
     python benchmarks/bench_torch_module.py --threads 1 --clock cpu  # on a loaded machine
     python benchmarks/bench_torch_module.py --shape 32,16,32,64,1,0,1  # packed sequences
+    python benchmarks/bench_torch_module.py --shape 50,32,80,512,1,0 --proj-size 128  # LSTMP
     git show main:lstmcy/torch.py > /tmp/torch_main.py
     python benchmarks/bench_torch_module.py --baseline /tmp/torch_main.py   # A/B of two versions
 
@@ -84,11 +85,11 @@ def get_lstmcy_threads():
 class Classifier(nn.Module):
     """LSTM followed by a linear layer on the final hidden state of the last layer."""
 
-    def __init__(self, lstm_class, T, B, I, H, num_layers, bidirectional, dtype):
+    def __init__(self, lstm_class, T, B, I, H, num_layers, bidirectional, dtype, proj_size=0):
         super().__init__()
         self.rnn = lstm_class(I, H, num_layers=num_layers, bidirectional=bidirectional,
-                              dtype=dtype)
-        self.head = nn.Linear((2 if bidirectional else 1) * H, NUM_CLASSES, dtype=dtype)
+                              proj_size=proj_size, dtype=dtype)
+        self.head = nn.Linear((2 if bidirectional else 1) * (proj_size or H), NUM_CLASSES, dtype=dtype)
         self.bidirectional = bidirectional
 
     def forward(self, x):
@@ -168,15 +169,15 @@ def make_batches(shape, dtype, count=8, seed=0):
 
 
 def bench_shape(shape, dtype, optim_name, repeats, warmup, seed=0, breakdown=False, block=10,
-                baseline=None, clock=time.perf_counter):
+                baseline=None, clock=time.perf_counter, proj_size=0):
     T, B, I, H, L, bidir, packed = shape
     torch.manual_seed(seed)
-    ours = Classifier(lstmcy_torch.LSTM, T, B, I, H, L, bidir, dtype)
-    ref = Classifier(nn.LSTM, T, B, I, H, L, bidir, dtype)
+    ours = Classifier(lstmcy_torch.LSTM, T, B, I, H, L, bidir, dtype, proj_size)
+    ref = Classifier(nn.LSTM, T, B, I, H, L, bidir, dtype, proj_size)
     ref.load_state_dict(ours.state_dict())
     steps = {"lstmcy": make_step(ours, optim_name), "torch": make_step(ref, optim_name)}
     if baseline is not None:
-        before = Classifier(baseline, T, B, I, H, L, bidir, dtype)
+        before = Classifier(baseline, T, B, I, H, L, bidir, dtype, proj_size)
         before.load_state_dict(ours.state_dict())
         steps["baseline"] = make_step(before, optim_name)
     if breakdown:
@@ -233,6 +234,8 @@ def main(argv=None):
     parser.add_argument("--breakdown", action="store_true",
                         help="also time each LSTM alone and report the rest of the step, "
                              "with the GEMM peak")
+    parser.add_argument("--proj-size", type=int, default=0,
+                        help="proj_size of every shape's LSTM (LSTMP; default 0: none)")
     parser.add_argument("--target", type=float, default=1.5,
                         help="speed-up the breakdown works back from (default 1.5)")
     args = parser.parse_args(argv)
@@ -248,7 +251,8 @@ def main(argv=None):
           f"lstmcy threads {get_lstmcy_threads() or 'auto'}, "
           f"mkldnn {'on' if torch.backends.mkldnn.is_available() else 'off'}; "
           f"{args.dtype}, {args.optim}, median of {args.repeats} steps (after {args.warmup} warm-up; "
-          f"blocks of {args.block}; {args.clock} clock)")
+          f"blocks of {args.block}; {args.clock} clock"
+          + (f"; proj_size {args.proj_size}" if args.proj_size else "") + ")")
     extra = f" | {'baseline ms':>11} {'baseline/lstmcy':>15}" if baseline else ""
     print(f"{'T':>4} {'B':>4} {'I':>4} {'H':>4} {'L':>2} {'bi':>3} {'pk':>3} | "
           f"{'lstmcy ms':>10} {'torch ms':>10} {'speed-up':>9}{extra}")
@@ -256,7 +260,8 @@ def main(argv=None):
     for shape in shapes:
         result = bench_shape(shape, dtype, args.optim, args.repeats, args.warmup,
                              breakdown=args.breakdown, block=args.block, baseline=baseline,
-                             clock=time.process_time if args.clock == "cpu" else time.perf_counter)
+                             clock=time.process_time if args.clock == "cpu" else time.perf_counter,
+                             proj_size=args.proj_size)
         results.append(result)
         ours, ref = result["lstmcy"] * 1e3, result["torch"] * 1e3
         line = f"{shape_label(shape)} | {ours:>10.3f} {ref:>10.3f} {ref / ours:>8.2f}x"

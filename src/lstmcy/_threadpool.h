@@ -116,10 +116,15 @@ static void *lstmcy_worker_main(void *arg)
 {
     lstmcy_worker *self = (lstmcy_worker *)arg;
     int seen = 0;
+    long long idle_spin = LSTMCY_IDLE_SPIN_NS;
     for (;;) {
-        lstmcy_event_wait(&self->go, seen + 1, LSTMCY_IDLE_SPIN_NS);
+        lstmcy_event_wait(&self->go, seen + 1, idle_spin);
         seen++;
         lstmcy_job *job = self->job;  /* published before go (release/acquire) */
+        /* After a job with more threads than CPUs, sleep at once when idle: a spinning
+           idle worker would take a core from the threads still working. */
+        idle_spin = job->n_workers > __atomic_load_n(&lstmcy_pool.cpus, __ATOMIC_RELAXED)
+                    ? 0 : LSTMCY_IDLE_SPIN_NS;
         lstmcy_run_part(job, self->part);
         /* job lives on the caller's stack: not touched after this */
         lstmcy_event_add(&job->finished, 1);
