@@ -4,7 +4,7 @@ A classifier on ``h_n`` sends its gradient in at the last step only; through a l
 recurrence it decays into the subnormal range, where x86 arithmetic is 10-100x slower.
 lstmcy's kernels flush subnormals to zero (``lstmcy.set_flush_denormals``), so the sparse
 backward should cost about what the dense one does. For each dtype this times, side by
-side in alternating blocks of calls, the backward with only ``dh`` (``dy`` zero) and with
+side in interleaved rounds (``timing.measure``), the backward with only ``dh`` (``dy`` zero) and with
 a dense ``dy``, with subnormals flushed (the default) and kept. The target: the sparse
 backward at most 1.3x the dense one with the default setting.
 
@@ -29,6 +29,7 @@ if __name__ == "__main__":
 import numpy as np  # noqa: E402
 
 import lstmcy  # noqa: E402
+from timing import measure  # noqa: E402
 
 TARGET = 1.3
 
@@ -48,24 +49,10 @@ def make_call(T, B, I, H, dtype, seed=0):
     return x, params, cache, {"last state": (zero_dy, dh), "dense": (dense_dy, None)}
 
 
-def time_blocks(runs, blocks, per_block):
-    """Median seconds per call of each ``runs[name]()``, in alternating blocks."""
-    samples = {name: [] for name in runs}
-    for _ in range(blocks):
-        for name, run in runs.items():
-            run()  # settle after the other run
-            start = time.perf_counter()
-            for _ in range(per_block):
-                run()
-            samples[name].append((time.perf_counter() - start) / per_block)
-    return {name: float(np.median(values)) for name, values in samples.items()}
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="250,32,1,32", help="T,B,I,H")
-    parser.add_argument("--blocks", type=int, default=9)
-    parser.add_argument("--per-block", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9, help="interleaved rounds")
     parser.add_argument("--out", default=None, help="also write the Markdown table here")
     args = parser.parse_args(argv)
     T, B, I, H = (int(v) for v in args.shape.split(","))
@@ -78,18 +65,19 @@ def main(argv=None):
                 def run(dy=dy, dh=dh, flush=flush):
                     lstmcy.set_flush_denormals(flush)
                     lstmcy.lstm_backward(x, None, params, dy, dh, None, *cache.saved())
-                runs[(flush, kind)] = run
-        times = time_blocks(runs, args.blocks, args.per_block)
+                runs[f"{kind}, flush={flush}"] = run
+        times = measure(runs, repeats=args.repeats)
         lstmcy.set_flush_denormals(True)
         for flush in (True, False):
-            sparse, dense = times[(flush, "last state")], times[(flush, "dense")]
+            sparse = times[f"last state, flush={flush}"]["median"]
+            dense = times[f"dense, flush={flush}"]["median"]
             rows.append((np.dtype(dtype).name, "flushed (default)" if flush else "kept (IEEE)",
                          sparse * 1e3, dense * 1e3, sparse / dense))
     with open("/proc/loadavg") as fh:
         load = fh.read().split()[0]
     lines = [f"# Backward with the gradient only at h_n against a dense one, (T,B,I,H) = ({T},{B},{I},{H})",
              "", f"`python benchmarks/bench_subnormal.py --shape {args.shape}`; medians of "
-             f"{args.blocks} alternating blocks of {args.per_block} calls; lstmcy's default threads; "
+             f"{args.repeats} interleaved rounds; lstmcy's default threads; "
              f"load average {load} at the end. Target: at most {TARGET}x with the default setting.", "",
              "| dtype | subnormals | only dh ms | dense dy ms | ratio | target |",
              "|---|---|---|---|---|---|"]

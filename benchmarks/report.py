@@ -16,7 +16,9 @@ N threads and the oversubscription and outside-load runs::
         --results-md benchmarks/RESULTS.md
 """
 import argparse
+import glob
 import json
+import os
 import sys
 import textwrap
 
@@ -546,8 +548,6 @@ def results_md(doc, paths, scaling=None, contention=None):
         parts += ["", scaling_section(scaling), "", f"From `{paths['scaling']}`."]
     if contention is not None:
         parts += ["", contention_section(contention), "", f"From `{paths['contention']}`."]
-    import glob
-    import os
     others = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "*.md")))
     if others:
         parts += ["", "## Other results", ""]
