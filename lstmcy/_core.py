@@ -51,14 +51,15 @@ class _BlockViews(list):
 
     __slots__ = ("exact", "views", "_rows")
 
-    def __init__(self, block, exact=None):
+    def __init__(self, block, exact=None, rows=None):
         # Indexed, not iterated (iteration ends in a formatted, costly IndexError); one
         # forward makes seven of these, so the common single piece is a special case.
+        # ``rows``: ``exact`` as ``[L*D, T*B, F]``, when the caller has that view.
         n = len(block)
         views = self.views = (block[0],) if n == 1 else tuple([block[k] for k in range(n)])
         list.__init__(self, views)
         self.exact = block if exact is None else exact
-        self._rows = None
+        self._rows = rows
 
     def rows(self, arrays, dtype):
         """``exact`` as ``[L*D, T*B, F]`` if ``arrays`` still are this list's pieces and
@@ -99,15 +100,19 @@ def saved_size(p):
     return p.L * p.D * p.T * p.B * (6 * p.H + p.P)
 
 
-def saved_arrays(block, p):
+def saved_arrays(block, p, by_step=False):
     """The seven ``[L*D, T*B, F]`` views (F = H, for h P) of a flat saved block, in
-    ``SAVED_NAMES`` order."""
-    rows = p.L * p.D * p.T * p.B
+    ``SAVED_NAMES`` order; with ``by_step``, ``[L*D, T, B, F]``."""
+    rows = (p.T, p.B) if by_step else (p.T * p.B,)
+    if p.P == p.H:
+        # One reshape for all seven (small calls make several of these lists).
+        return list(block.reshape((len(SAVED_NAMES), p.L * p.D) + rows + (p.H,)))
+    count = p.L * p.D * p.T * p.B
     views, start = [], 0
     for name in SAVED_NAMES:
         width = p.P if name == "h" else p.H
-        views.append(block[start:start + rows * width].reshape(p.L * p.D, p.T * p.B, width))
-        start += rows * width
+        views.append(block[start:start + count * width].reshape((p.L * p.D,) + rows + (width,)))
+        start += count * width
     return views
 
 
@@ -124,6 +129,21 @@ def _block_reader(block, p):
 
 
 _NO_PROJECTION = {}
+_NO_CACHE = {}
+
+
+def _no_cache(D, H, P, dtype):
+    """The empty ``[D, 0, F]`` saved arrays of an inference call (shared, read-only)."""
+    key = (D, H, P, dtype)
+    arrays = _NO_CACHE.get(key)
+    if arrays is None:
+        if len(_NO_CACHE) >= 64:
+            _NO_CACHE.clear()
+        arrays = _NO_CACHE[key] = tuple(np.empty((D, 0, P if name == "h" else H), dtype=dtype)
+                                        for name in SAVED_NAMES)
+        for a in arrays:
+            a.flags.writeable = False
+    return arrays
 
 
 def _layer_weights(problem, layer):
@@ -330,13 +350,13 @@ class LSTMPlan:
                           bidirectional=bidirectional, batch_first=batch_first,
                           batch_sizes=batch_sizes, proj_size=proj_size)
         masks = _draw_masks(p, dropout, rng) if (train and dropout > 0 and p.L > 1) else None
-        y, h_n, c_n, saved_block = self._run_forward(p, train, masks)
+        y, h_n, c_n, saved_block, saved_rows = self._run_forward(p, train, masks)
         if not train:
             return y, h_n, c_n, None
         # In SAVED_NAMES order, which is LSTMCache's argument order: [L*D, T, B, F] each.
-        exact = [a.reshape(p.L * p.D, p.T, p.B, a.shape[-1]) for a in saved_arrays(saved_block, p)]
+        exact = saved_arrays(saved_block, p, by_step=True)
         if p.dtype == p.compute_dtype:
-            lists = [_BlockViews(block) for block in exact]
+            lists = [_BlockViews(block, rows=rows) for block, rows in zip(exact, saved_rows)]
         else:
             # float16/bfloat16: the caller gets the rounded values; the backward, handed
             # these very arrays, the float32 ones they were rounded from. Read-only, so that
@@ -353,9 +373,10 @@ class LSTMPlan:
         vouch for its arrays as :func:`~lstmcy._validation.check_problem` would.
 
         Returns ``y, h_n, c_n`` in the caller's dtype and, when ``train``, the saved
-        activations as one flat compute-dtype block of ``saved_size(p)`` elements (else
-        None; :func:`saved_arrays` views it): :meth:`forward` wraps it in an
-        :class:`LSTMCache`, and :meth:`_run_backward` reads it through :func:`_block_reader`."""
+        activations as one flat compute-dtype block of ``saved_size(p)`` elements and its
+        :func:`saved_arrays` views (else None, None): :meth:`forward` wraps them in an
+        :class:`LSTMCache`, and :meth:`_run_backward` reads the block through
+        :func:`_block_reader`."""
         T, B, H, P, L, D, N = p.T, p.B, p.H, p.P, p.L, p.D, p.N
         cdt = p.compute_dtype
         alloc = self._results.empty if p.uniform else self._results.zeros
@@ -375,8 +396,7 @@ class LSTMPlan:
             saved_block = alloc((saved_size(p),), dtype=cdt)
             saved_all = saved_arrays(saved_block, p)
         else:
-            no_cache = tuple(np.empty((D, 0, P if name == "h" else H), dtype=cdt)
-                             for name in SAVED_NAMES)
+            no_cache = _no_cache(D, H, P, cdt)
         internal_step_row, _, internal_packed = p.time_major_map
 
         layer_in, in_step_row, in_stride, in_packed = p.x_rows, p.step_row, p.batch_stride, p.rows_packed
@@ -391,13 +411,19 @@ class LSTMPlan:
                 in_size = layer_in.shape[1]
                 w_ih, w_hh, bias, w_hr = _layer_weights(p, layer)
                 ks = slice(layer * D, (layer + 1) * D)
-                saved = tuple([a[ks] for a in saved_all]) if train else no_cache
+                if not train:
+                    saved = no_cache
+                elif L == 1:
+                    saved = tuple(saved_all)
+                else:
+                    saved = tuple([a[ks] for a in saved_all])
                 gates = self._take("gates", (D, N, 4 * H), cdt)
                 r_rows = self._take("r_rows", (D, N if p.projected else 0, H), cdt)
                 x_packed = self._take("packed_rows", (0 if in_packed else N, in_size), cdt)
+                states = (p.h0, h_n, c_n) if L == 1 else (p.h0[ks], h_n[ks], c_n[ks])
                 args = (layer_in, in_step_row, in_stride, in_packed, w_ih, w_hh, bias, w_hr,
                         p.batch_sizes, p.packed_start, out, out_step_row, out_stride,
-                        p.h0[ks], h_n[ks], c_n[ks], saved, train, gates, r_rows, x_packed)
+                        *states, saved, train, gates, r_rows, x_packed)
 
                 def run(n_threads, args=args, layer=layer, in_size=in_size):
                     schedule = forward_schedule(T, B, in_size, H, D, n_threads, p.projected)
@@ -417,7 +443,7 @@ class LSTMPlan:
 
         dtype = p.dtype
         y, h_n, c_n = (_out_dtype(a, dtype) for a in (y, h_n, c_n))
-        return y, h_n, c_n, saved_block if train else None
+        return y, h_n, c_n, saved_block if train else None, saved_all if train else None
 
     def backward(self, input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, batch_sizes=None,
                  has_bias=True, num_layers=1, dropout=0.0, train=True, bidirectional=False,
@@ -494,13 +520,15 @@ class LSTMPlan:
                 hr = P if projected else 0
                 if want_dparams:
                     # One request for the layer's weight and bias gradients.
-                    sizes = [D * 4 * H * in_size, D * 4 * H * P, D * 4 * H, D * hr * H]
-                    grads = self._results.empty((sum(sizes),), dtype=cdt)
-                    ends = np.cumsum(sizes)
-                    dw_ih = grads[:ends[0]].reshape(D, 4 * H, in_size)
-                    dw_hh = grads[ends[0]:ends[1]].reshape(D, 4 * H, P)
-                    db = grads[ends[1]:ends[2]].reshape(D, 4 * H)
-                    dw_hr = grads[ends[2]:ends[3]].reshape(D, hr, H)
+                    e0 = D * 4 * H * in_size
+                    e1 = e0 + D * 4 * H * P
+                    e2 = e1 + D * 4 * H
+                    e3 = e2 + D * hr * H
+                    grads = self._results.empty((e3,), dtype=cdt)
+                    dw_ih = grads[:e0].reshape(D, 4 * H, in_size)
+                    dw_hh = grads[e0:e1].reshape(D, 4 * H, P)
+                    db = grads[e1:e2].reshape(D, 4 * H)
+                    dw_hr = grads[e2:e3].reshape(D, hr, H)
                 else:
                     dw_ih = np.empty((D, 0, in_size), dtype=cdt)
                     dw_hh = np.empty((D, 0, P), dtype=cdt)
@@ -512,10 +540,14 @@ class LSTMPlan:
                 rows = N if projected else 0
                 # Each lane of the weight gradients sums its own dW (shape only).
                 lanes = backward_schedule(T, B, in_size, H, D, 1).lanes
+                if L == 1:
+                    h0, c0, dh_layer, dc_layer = p.h0, p.c0, dh_state, dc_state
+                else:
+                    h0, c0, dh_layer, dc_layer = p.h0[ks], p.c0[ks], dh_state[ks], dc_state[ks]
                 args = (layer_in, in_step_row, in_stride, in_packed,
                         upper_dy, dy_step_row, dy_stride,
-                        w_ih, w_hh, w_hr, p.h0[ks], p.c0[ks], saved,
-                        p.batch_sizes, p.packed_start, dh_state[ks], dc_state[ks],
+                        w_ih, w_hh, w_hr, h0, c0, saved,
+                        p.batch_sizes, p.packed_start, dh_layer, dc_layer,
                         layer_dx, layer_dx_needed, dw_ih, dw_hh, db, dw_hr, want_dparams,
                         self._take("gates", (D, N, 4 * H), cdt),
                         self._take("dh_rows", (D, rows, P), cdt),

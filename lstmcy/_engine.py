@@ -52,7 +52,7 @@ def forward(problem, train=True, masks=None, plan=None):
         float16/bfloat16 problems); :func:`saved_views` shows its parts. Else None.
     """
     plan = _thread_plan() if plan is None else plan
-    return plan._run_forward(problem, train, masks)
+    return plan._run_forward(problem, train, masks)[:4]
 
 
 def backward(problem, saved, dy, dh=None, dc=None, masks=None,
@@ -102,5 +102,4 @@ def saved_views(saved, problem):
     """The parts of a saved block: name (``SAVED_NAMES``) -> ``[L*D, T, B, F]`` view (F is
     H, for h P)."""
     p = problem
-    return {name: view.reshape(p.L * p.D, p.T, p.B, view.shape[-1])
-            for name, view in zip(SAVED_NAMES, saved_arrays(saved, p))}
+    return dict(zip(SAVED_NAMES, saved_arrays(saved, p, by_step=True)))

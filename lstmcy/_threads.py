@@ -33,7 +33,7 @@ from contextlib import nullcontext
 import threadpoolctl
 
 from lstmcy import _threadpool
-from lstmcy._schedule import threads_for_work
+from lstmcy._schedule import FLOPS_PER_THREAD, threads_for_work
 
 _lock = threading.Lock()
 _active = 0
@@ -128,14 +128,23 @@ def cgroup_cpu_limit(root="/"):
     return min(limits) if limits else None
 
 
+_omp_values = {}  # OMP_NUM_THREADS strings seen -> their count (read on every call)
+
+
 def omp_num_threads(environ=os.environ):
     """The first number of ``OMP_NUM_THREADS``, or None when unset or not a positive int."""
-    value = environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    try:
-        n = int(value)
-    except ValueError:
+    raw = environ.get("OMP_NUM_THREADS")
+    if raw is None:
         return None
-    return n if n > 0 else None
+    if raw not in _omp_values:
+        try:
+            n = int(raw.split(",")[0].strip())
+        except ValueError:
+            n = 0
+        if len(_omp_values) > 64:
+            _omp_values.clear()
+        _omp_values[raw] = n if n > 0 else None
+    return _omp_values[raw]
 
 
 _machine_cpus = []  # affinity and quota, read once per process
@@ -194,6 +203,8 @@ def threads_for(flops, n_threads=None):
     setting = _num_threads if n_threads is None else n_threads
     if setting is not None:
         return min(setting, MAX_THREADS)
+    if flops < 2 * FLOPS_PER_THREAD:
+        return 1  # one thread on any machine (and the CPUs not looked up)
     return threads_for_work(flops, available_cpus())
 
 

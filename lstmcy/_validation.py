@@ -4,6 +4,7 @@ Everything here runs before any computation. It never writes to the caller's arr
 conversions (dtype, contiguity) make new arrays, and unchanged arrays are only read.
 """
 from dataclasses import dataclass
+from functools import cached_property
 from numbers import Integral, Real
 
 import numpy as np
@@ -109,6 +110,9 @@ class Shapes:
     has_bias: bool
     projected: bool
 
+    # The shapes below are computed once per instance (every call checks its arrays against
+    # them, and shapes_of hands out one instance per set of sizes).
+
     def in_size(self, layer):
         return self.I if layer == 0 else self.D * self.P
 
@@ -117,7 +121,7 @@ class Shapes:
         """The names of one layer and direction's parameters, in order."""
         return _param_names(self.has_bias, self.projected)
 
-    @property
+    @cached_property
     def params(self):
         """The shapes of ``params``, in order."""
         return _param_shapes(self.I, self.H, self.P, self.L, self.D, self.has_bias,
@@ -130,19 +134,27 @@ class Shapes:
         return (f"params[{k}] ({self.param_names[k % per]} of layer {layer}, "
                 f"{'reverse' if direction else 'forward'} direction)")
 
-    @property
+    @cached_property
     def h_state(self):
         return (self.L * self.D, self.B, self.P)
 
-    @property
+    @cached_property
     def c_state(self):
         return (self.L * self.D, self.B, self.H)
 
+    @cached_property
+    def _saved_h(self):
+        return (self.T, self.B, self.P)
+
+    @cached_property
+    def _saved_c(self):
+        return (self.T, self.B, self.H)
+
     def saved(self, name):
         """The shape of one saved activation (time-major)."""
-        return (self.T, self.B, self.P if name == "h" else self.H)
+        return self._saved_h if name == "h" else self._saved_c
 
-    @property
+    @cached_property
     def mask(self):
         """The shape of one dropout mask (a layer's output, time-major)."""
         return (self.T, self.B, self.D * self.P)
@@ -150,6 +162,18 @@ class Shapes:
     @property
     def output_features(self):
         return self.D * self.P
+
+
+_shapes_cache = {}
+
+
+def shapes_of(T, B, I, H, P, L, D, has_bias, projected):
+    """The :class:`Shapes` of these sizes (one shared instance per set of sizes)."""
+    key = (T, B, I, H, P, L, D, has_bias, projected)
+    shapes = _shapes_cache.get(key)
+    if shapes is None:
+        shapes = _cached(_shapes_cache, key, Shapes(*key))
+    return shapes
 
 
 def _param_names(has_bias, projected):
@@ -210,15 +234,11 @@ class Problem:
     input_shape: tuple
     N: int                      # number of active (t, b) positions
     projections: list = None    # per layer*D + d: w_hr [P, H] (compute dtype), if projected
+    shapes: Shapes = None       # the expected shape of every argument
 
     def output_shape(self, features=None):
         """Shape of y / dy (caller layout) with ``features`` columns (default: D*P)."""
         return self.input_shape[:-1] + (self.D * self.P if features is None else features,)
-
-    @property
-    def shapes(self):
-        return Shapes(self.T, self.B, self.I, self.H, self.P, self.L, self.D, self.has_bias,
-                      self.projected)
 
     @property
     def time_major_map(self):
@@ -440,7 +460,7 @@ def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, bat
                          f"batch_sizes, got shape {x.shape}")
     check_blas_limits(T, B, I, H, L, D, proj_size)
     dtype = x.dtype
-    shapes = Shapes(T, B, I, H, P, L, D, has_bias, projected)
+    shapes = shapes_of(T, B, I, H, P, L, D, has_bias, projected)
 
     checked_params = []
     for k, shape in enumerate(shapes.params):
@@ -515,7 +535,7 @@ def _make_problem(x, h0, c0, params, shapes, layout, sizes):
                    batch_sizes=sizes, packed_start=packed_start, uniform=uniform,
                    step_row=step_row, batch_stride=stride, rows_packed=rows_packed,
                    x_rows=x_rows, h0=h0, c0=c0, weights=weights, input_shape=tuple(x.shape), N=N,
-                   projections=projections)
+                   projections=projections, shapes=shapes)
 
 
 def _sizes_of(input, params, batch_first, L, D, has_bias, proj_size):
@@ -536,7 +556,7 @@ def _sizes_of(input, params, batch_first, L, D, has_bias, proj_size):
         B, T, I = input.shape
     else:
         T, B, I = input.shape
-    return Shapes(T, B, I, H, P, L, D, has_bias, projected)
+    return shapes_of(T, B, I, H, P, L, D, has_bias, projected)
 
 
 def _problem_fast(input, hx, params, has_bias, num_layers, bidirectional, batch_first, batch_sizes,
@@ -596,7 +616,7 @@ def trusted_problem(input, h0, c0, params, *, hidden_size, has_bias, num_layers,
         T, B, I = input.shape
     H = hidden_size
     P = proj_size or H
-    shapes = Shapes(T, B, I, H, P, L, D, has_bias, proj_size > 0)
+    shapes = shapes_of(T, B, I, H, P, L, D, has_bias, proj_size > 0)
     if len(params) != len(shapes.params):
         raise ValueError(f"params has {len(params)} arrays, expected {len(shapes.params)}")
     for k, (value, shape) in enumerate(zip(params, shapes.params)):

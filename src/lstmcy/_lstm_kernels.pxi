@@ -273,9 +273,9 @@ def forward_layer(
           and gates.shape[2] == 4 * H, "gates must be [D, N, 4H]")
     _need(x_rows_packed or (x_packed.shape[0] >= N and x_packed.shape[1] == I),
           "x_packed must be [N, I]")
-    _need(groups >= 1 and piece_steps >= 1 and pack_pieces >= 1
-          and (split == SPLIT_ROWS or (split == SPLIT_UNITS and not projected)),
-          f"bad schedule {schedule!r}")
+    if not (groups >= 1 and piece_steps >= 1 and pack_pieces >= 1
+            and (split == SPLIT_ROWS or (split == SPLIT_UNITS and not projected))):
+        raise ValueError(f"bad schedule {schedule!r}")  # formatted only when raised
     plen = forward_packed_len(H, P, projected, split, groups, floating is double)
     _need(w_packed.shape[0] >= D * plen, "w_packed is too small")
     if training:
@@ -469,8 +469,9 @@ def backward_layer(
           "batch_sizes, packed_start and the step rows must have T entries")
     _need(N == (packed_start[T - 1] + batch_sizes[T - 1] if T > 0 else 0) and dgates.shape[0] >= D
           and dgates.shape[2] == G4, "dgates must be [D, N, 4H]")
-    _need(groups >= 1 and first >= 1 and chunk >= 1 and block_rows >= 1 and lanes >= 1
-          and dx_steps >= 1 and pack_pieces >= 1, f"bad schedule {schedule!r}")
+    if not (groups >= 1 and first >= 1 and chunk >= 1 and block_rows >= 1 and lanes >= 1
+            and dx_steps >= 1 and pack_pieces >= 1):
+        raise ValueError(f"bad schedule {schedule!r}")  # formatted only when raised
     _need(not want_dx or (dx.shape[0] == x.shape[0] and dx.shape[1] == I
                           and (x_rows_packed or (dx_packed.shape[0] >= N and dx_packed.shape[1] == I))),
           "dx must be shaped like x, and dx_packed [N, I]")
