@@ -309,21 +309,24 @@ class _BaseLSTM(BaseEstimator):
             return np.repeat(per_step[:, None, :], y.shape[1], axis=1), None
         return per_step[np.nonzero(batch.mask)[1]], None
 
-    def _raw_outputs(self, data):
+    def _raw_outputs(self, data, dtype=np.float64):
         """Head outputs before the output activation, ``[n_samples, n_outputs]``, float64.
 
-        Inference runs in float64 whatever ``dtype`` trained the parameters: float32
-        GEMMs round differently for different batch sizes, so float32 outputs would
-        depend (in the last bits) on which samples are predicted together.
+        Inference (predict, score) runs in float64 whatever ``dtype`` trained the
+        parameters: float32 GEMMs round differently for different batch sizes, so float32
+        outputs would depend (in the last bits) on which samples are predicted together.
+        The validation score during a fit passes the training ``dtype``: its set and
+        chunks are fixed, so its outputs are reproducible, and float64 would cost up to
+        a tenth of an epoch.
         """
-        params = [p.astype(np.float64) for p in self.lstm_params_]
-        coef = self.head_coef_.astype(np.float64)
-        intercept = self.head_intercept_.astype(np.float64)
+        params = [p.astype(dtype, copy=False) for p in self.lstm_params_]
+        coef = self.head_coef_.astype(dtype, copy=False)
+        intercept = self.head_intercept_.astype(dtype, copy=False)
         out = np.empty((data.n_samples, self.n_outputs_), dtype=np.float64)
         for start in range(0, data.n_samples, _PREDICT_CHUNK):
             batch = data.batch(np.arange(start, min(start + _PREDICT_CHUNK, data.n_samples)))
             y, h_n, _, _ = lstmcy.lstm_forward(
-                batch.input.astype(np.float64, copy=False), None, params, train=False,
+                batch.input.astype(dtype, copy=False), None, params, train=False,
                 batch_first=batch.batch_first, batch_sizes=batch.batch_sizes,
                 **self._lstm_kwargs())
             features = self._features(batch, y, h_n)
@@ -366,8 +369,9 @@ class _BaseLSTM(BaseEstimator):
         return loss, grads
 
     def _evaluate(self, data, targets, weights):
-        """Weighted mean loss (without the L2 term) and score of ``data``."""
-        raw = self._raw_outputs(data)
+        """Weighted mean loss (without the L2 term) and score of ``data``, computed in the
+        training dtype."""
+        raw = self._raw_outputs(data, self.lstm_params_[0].dtype)
         sample_loss, _ = self._output_loss(raw, targets)
         return float(np.average(sample_loss, weights=weights)), \
             self._score_outputs(raw, targets, weights)

@@ -95,23 +95,28 @@ def test_the_l2_term_is_relative_to_the_total_weight():
     assert params_equal(unweighted, ones)
 
 
-def test_validation_loss_and_score_are_weighted():
+@pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-12), (np.float32, 1e-5)])
+def test_validation_loss_and_score_are_weighted(dtype, rtol):
+    # The validation runs in the training dtype, predict in float64: equal in float64,
+    # within float32 rounding otherwise.
     X, y = sum_sign_problem(n=40)
-    clf = quiet_fit(LSTMClassifier(hidden_size=6, max_iter=2, random_state=0), X, y)
-    data = clf._validate_X(X, reset=False)
+    clf = quiet_fit(LSTMClassifier(hidden_size=6, max_iter=2, random_state=0, dtype=dtype), X, y)
+    data = clf._validate_X(X, reset=False, dtype=dtype)
     codes = np.searchsorted(clf.classes_, y)
     weights = np.random.default_rng(0).uniform(0, 3, 40)
     loss, score = clf._evaluate(data, codes, weights)
     proba = clf.predict_proba(X)
     np.testing.assert_allclose(loss, np.average(-np.log(proba[np.arange(40), codes]),
-                                                weights=weights), rtol=1e-12)
+                                                weights=weights), rtol=rtol)
     assert score == accuracy_score(y, clf.predict(X), sample_weight=weights)
-    reg = quiet_fit(LSTMRegressor(hidden_size=6, max_iter=2, random_state=0), X, X.sum(axis=(1, 2)))
+    reg = quiet_fit(LSTMRegressor(hidden_size=6, max_iter=2, random_state=0, dtype=dtype), X,
+                    X.sum(axis=(1, 2)))
     targets = X.sum(axis=(1, 2))[:, None]
     loss, score = reg._evaluate(data, targets, weights)
     residual = reg.predict(X) - targets[:, 0]
-    np.testing.assert_allclose(loss, np.average(0.5 * residual ** 2, weights=weights), rtol=1e-12)
-    assert score == pytest.approx(r2_score(targets, reg.predict(X), sample_weight=weights))
+    np.testing.assert_allclose(loss, np.average(0.5 * residual ** 2, weights=weights), rtol=rtol)
+    assert score == pytest.approx(r2_score(targets, reg.predict(X), sample_weight=weights),
+                                  rel=rtol)
 
 
 def test_score_takes_sample_weight():
