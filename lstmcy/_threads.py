@@ -221,11 +221,14 @@ class ThreadTuner:
     follows the machine: ``n`` threads again after 50 ms and 4 calls when one thread is
     ahead (to see the machine recover soon), one thread after 250 ms and 16 calls
     otherwise (each try costs the difference once; the call counts keep calls that come
-    far apart from trying at every call). Results are bitwise the same for any count, so
-    the choice only changes the speed.
+    far apart from trying at every call). Each try of ``n`` that is slower than one thread
+    doubles the wait before the next, up to 16 times (0.8 s and 64 calls): under lasting
+    outside load the tries cost a fraction of a percent, and a recovered machine is seen
+    within a second. Results are bitwise the same for any count, so the choice only
+    changes the speed.
     """
 
-    __slots__ = ("n", "mean", "tried", "since", "seen")
+    __slots__ = ("n", "mean", "tried", "since", "seen", "backoff")
 
     # Weight of a new time in the moving average, and how much larger than the average a
     # time may count (one preempted call must not decide the next hundred).
@@ -240,6 +243,8 @@ class ThreadTuner:
     RETRY_TWO_CALLS = 4
     RETRY_ONE = 0.25
     RETRY_ONE_CALLS = 16
+    # Largest factor on RETRY_TWO and RETRY_TWO_CALLS while tries of n keep losing.
+    MAX_BACKOFF = 16
 
     def __init__(self, n=2):
         self.n = n
@@ -247,6 +252,7 @@ class ThreadTuner:
         self.tried = [0.0, 0.0]  # perf_counter() of the last call on 1 and n threads
         self.since = [0, 0]  # calls on the other count since the last call on 1 and n
         self.seen = [False, False]  # whether a first call (not counted) has run
+        self.backoff = 1  # factor on the wait before the next try of n
 
     def choose(self, now):
         """The thread count (1 or n) for a call starting at ``now`` (``perf_counter()``)."""
@@ -258,7 +264,9 @@ class ThreadTuner:
         if many <= self.MARGIN * one:
             due = now - self.tried[0] > self.RETRY_ONE and self.since[0] >= self.RETRY_ONE_CALLS
             return 1 if due else self.n
-        due = now - self.tried[1] > self.RETRY_TWO and self.since[1] >= self.RETRY_TWO_CALLS
+        wait = self.backoff
+        due = (now - self.tried[1] > self.RETRY_TWO * wait
+               and self.since[1] >= self.RETRY_TWO_CALLS * wait)
         return self.n if due else 1
 
     def record(self, n_threads, now, elapsed):
@@ -278,6 +286,15 @@ class ThreadTuner:
         else:
             elapsed = min(elapsed, self.OUTLIER * mean)
             self.mean[index] = mean + self.SMOOTHING * (elapsed - mean)
+        if index == 1:
+            # A call on n while one thread was ahead is a try: a slow one makes the next
+            # wait longer; a fast one brings the tries back to their usual pace, so that
+            # they soon pull the average down.
+            one = self.mean[0]
+            if one != 0.0 and mean > self.MARGIN * one and elapsed > self.MARGIN * one:
+                self.backoff = min(2 * self.backoff, self.MAX_BACKOFF)
+            else:
+                self.backoff = 1
 
 
 def is_automatic(n_threads=None):

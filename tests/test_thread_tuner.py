@@ -64,11 +64,29 @@ def test_falls_back_to_one_thread_when_two_get_slow_and_returns_when_they_recove
     late = chosen[20:]
     assert late.count(1) > 0.9 * len(late)
     assert late.count(2) >= int(len(late) * 0.001 / ThreadTuner.RETRY_TWO) - 1
-    chosen, now = feed(tuner, now, fast, 300)
-    # Back to two threads within a few tries of them.
-    first_two = chosen.index(2)
-    assert first_two * 0.001 <= ThreadTuner.RETRY_TWO + 0.002
-    assert set(chosen[first_two + 100:]) == {2}
+    chosen, now = feed(tuner, now, fast, 1000)
+    # Back to two threads within a few tries: the lost ones have spaced the tries out (at
+    # most MAX_BACKOFF times), a fast one brings back the usual pace.
+    back = next(k for k in range(len(chosen)) if set(chosen[k:k + 200]) == {2})
+    assert back * 0.001 <= (ThreadTuner.MAX_BACKOFF + 3) * ThreadTuner.RETRY_TWO + 0.005
+
+
+def test_tries_of_two_threads_get_rarer_under_lasting_load_and_reset_when_they_win():
+    tuner = ThreadTuner()
+    _, now = feed(tuner, 0.0, lambda n: 1.0 if n == 1 else 0.6, 20)
+    # Ten seconds of 1 ms calls with two threads 1.8x slower than one.
+    chosen, now = feed(tuner, now, lambda n: 1.0 if n == 1 else 1.8, 10000)
+    tries = [k for k, n in enumerate(chosen) if n == 2][3:]  # after the switch to one
+    gaps = np.diff(tries) * 0.001
+    # Each gap at least the last (doubling from RETRY_TWO), none above the cap.
+    assert np.all(np.diff(gaps) >= -0.002)
+    assert gaps.max() <= ThreadTuner.MAX_BACKOFF * ThreadTuner.RETRY_TWO + 0.002
+    # Without the doubling there would be 10 / RETRY_TWO = 200 tries.
+    assert len(tries) <= 4 + 10.0 / (ThreadTuner.MAX_BACKOFF * ThreadTuner.RETRY_TWO) + 2
+    assert tuner.backoff == ThreadTuner.MAX_BACKOFF
+    # Two threads win again: the next try switches back and the wait starts over.
+    chosen, now = feed(tuner, now, lambda n: 1.0 if n == 1 else 0.6, 2000)
+    assert tuner.backoff == 1 and chosen[-1] == 2
 
 
 def test_one_slow_call_does_not_switch_and_small_differences_keep_two_threads():
@@ -175,4 +193,6 @@ def test_calls_far_apart_still_run_the_faster_count(two_faster):
     every = ThreadTuner.RETRY_ONE_CALLS if two_faster else ThreadTuner.RETRY_TWO_CALLS
     late = chosen[10:]
     assert late.count(faster) >= len(late) * every / (every + 1) - 1
+    if not two_faster:  # tries of two threads that lose space the next ones out
+        every *= ThreadTuner.MAX_BACKOFF
     assert late.count(3 - faster) >= len(late) // (every + 1) - 1  # still tried now and then
