@@ -11,13 +11,16 @@ lstmcy's argument checks (:func:`~lstmcy._validation.trusted_problem`); packed i
 goes through :func:`~lstmcy._validation.check_problem`, which also checks the
 ``batch_sizes``.
 """
+import contextlib
+import ctypes
 import functools
+import sys
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from lstmcy import _engine
+from lstmcy import _engine, _threadpool
 from lstmcy._engine import SAVED_NAMES, check_problem, trusted_problem
 
 __all__ = ["Config", "forward", "backward", "problem_for", "saved_parts", "saved_numel"]
@@ -36,6 +39,54 @@ class Config(NamedTuple):
     @property
     def num_directions(self):
         return 2 if self.bidirectional else 1
+
+
+def _torch_libgomp():
+    """The path of the libgomp torch has loaded (Linux), or None."""
+    if not sys.platform.startswith("linux") or not torch.backends.openmp.is_available():
+        return None
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split(maxsplit=5)[-1].strip()
+                if path.rsplit("/", 1)[-1].startswith("libgomp") and ".so" in path:
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def _use_torch_openmp():
+    """Hand lstmcy's pool torch's OpenMP team (libgomp's GOMP_parallel), so that the kernel
+    calls of this module run on torch's intra-op threads: those spin for milliseconds after
+    each of torch's parallel regions (the optimiser's, the loss's), and lstmcy's own
+    workers would share the cores with them meanwhile. The library is the one already
+    loaded (never a new one); without it the pool's own workers run the calls."""
+    path = _torch_libgomp()
+    if path is None:
+        return False
+    try:
+        lib = ctypes.CDLL(path)
+        addresses = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+                     for name in ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads",
+                                  "omp_in_parallel")]
+    except (OSError, AttributeError):
+        return False
+    _threadpool.set_omp_runtime(*addresses)
+    return True
+
+
+_TORCH_OPENMP = _use_torch_openmp()
+
+
+@contextlib.contextmanager
+def _on_torch_threads():
+    """The calling thread's kernel calls run on torch's OpenMP team meanwhile."""
+    previous = _threadpool.use_omp(True)
+    try:
+        yield
+    finally:
+        _threadpool.use_omp(previous)
 
 
 def _np(tensor):
@@ -119,7 +170,8 @@ def forward(input, batch_sizes, h0, c0, weights, masks, cfg, train):
     if problem.T == 0:
         # As aten::lstm (lstmcy's numpy API accepts T = 0).
         raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
-    y, h_n, c_n, block = _engine.forward(problem, train, _engine_masks(masks, problem))
+    with _on_torch_threads():
+        y, h_n, c_n, block = _engine.forward(problem, train, _engine_masks(masks, problem))
     saved = torch.from_numpy(block) if train else torch.empty(0, dtype=input.dtype)
     return torch.from_numpy(y), torch.from_numpy(h_n), torch.from_numpy(c_n), saved, problem
 
@@ -162,9 +214,10 @@ def backward(problem, saved, masks, grad_y, grad_h_n, grad_c_n, output_mask):
         dy = _zeros(problem.output_shape(), problem.dtype)
     else:
         dy = _np(grad_y)
-    dx, dh0, dc0, dparams = _engine.backward(
-        problem, _np(saved.contiguous()), dy, _np(grad_h_n), _np(grad_c_n),
-        _engine_masks(masks, problem), tuple(output_mask))
+    with _on_torch_threads():
+        dx, dh0, dc0, dparams = _engine.backward(
+            problem, _np(saved.contiguous()), dy, _np(grad_h_n), _np(grad_c_n),
+            _engine_masks(masks, problem), tuple(output_mask))
     return (None if dx is None else torch.from_numpy(dx),
             None if dh0 is None else torch.from_numpy(dh0),
             None if dc0 is None else torch.from_numpy(dc0),

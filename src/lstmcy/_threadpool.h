@@ -162,6 +162,55 @@ static int lstmcy_pool_grow(void)
     return 1;
 }
 
+/* An OpenMP runtime's team instead of the pool (libgomp's GOMP_parallel, set from
+   Python by lstmcy.torch: torch's own libgomp). torch's OpenMP workers spin for
+   milliseconds after each of torch's parallel regions; lstmcy's workers running meanwhile
+   would share the cores with them. Run on that team, a kernel call uses the very threads
+   that spin (they are its workers), and lstmcy's own workers stay asleep. Used by the
+   threads that asked for it (lstmcy_pool_use_omp, per thread: the torch engine's calls),
+   never in a forked child (libgomp's team did not come along). */
+typedef void (*lstmcy_gomp_parallel_fn)(void (*fn)(void *), void *data, unsigned n_threads,
+                                        unsigned flags);
+typedef int (*lstmcy_omp_int_fn)(void);
+static lstmcy_gomp_parallel_fn lstmcy_gomp_parallel = NULL;
+static lstmcy_omp_int_fn lstmcy_omp_thread_num = NULL;
+static lstmcy_omp_int_fn lstmcy_omp_num_threads = NULL;
+static lstmcy_omp_int_fn lstmcy_omp_in_parallel = NULL;
+static __thread int lstmcy_use_omp = 0;
+
+static void lstmcy_pool_set_omp(void *gomp_parallel, void *thread_num, void *num_threads,
+                                void *in_parallel)
+{
+    if (gomp_parallel == NULL || thread_num == NULL || num_threads == NULL || in_parallel == NULL)
+        gomp_parallel = thread_num = num_threads = in_parallel = NULL;
+    lstmcy_omp_thread_num = (lstmcy_omp_int_fn)thread_num;
+    lstmcy_omp_num_threads = (lstmcy_omp_int_fn)num_threads;
+    lstmcy_omp_in_parallel = (lstmcy_omp_int_fn)in_parallel;
+    lstmcy_gomp_parallel = (lstmcy_gomp_parallel_fn)gomp_parallel;
+}
+
+/* Whether the calling thread's jobs run on the OpenMP team; returns the previous setting. */
+static int lstmcy_pool_use_omp(int use)
+{
+    int previous = lstmcy_use_omp;
+    lstmcy_use_omp = use;
+    return previous;
+}
+
+static void lstmcy_omp_part(void *arg)
+{
+    lstmcy_job *job = (lstmcy_job *)arg;
+    int part = lstmcy_omp_thread_num();
+    unsigned mode = 0;
+    if (part == 0)
+        job->n_workers = lstmcy_omp_num_threads();
+    if (job->flush_denormals)
+        mode = lstmcy_flush_denormals();
+    job->fn(job->ctx, part, lstmcy_omp_num_threads());
+    if (job->flush_denormals)
+        lstmcy_restore_fp_mode(mode);
+}
+
 /* Run fn on up to n_threads threads (this one included); returns how many ran it. */
 static int lstmcy_pool_run(int n_threads, lstmcy_job_fn fn, void *ctx, int flush_denormals)
 {
@@ -174,6 +223,13 @@ static int lstmcy_pool_run(int n_threads, lstmcy_job_fn fn, void *ctx, int flush
     job.flush_denormals = flush_denormals;
     if (n_threads > 257)
         n_threads = 257;
+    /* not inside a parallel region: a nested team would have one thread */
+    if (n_threads > 1 && lstmcy_use_omp && lstmcy_gomp_parallel != NULL
+            && !lstmcy_omp_in_parallel()) {
+        job.n_workers = 1;
+        lstmcy_gomp_parallel(lstmcy_omp_part, &job, (unsigned)n_threads, 0);
+        return job.n_workers;
+    }
     if (n_threads > 1) {
         pthread_mutex_lock(&lstmcy_pool.lock);
         for (int k = 0; k < lstmcy_pool.n_workers && n_taken < n_threads - 1; k++) {
@@ -220,6 +276,7 @@ static void lstmcy_pool_after_fork_child(void)
     lstmcy_pool.n_workers = 0;
     lstmcy_pool.capacity = 0;
     lstmcy_pool.forks++;
+    lstmcy_gomp_parallel = NULL;
 }
 
 static int lstmcy_pool_init(void)

@@ -17,6 +17,9 @@ cdef extern from "_threadpool.h" nogil:
     void lstmcy_set_thread_limit(int limit)
     int lstmcy_fork_count "lstmcy_pool.forks"
     unsigned lstmcy_fp_mode()
+    void lstmcy_pool_set_omp(void *gomp_parallel, void *thread_num, void *num_threads,
+                             void *in_parallel)
+    int lstmcy_pool_use_omp(int use)
 
 cdef extern from *:
     """
@@ -75,3 +78,19 @@ def set_thread_limit(int limit):
 def fp_mode():
     """The calling thread's floating-point control word (x86: MXCSR), for tests."""
     return lstmcy_fp_mode()
+
+
+def set_omp_runtime(size_t gomp_parallel, size_t thread_num, size_t num_threads,
+                    size_t in_parallel):
+    """Give the pool libgomp's ``GOMP_parallel``, ``omp_get_thread_num``,
+    ``omp_get_num_threads`` and ``omp_in_parallel`` (addresses; 0 forgets them): the jobs
+    of threads that ask for it (:func:`use_omp`), outside a parallel region, then run on
+    that OpenMP team instead of lstmcy's workers."""
+    lstmcy_pool_set_omp(<void *>gomp_parallel, <void *>thread_num, <void *>num_threads,
+                        <void *>in_parallel)
+
+
+def use_omp(bint use):
+    """Whether the calling thread's jobs run on the OpenMP team given to
+    :func:`set_omp_runtime` (if any); returns the previous setting."""
+    return bool(lstmcy_pool_use_omp(use))
