@@ -22,8 +22,9 @@ from lstmcy._schedule import (SINGLE_THREADED_GEMM, SPLIT_UNITS, TUNED_STEP_FLOP
                               backward_schedule, forward_schedule)
 from lstmcy._threads import (ThreadTuner, _check_count, blas_single_threaded, is_automatic,
                              threads_for)
-from lstmcy._validation import (SAVED_NAMES, check_backward, check_bool, check_dropout,
-                                check_output_mask, check_problem, check_seed, to_compute)
+from lstmcy._validation import (SAVED_NAMES, _cached, _read_only, check_backward, check_bool,
+                                check_dropout, check_output_mask, check_problem, check_seed,
+                                to_compute)
 
 __all__ = ["lstm_forward", "lstm_backward", "LSTMPlan", "release_workspaces"]
 
@@ -137,12 +138,9 @@ def _no_cache(D, H, P, dtype):
     key = (D, H, P, dtype)
     arrays = _NO_CACHE.get(key)
     if arrays is None:
-        if len(_NO_CACHE) >= 64:
-            _NO_CACHE.clear()
-        arrays = _NO_CACHE[key] = tuple(np.empty((D, 0, P if name == "h" else H), dtype=dtype)
-                                        for name in SAVED_NAMES)
-        for a in arrays:
-            a.flags.writeable = False
+        arrays = _cached(_NO_CACHE, key, tuple(
+            _read_only(np.empty((D, 0, P if name == "h" else H), dtype=dtype))
+            for name in SAVED_NAMES))
     return arrays
 
 

@@ -25,6 +25,7 @@ After ``fork()`` the child starts its own workers (the pool's fork handler) and 
 module's state is reset (:func:`_after_fork_in_child`), so a child's calls complete.
 """
 import ctypes
+import functools
 import math
 import os
 import threading
@@ -128,23 +129,20 @@ def cgroup_cpu_limit(root="/"):
     return min(limits) if limits else None
 
 
-_omp_values = {}  # OMP_NUM_THREADS strings seen -> their count (read on every call)
-
-
 def omp_num_threads(environ=os.environ):
     """The first number of ``OMP_NUM_THREADS``, or None when unset or not a positive int."""
     raw = environ.get("OMP_NUM_THREADS")
-    if raw is None:
+    return None if raw is None else _parse_omp_num_threads(raw)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_omp_num_threads(raw):
+    # Read on every automatic call: parsed once per value.
+    try:
+        n = int(raw.split(",")[0].strip())
+    except ValueError:
         return None
-    if raw not in _omp_values:
-        try:
-            n = int(raw.split(",")[0].strip())
-        except ValueError:
-            n = 0
-        if len(_omp_values) > 64:
-            _omp_values.clear()
-        _omp_values[raw] = n if n > 0 else None
-    return _omp_values[raw]
+    return n if n > 0 else None
 
 
 _machine_cpus = []  # affinity and quota, read once per process

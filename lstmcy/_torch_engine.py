@@ -76,7 +76,7 @@ def _use_torch_openmp():
     return True
 
 
-_TORCH_OPENMP = _use_torch_openmp()
+_use_torch_openmp()
 
 
 @contextlib.contextmanager
