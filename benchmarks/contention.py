@@ -101,7 +101,8 @@ def main(argv=None):
               f"{r['loaded_auto'] * 1e3:12.3f} {r['loaded_auto'] / r['loaded_one']:6.3f}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(dict(cpus=cpus, load=load, results=results), fh, indent=1)
+            json.dump(dict(cpus=cpus, load=load, blocks=args.blocks, per_block=args.per_block,
+                           results=results), fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -524,9 +524,11 @@ def contention_section(doc):
                      f"{r['loaded_auto'] / r['loaded_one']:.3f}"])
     header = ["shape", "dtype", "2 threads ms", f"{many} threads ms", "ratio",
               "busy: 1 thread ms", "busy: automatic ms", "ratio"]
+    blocks = f"{doc['blocks']} " if "blocks" in doc else ""
+    passes = f" of {doc['per_block']} passes" if "per_block" in doc else ""
     return "\n".join([
         "## More threads than cores, and cores another process holds (`benchmarks/contention.py`)", "",
-        f"Training pass (forward + backward), medians of alternating blocks. Left: 2 threads "
+        f"Training pass (forward + backward), medians of {blocks}alternating blocks{passes}. Left: 2 threads "
         f"against {many} on {doc.get('cpus', '?')} CPUs (target: within about 10 %). Right: with "
         f"a spinning process on every CPU, the automatic thread count against one thread "
         f"(target: at most 10 % slower). Load average {doc.get('load', '?')} before the run.",
