@@ -78,7 +78,8 @@ def main(argv=None):
     parser.add_argument("--a", required=True, help="source tree of build A (the baseline)")
     parser.add_argument("--b", required=True, help="source tree of build B")
     parser.add_argument("--shapes", default="small-32x16,small-50x32,large-256,braun")
-    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--threads", default="1,2",
+                        help="comma-separated thread counts; 'auto' is the automatic count")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
@@ -89,7 +90,7 @@ def main(argv=None):
         load_before = fh.read().split()[0]
     rows, raw = [], []
     for shape in args.shapes.split(","):
-        for threads in (int(t) for t in args.threads.split(",")):
+        for threads in (None if t == "auto" else int(t) for t in args.threads.split(",")):
             times = {"a": {"forward": [], "backward": []}, "b": {"forward": [], "backward": []}}
             for round_ in range(args.rounds):
                 order = ("a", "b") if round_ % 2 == 0 else ("b", "a")
@@ -108,7 +109,7 @@ def main(argv=None):
           f"{load_after} after")
     print(f"{'shape':<16} {'threads':>7} {'pass':<9} {'A ms':>9} {'B ms':>9} {'B/A':>6}")
     for shape, threads, kind, a, b, ratio in rows:
-        print(f"{shape:<16} {threads:>7} {kind:<9} {a * 1e3:9.3f} {b * 1e3:9.3f} {ratio:6.3f}")
+        print(f"{shape:<16} {threads or 'auto':>7} {kind:<9} {a * 1e3:9.3f} {b * 1e3:9.3f} {ratio:6.3f}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"a": args.a, "b": args.b, "clock": args.clock, "load": [load_before, load_after],

@@ -192,6 +192,26 @@ def _draw_masks(problem, dropout, rng):
             for _ in range(problem.L - 1)]
 
 
+class _LayerSetup:
+    """What one kind of layer call derives from its shapes alone.
+
+    ``workspaces``: the kernel's workspace views, in its argument order; ``tuner_key``,
+    ``step_flops`` and ``flops``: :meth:`LSTMPlan._call`'s arguments; ``in_size``: the
+    layer's input features; ``by_threads``: per thread count, what the call needs on that
+    many threads (its schedule, and the views that depend on it).
+    """
+
+    __slots__ = ("workspaces", "tuner_key", "step_flops", "flops", "in_size", "by_threads")
+
+    def __init__(self, workspaces, tuner_key, step_flops, flops, in_size):
+        self.workspaces = workspaces
+        self.tuner_key = tuner_key
+        self.step_flops = step_flops
+        self.flops = flops
+        self.in_size = in_size
+        self.by_threads = {}
+
+
 class LSTMPlan:
     """Work buffers kept between calls: plan once, run many times.
 
@@ -230,6 +250,7 @@ class LSTMPlan:
         self._results = ResultPool()
         self._last_views = {}  # name -> the view _take last returned of that buffer
         self._tuners = {}  # kind of kernel call -> its ThreadTuner (automatic threads only)
+        self._setups = {}  # kind of layer call -> its _LayerSetup (see _setup)
         self.trace = None
 
     @property
@@ -293,10 +314,68 @@ class LSTMPlan:
             buffer = np.empty(nbytes, dtype=np.uint8)
             self._buffers[name] = buffer
             self._offsets[name] = aligned_offset(buffer)
+            # The setups' views of the replaced buffer would keep it alive.
+            self._setups.clear()
         # On a cache line, as the results are (see lstmcy._pool.ALIGN). The forward and the
         # backward take some buffers in different shapes, so this runs on most calls.
         view = self._last_views[name] = aligned_empty(shape, dtype, buffer, self._offsets[name])
         return view
+
+    def _remember(self, key, setup):
+        """Keep ``setup``, the :class:`_LayerSetup` of the layer calls of ``key``."""
+        if len(self._setups) >= 64:  # many shapes: forget the old ones
+            self._setups.clear()
+        self._setups[key] = setup
+        return setup
+
+    def _forward_setup(self, key, p, in_size, in_packed, train):
+        """The :class:`_LayerSetup` of a forward layer call with ``in_size`` input features
+        (``in_packed``: its input rows are in packed order)."""
+        D, N, H, P, cdt = p.D, p.N, p.H, p.P, p.compute_dtype
+        workspaces = (self._take("gates", (D, N, 4 * H), cdt),
+                      self._take("r_rows", (D, N if p.projected else 0, H), cdt),
+                      self._take("packed_rows", (0 if in_packed else N, in_size), cdt))
+        flops_per_row = 8.0 * D * H * (in_size + P) + (2.0 * D * H * P if p.projected else 0)
+        return self._remember(key, _LayerSetup(
+            workspaces, ("forward", p.B, in_size, H, P, D, train, cdt), p.B * flops_per_row,
+            N * flops_per_row, in_size))
+
+    def _backward_setup(self, key, p, in_size, in_packed, want_dx, want_dparams):
+        """The :class:`_LayerSetup` of a backward layer call with ``in_size`` input features
+        (``in_packed``: its input rows are in packed order; ``want_dx``: it computes the
+        input gradient)."""
+        T, B, D, N, H, P, cdt = p.T, p.B, p.D, p.N, p.H, p.P, p.compute_dtype
+        projected = p.projected
+        hr = P if projected else 0
+        scattered = want_dx and not in_packed  # dx through packed row order
+        z_width = in_size + P + (H if projected else 0)
+        rows = N if projected else 0
+        # Each lane of the weight gradients sums its own dW (shape only).
+        lanes = backward_schedule(T, B, in_size, H, D, 1).lanes
+        grad_rows = lanes * 4 * H if want_dparams else 0
+        workspaces = (
+            self._take("gates", (D, N, 4 * H), cdt),
+            self._take("dh_rows", (D, rows, P), cdt),
+            self._take("r_rows", (D, rows, H), cdt),
+            self._take("z", (D, N if want_dparams else 0, z_width), cdt),
+            self._take("dw", (D, grad_rows, in_size + P), cdt),
+            self._take("db_acc", (D, grad_rows), np.dtype(np.float64)),
+            self._take("dw_hr_acc", (D, lanes * hr if want_dparams else 0, H), cdt),
+            self._take("packed_rows", (N if scattered else 0, in_size), cdt),
+            self._take("w_packed", (D * _backward_packed_len(H, P, projected, cdt),), cdt))
+        flops_per_row = 16.0 * D * H * (in_size + P) + (6.0 * D * H * P if projected else 0)
+        return self._remember(key, _LayerSetup(
+            workspaces, ("backward", B, in_size, H, P, D, want_dx, want_dparams, cdt),
+            B * flops_per_row, N * flops_per_row, in_size))
+
+    def _forward_threads(self, setup, p, n_threads):
+        """``(schedule, w_packed)`` of a forward layer call on ``n_threads`` threads."""
+        D, H, P, cdt = p.D, p.H, p.P, p.compute_dtype
+        schedule = forward_schedule(p.T, p.B, setup.in_size, H, D, n_threads, p.projected)
+        w_packed = self._take(
+            "w_packed", (D * _forward_packed_len(H, P, p.projected, schedule, cdt),), cdt)
+        setup.by_threads[n_threads] = schedule, w_packed
+        return schedule, w_packed
 
     def _call(self, key, rows, step_flops, flops, run):
         """``run(n_threads)``, with the thread count for a call of ``flops`` work. When the
@@ -415,24 +494,20 @@ class LSTMPlan:
                     saved = tuple(saved_all)
                 else:
                     saved = tuple([a[ks] for a in saved_all])
-                gates = self._take("gates", (D, N, 4 * H), cdt)
-                r_rows = self._take("r_rows", (D, N if p.projected else 0, H), cdt)
-                x_packed = self._take("packed_rows", (0 if in_packed else N, in_size), cdt)
+                key = ("forward", layer, p.shapes, N, in_packed, train, cdt)
+                setup = self._setups.get(key) or self._forward_setup(key, p, in_size, in_packed, train)
                 states = (p.h0, h_n, c_n) if L == 1 else (p.h0[ks], h_n[ks], c_n[ks])
                 args = (layer_in, in_step_row, in_stride, in_packed, w_ih, w_hh, bias, w_hr,
                         p.batch_sizes, p.packed_start, out, out_step_row, out_stride,
-                        *states, saved, train, gates, r_rows, x_packed)
+                        *states, saved, train, *setup.workspaces)
 
-                def run(n_threads, args=args, layer=layer, in_size=in_size):
-                    schedule = forward_schedule(T, B, in_size, H, D, n_threads, p.projected)
-                    w_packed = self._take(
-                        "w_packed", (D * _forward_packed_len(H, P, p.projected, schedule, cdt),), cdt)
+                def run(n_threads, args=args, layer=layer, setup=setup):
+                    schedule, w_packed = setup.by_threads.get(n_threads) or self._forward_threads(
+                        setup, p, n_threads)
                     return self._traced("forward", layer, _lstm.forward_layer, *args, w_packed,
                                         schedule, n_threads, _fpmode._flush)
 
-                flops_per_row = 8.0 * D * H * (in_size + P) + (2.0 * D * H * P if p.projected else 0)
-                self._call(("forward", B, in_size, H, P, D, train, cdt), N, B * flops_per_row,
-                           N * flops_per_row, run)
+                self._call(setup.tuner_key, N, setup.step_flops, setup.flops, run)
                 if not last:
                     if masks is not None:
                         with np.errstate(invalid="ignore"):  # inf * 0 -> NaN, as in torch; no warning
@@ -515,29 +590,26 @@ class LSTMPlan:
                     layer_dx = alloc(layer_in.shape, dtype=cdt)
                 else:
                     layer_dx = np.empty((0, in_size), dtype=cdt)
-                hr = P if projected else 0
                 if want_dparams:
                     # One request for the layer's weight and bias gradients.
                     e0 = D * 4 * H * in_size
                     e1 = e0 + D * 4 * H * P
                     e2 = e1 + D * 4 * H
-                    e3 = e2 + D * hr * H
+                    e3 = e2 + D * (P if projected else 0) * H
                     grads = self._results.empty((e3,), dtype=cdt)
                     dw_ih = grads[:e0].reshape(D, 4 * H, in_size)
                     dw_hh = grads[e0:e1].reshape(D, 4 * H, P)
                     db = grads[e1:e2].reshape(D, 4 * H)
-                    dw_hr = grads[e2:e3].reshape(D, hr, H)
+                    dw_hr = grads[e2:e3].reshape(D, P if projected else 0, H)
                 else:
                     dw_ih = np.empty((D, 0, in_size), dtype=cdt)
                     dw_hh = np.empty((D, 0, P), dtype=cdt)
                     db = np.empty((D, 0), dtype=cdt)
                     dw_hr = np.empty((D, 0, H), dtype=cdt)
                 w_ih, w_hh, _, w_hr = _layer_weights(p, layer)
-                scattered = layer_dx_needed and not in_packed  # dx through packed row order
-                z_width = in_size + P + (H if projected else 0)
-                rows = N if projected else 0
-                # Each lane of the weight gradients sums its own dW (shape only).
-                lanes = backward_schedule(T, B, in_size, H, D, 1).lanes
+                key = ("backward", layer, p.shapes, N, in_packed, layer_dx_needed, want_dparams, cdt)
+                setup = self._setups.get(key) or self._backward_setup(
+                    key, p, in_size, in_packed, layer_dx_needed, want_dparams)
                 if L == 1:
                     h0, c0, dh_layer, dc_layer = p.h0, p.c0, dh_state, dc_state
                 else:
@@ -547,24 +619,17 @@ class LSTMPlan:
                         w_ih, w_hh, w_hr, h0, c0, saved,
                         p.batch_sizes, p.packed_start, dh_layer, dc_layer,
                         layer_dx, layer_dx_needed, dw_ih, dw_hh, db, dw_hr, want_dparams,
-                        self._take("gates", (D, N, 4 * H), cdt),
-                        self._take("dh_rows", (D, rows, P), cdt),
-                        self._take("r_rows", (D, rows, H), cdt),
-                        self._take("z", (D, N if want_dparams else 0, z_width), cdt),
-                        self._take("dw", (D, lanes * 4 * H if want_dparams else 0, in_size + P), cdt),
-                        self._take("db_acc", (D, lanes * 4 * H if want_dparams else 0), np.dtype(np.float64)),
-                        self._take("dw_hr_acc", (D, lanes * hr if want_dparams else 0, H), cdt),
-                        self._take("packed_rows", (N if scattered else 0, in_size), cdt),
-                        self._take("w_packed", (D * _backward_packed_len(H, P, projected, cdt),), cdt))
+                        *setup.workspaces)
 
-                def run(n_threads, args=args, layer=layer, in_size=in_size):
-                    return self._traced("backward", layer, _lstm.backward_layer, *args,
-                                        backward_schedule(T, B, in_size, H, D, n_threads), n_threads,
-                                        _fpmode._flush)
+                def run(n_threads, args=args, layer=layer, setup=setup):
+                    schedule = setup.by_threads.get(n_threads)
+                    if schedule is None:
+                        schedule = setup.by_threads[n_threads] = backward_schedule(
+                            T, B, setup.in_size, H, D, n_threads)
+                    return self._traced("backward", layer, _lstm.backward_layer, *args, schedule,
+                                        n_threads, _fpmode._flush)
 
-                flops_per_row = 16.0 * D * H * (in_size + P) + (6.0 * D * H * P if projected else 0)
-                self._call(("backward", B, in_size, H, P, D, layer_dx_needed, want_dparams, cdt), N,
-                           B * flops_per_row, N * flops_per_row, run)
+                self._call(setup.tuner_key, N, setup.step_flops, setup.flops, run)
                 if want_dparams:
                     for d in range(D):
                         base = (layer * D + d) * per_dir

@@ -158,6 +158,9 @@ def force_schedules(monkeypatch, forward=None, backward=None):
     ``backward(...)`` return (None: lstmcy's own); ``monkeypatch`` is pytest's fixture."""
     from lstmcy import _core
 
+    # A plan keeps the schedules of the kinds of call it has run: the calling thread gets
+    # a fresh plan for the forced schedules, and its own back afterwards.
+    monkeypatch.setattr(_core._per_thread, "plan", _core.LSTMPlan(), raising=False)
     if forward is not None:
         monkeypatch.setattr(_core, "forward_schedule", forward)
     if backward is not None:

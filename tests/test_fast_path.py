@@ -143,3 +143,40 @@ def test_plan_workspace_views_follow_their_buffer():
     again = plan._take("gates", (1, 4, 8), f32)
     assert again.base is large.base and again.shape == (1, 4, 8) and again.flags.c_contiguous
     assert plan._take("gates", (1, 4, 8), np.dtype(np.float64)).dtype == np.float64
+
+
+def test_layer_setups_are_reused_and_dropped_when_a_buffer_grows():
+    # A plan keeps each kind of layer call's workspace views; a larger call grows the
+    # buffers, which must drop every setup (else a view would keep a replaced buffer alive
+    # and the next small call would write into it), and results stay those of a new plan.
+    rng = np.random.default_rng(3)
+
+    def problem(T, B, I, H):
+        x = rng.standard_normal((T, B, I))
+        params = [rng.standard_normal(s) * 0.3 for s in ((4 * H, I), (4 * H, H), (4 * H,), (4 * H,))]
+        return x, params
+
+    small, large = problem(5, 2, 3, 4), problem(9, 6, 7, 8)
+    plan = LSTMPlan()
+
+    def run(plan, x, params):
+        y, h_n, c_n, cache = plan.forward(x, None, params)
+        grads = plan.backward(x, None, params, np.ones_like(y), None, None, *cache.saved())
+        return [y, h_n, c_n, grads[0], grads[1], grads[2], *grads[3]]
+
+    first = run(plan, *small)
+    run(plan, *small)  # the first backward grew buffers the first forward had views of
+    setups = dict(plan._setups)
+    assert {key[0] for key in setups} == {"forward", "backward"}
+    run(plan, *small)
+    assert all(plan._setups[key] is setup for key, setup in setups.items())  # reused
+    run(plan, *large)
+    assert not any(plan._setups.get(key) is setup for key, setup in setups.items())
+    again = run(plan, *small)
+    current = [id(buffer) for buffer in plan._buffers.values()]
+    for setup in plan._setups.values():  # every kept view is of a current buffer
+        assert all(id(view.base) in current for view in setup.workspaces)
+    fresh = run(LSTMPlan(), *small)
+    for a, b, c in zip(first, again, fresh):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)

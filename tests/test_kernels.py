@@ -235,6 +235,40 @@ def test_packed_gemm_matches_numpy(build):
     assert worst < 140, f"{build}: error {worst:.1f} eps of sum |a||w|"  # k <= 130 terms
 
 
+_PACKED_ONE_ROW = r"""
+import numpy as np
+from lstmcy._dispatch import kernels
+rng = np.random.default_rng(4)
+bad = []
+for dtype in (np.float32, np.float64):
+    # 1 to 9 panels of every build's width, with and without a partial last one.
+    for k, n in [(1, 8), (7, 16), (32, 32), (33, 48), (128, 64), (9, 100), (64, 128), (5, 144), (3, 288)]:
+        a = rng.standard_normal((6, k)).astype(dtype)
+        for trans in (False, True):
+            w = rng.standard_normal((n, k) if trans else (k, n)).astype(dtype)
+            c0 = rng.standard_normal((6, n)).astype(dtype)
+            for accumulate in (False, True):
+                rows = c0.copy()
+                kernels._packed_matmul(a, w, trans, rows, accumulate, 0, n)
+                for r in range(6):
+                    one = c0[r:r + 1].copy()
+                    kernels._packed_matmul(a[r:r + 1], w, trans, one, accumulate, 0, n)
+                    if one.tobytes() != rows[r:r + 1].tobytes():
+                        bad.append((np.dtype(dtype).name, k, n, trans, accumulate, r))
+print(bad)
+"""
+
+
+@pytest.mark.parametrize("build", _dispatch.available_builds())
+def test_packed_gemm_row_alone_gives_the_same_bits(build):
+    """A single row (the recurrences of a batch of one) takes its own path through the
+    packed GEMM, several panels at a time; its bits must be those it gets among other
+    rows, as the thread count's row groups never change a result."""
+    out = subprocess.run([sys.executable, "-c", _PACKED_ONE_ROW], check=True, capture_output=True,
+                         text=True, env=dict(os.environ, LSTMCY_KERNELS=build))
+    assert out.stdout.strip() == "[]", f"{build}: rows whose bits differ alone: {out.stdout}"
+
+
 def test_unknown_build_name_is_refused():
     with pytest.raises(ValueError, match="LSTMCY_KERNELS"):
         _dispatch.load("sse9")

@@ -44,6 +44,40 @@ PG_NAME(block)(const int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const PG
     }
 }
 
+/* One row against np (2 to 4) full panels at once: 2 * np accumulators instead of
+   block's 2 for a single row, so that the multiply-adds do not wait on each other's
+   latency (a single row has no other rows to interleave). Each element gets the same
+   terms in the same order as in block: the same bits. */
+static inline __attribute__((always_inline)) void
+PG_NAME(row_panels)(const int np, ptrdiff_t K, const PG_T *a, const PG_T *panels,
+                    PG_T *c, int accumulate)
+{
+    PG_VEC acc0[4], acc1[4];
+    const ptrdiff_t stride = K * PG_NR;  /* elements of one panel */
+    for (int q = 0; q < np; q++) {
+        acc0[q] = PG_ZERO();
+        acc1[q] = PG_ZERO();
+    }
+    for (ptrdiff_t k = 0; k < K; k++) {
+        PG_VEC av = PG_SET1(a[k]);
+        for (int q = 0; q < np; q++) {
+            const PG_T *b = panels + q * stride + k * PG_NR;
+            acc0[q] = PG_MULADD(acc0[q], av, PG_LOAD(b));
+            acc1[q] = PG_MULADD(acc1[q], av, PG_LOAD(b + PG_VL));
+        }
+    }
+    for (int q = 0; q < np; q++) {
+        PG_T *cq = c + q * PG_NR;
+        if (accumulate) {
+            PG_STORE(cq, PG_ADD(PG_LOAD(cq), acc0[q]));
+            PG_STORE(cq + PG_VL, PG_ADD(PG_LOAD(cq + PG_VL), acc1[q]));
+        } else {
+            PG_STORE(cq, acc0[q]);
+            PG_STORE(cq + PG_VL, acc1[q]);
+        }
+    }
+}
+
 static void
 PG_NAME(rows)(int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const PG_T *panel,
               PG_T *c, ptrdiff_t ldc, int ncols, int accumulate)
@@ -101,7 +135,23 @@ PG_NAME(gemm)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t ld
 {
     ptrdiff_t npanel = (n + PG_NR - 1) / PG_NR;
     ptrdiff_t nblock = (M + PG_MR - 1) / PG_MR;
-    for (ptrdiff_t p = 0; p < npanel; p++) {
+    ptrdiff_t p = 0;
+    if (M == 1) {  /* full panels two to four at a time (see row_panels) */
+        ptrdiff_t full = n / PG_NR;
+        while (full - p >= 2) {
+            int np = full - p >= 4 ? 4 : (int)(full - p);
+            const PG_T *panels = packed + p * K * PG_NR;
+            PG_T *cp = c + p * PG_NR;
+            if (np == 4)
+                PG_NAME(row_panels)(4, K, a, panels, cp, accumulate);
+            else if (np == 3)
+                PG_NAME(row_panels)(3, K, a, panels, cp, accumulate);
+            else
+                PG_NAME(row_panels)(2, K, a, panels, cp, accumulate);
+            p += np;
+        }
+    }
+    for (; p < npanel; p++) {
         int ncols = (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
         const PG_T *panel = packed + p * K * PG_NR;
         ptrdiff_t m0 = 0;
