@@ -250,7 +250,7 @@ class LSTMPlan:
         self._results = ResultPool()
         self._last_views = {}  # name -> the view _take last returned of that buffer
         self._tuners = {}  # kind of kernel call -> its ThreadTuner (automatic threads only)
-        self._setups = {}  # kind of layer call -> its _LayerSetup (see _setup)
+        self._setups = {}  # kind of layer call -> its _LayerSetup (see _remember)
         self.trace = None
 
     @property
