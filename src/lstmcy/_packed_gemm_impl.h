@@ -3,6 +3,19 @@
    PG_ADD, PG_MULADD (acc + a * b, fused or not per build). */
 #define PG_NR (2 * PG_VL)
 
+/* c[:PG_NR] = (lo, hi), or c[:PG_NR] += (lo, hi) when accumulating: one full panel's
+   columns of one row. */
+static inline __attribute__((always_inline)) void
+PG_NAME(put)(PG_T *c, PG_VEC lo, PG_VEC hi, int accumulate)
+{
+    if (accumulate) {
+        lo = PG_ADD(PG_LOAD(c), lo);
+        hi = PG_ADD(PG_LOAD(c + PG_VL), hi);
+    }
+    PG_STORE(c, lo);
+    PG_STORE(c + PG_VL, hi);
+}
+
 /* c[r, :ncols] (+)= sum_k a[r, k] * panel[k, :ncols] for r < mr. Inlined with a constant
    mr, so the 2 * mr accumulators stay in registers. Each element is summed over k in
    increasing order whatever the vector width. */
@@ -27,13 +40,7 @@ PG_NAME(block)(const int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const PG
     for (int r = 0; r < mr; r++) {
         PG_T *cr = c + r * ldc;
         if (ncols == PG_NR) {
-            if (accumulate) {
-                PG_STORE(cr, PG_ADD(PG_LOAD(cr), acc0[r]));
-                PG_STORE(cr + PG_VL, PG_ADD(PG_LOAD(cr + PG_VL), acc1[r]));
-            } else {
-                PG_STORE(cr, acc0[r]);
-                PG_STORE(cr + PG_VL, acc1[r]);
-            }
+            PG_NAME(put)(cr, acc0[r], acc1[r], accumulate);
         } else {  /* the last, partial panel */
             PG_T tmp[PG_NR];
             PG_STORE(tmp, acc0[r]);
@@ -66,16 +73,8 @@ PG_NAME(row_panels)(const int np, ptrdiff_t K, const PG_T *a, const PG_T *panels
             acc1[q] = PG_MULADD(acc1[q], av, PG_LOAD(b + PG_VL));
         }
     }
-    for (int q = 0; q < np; q++) {
-        PG_T *cq = c + q * PG_NR;
-        if (accumulate) {
-            PG_STORE(cq, PG_ADD(PG_LOAD(cq), acc0[q]));
-            PG_STORE(cq + PG_VL, PG_ADD(PG_LOAD(cq + PG_VL), acc1[q]));
-        } else {
-            PG_STORE(cq, acc0[q]);
-            PG_STORE(cq + PG_VL, acc1[q]);
-        }
-    }
+    for (int q = 0; q < np; q++)
+        PG_NAME(put)(c + q * PG_NR, acc0[q], acc1[q], accumulate);
 }
 
 static void
