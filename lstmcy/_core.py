@@ -197,8 +197,8 @@ class _LayerSetup:
 
     ``workspaces``: the kernel's workspace views, in its argument order; ``tuner_key``,
     ``step_flops`` and ``flops``: :meth:`LSTMPlan._call`'s arguments; ``in_size``: the
-    layer's input features; ``by_threads``: per thread count, what the call needs on that
-    many threads (its schedule, and the views that depend on it).
+    layer's input features; ``by_threads``: a forward's ``(schedule, w_packed)`` per thread
+    count (its packed weights' size depends on the schedule).
     """
 
     __slots__ = ("workspaces", "tuner_key", "step_flops", "flops", "in_size", "by_threads")
@@ -590,17 +590,18 @@ class LSTMPlan:
                     layer_dx = alloc(layer_in.shape, dtype=cdt)
                 else:
                     layer_dx = np.empty((0, in_size), dtype=cdt)
+                hr = P if projected else 0
                 if want_dparams:
                     # One request for the layer's weight and bias gradients.
                     e0 = D * 4 * H * in_size
                     e1 = e0 + D * 4 * H * P
                     e2 = e1 + D * 4 * H
-                    e3 = e2 + D * (P if projected else 0) * H
+                    e3 = e2 + D * hr * H
                     grads = self._results.empty((e3,), dtype=cdt)
                     dw_ih = grads[:e0].reshape(D, 4 * H, in_size)
                     dw_hh = grads[e0:e1].reshape(D, 4 * H, P)
                     db = grads[e1:e2].reshape(D, 4 * H)
-                    dw_hr = grads[e2:e3].reshape(D, P if projected else 0, H)
+                    dw_hr = grads[e2:e3].reshape(D, hr, H)
                 else:
                     dw_ih = np.empty((D, 0, in_size), dtype=cdt)
                     dw_hh = np.empty((D, 0, P), dtype=cdt)
@@ -621,13 +622,10 @@ class LSTMPlan:
                         layer_dx, layer_dx_needed, dw_ih, dw_hh, db, dw_hr, want_dparams,
                         *setup.workspaces)
 
-                def run(n_threads, args=args, layer=layer, setup=setup):
-                    schedule = setup.by_threads.get(n_threads)
-                    if schedule is None:
-                        schedule = setup.by_threads[n_threads] = backward_schedule(
-                            T, B, setup.in_size, H, D, n_threads)
-                    return self._traced("backward", layer, _lstm.backward_layer, *args, schedule,
-                                        n_threads, _fpmode._flush)
+                def run(n_threads, args=args, layer=layer, in_size=in_size):
+                    return self._traced("backward", layer, _lstm.backward_layer, *args,
+                                        backward_schedule(T, B, in_size, H, D, n_threads), n_threads,
+                                        _fpmode._flush)
 
                 self._call(setup.tuner_key, N, setup.step_flops, setup.flops, run)
                 if want_dparams:

@@ -147,8 +147,8 @@ def test_plan_workspace_views_follow_their_buffer():
 
 def test_layer_setups_are_reused_and_dropped_when_a_buffer_grows():
     # A plan keeps each kind of layer call's workspace views; a larger call grows the
-    # buffers, which must drop every setup (else a view would keep a replaced buffer alive
-    # and the next small call would write into it), and results stay those of a new plan.
+    # buffers, which must drop every setup (else a view would keep a replaced buffer
+    # alive), and results stay those of a new plan.
     rng = np.random.default_rng(3)
 
     def problem(T, B, I, H):
