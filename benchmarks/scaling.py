@@ -48,8 +48,10 @@ def traced_calls(case, inputs, n_model, n_run, repeats):
     forward = _schedule.forward_schedule
     backward = _schedule.backward_schedule
     saved = (_core.forward_schedule, _core.backward_schedule)
-    _core.forward_schedule = lambda *shape_and_threads: forward(*shape_and_threads[:-1], n_model)
-    _core.backward_schedule = lambda *shape_and_threads: backward(*shape_and_threads[:-1], n_model)
+    _core.forward_schedule = lambda T, B, I, H, D, n, projected=False: forward(
+        T, B, I, H, D, n_model, projected)
+    _core.backward_schedule = lambda T, B, I, H, D, n, projected=False: backward(
+        T, B, I, H, D, n_model, projected)
     try:
         plan = lstmcy.LSTMPlan(n_threads=n_run)
         kw = lstm_kwargs(case)

@@ -171,16 +171,11 @@ def _packed_len(n, k, dtype):
 
 
 @functools.lru_cache(maxsize=256)
-def _forward_packed_len(H, P, projected, schedule, dtype):
-    """Elements of one direction's packed weights in a forward of that schedule."""
-    return _lstm.forward_packed_len(H, P, projected, schedule.split, schedule.groups,
-                                    dtype == np.float64)
-
-
-@functools.lru_cache(maxsize=256)
-def _backward_packed_len(H, P, projected, dtype):
-    """Elements of one direction's packed weights in a backward."""
-    return _lstm.backward_packed_len(H, P, projected, dtype == np.float64)
+def _packed_weights_len(kind, H, P, projected, schedule, dtype):
+    """Elements of one direction's packed weights in a ``kind`` ("forward" or "backward")
+    layer call of that schedule."""
+    packed_len = _lstm.forward_packed_len if kind == "forward" else _lstm.backward_packed_len
+    return packed_len(H, P, projected, schedule.split, schedule.groups, dtype == np.float64)
 
 
 def _draw_masks(problem, dropout, rng):
@@ -197,7 +192,7 @@ class _LayerSetup:
 
     ``workspaces``: the kernel's workspace views, in its argument order; ``tuner_key``,
     ``step_flops`` and ``flops``: :meth:`LSTMPlan._call`'s arguments; ``in_size``: the
-    layer's input features; ``by_threads``: a forward's ``(schedule, w_packed)`` per thread
+    layer's input features; ``by_threads``: the call's ``(schedule, w_packed)`` per thread
     count (its packed weights' size depends on the schedule).
     """
 
@@ -285,10 +280,9 @@ class LSTMPlan:
         # The recurrent weights packed: by rows, or by units in up to H / 16 parts (each
         # part's panels padded apart); the backward's packing.
         parts = max(1, H // 16)
-        packed = max(_lstm.forward_packed_len(H, P, projected, 0, 1, is_double),
-                     _lstm.forward_packed_len(H, P, projected, 1, parts, is_double))
-        if backward:
-            packed = max(packed, _lstm.backward_packed_len(H, P, projected, is_double))
+        kinds = [_lstm.forward_packed_len] + ([_lstm.backward_packed_len] if backward else [])
+        packed = max(packed_len(H, P, projected, split, groups, is_double) for packed_len in kinds
+                     for split, groups in [(0, 1), (1, parts)])
         elements += D * packed
         extra_bytes = 9 * (ALIGN - 1)  # room to align each of the (at most 9) named buffers
         if backward:
@@ -361,19 +355,20 @@ class LSTMPlan:
             self._take("dw", (D, grad_rows, in_size + P), cdt),
             self._take("db_acc", (D, grad_rows), np.dtype(np.float64)),
             self._take("dw_hr_acc", (D, lanes * hr if want_dparams else 0, H), cdt),
-            self._take("packed_rows", (N if scattered else 0, in_size), cdt),
-            self._take("w_packed", (D * _backward_packed_len(H, P, projected, cdt),), cdt))
+            self._take("packed_rows", (N if scattered else 0, in_size), cdt))
         flops_per_row = 16.0 * D * H * (in_size + P) + (6.0 * D * H * P if projected else 0)
         return self._remember(key, _LayerSetup(
             workspaces, ("backward", B, in_size, H, P, D, want_dx, want_dparams, cdt),
             B * flops_per_row, N * flops_per_row, in_size))
 
-    def _forward_threads(self, setup, p, n_threads):
-        """``(schedule, w_packed)`` of a forward layer call on ``n_threads`` threads."""
+    def _threads_setup(self, kind, setup, p, n_threads):
+        """``(schedule, w_packed)`` of a ``kind`` ("forward" or "backward") layer call on
+        ``n_threads`` threads."""
         D, H, P, cdt = p.D, p.H, p.P, p.compute_dtype
-        schedule = forward_schedule(p.T, p.B, setup.in_size, H, D, n_threads, p.projected)
+        schedule_of = forward_schedule if kind == "forward" else backward_schedule
+        schedule = schedule_of(p.T, p.B, setup.in_size, H, D, n_threads, p.projected)
         w_packed = self._take(
-            "w_packed", (D * _forward_packed_len(H, P, p.projected, schedule, cdt),), cdt)
+            "w_packed", (D * _packed_weights_len(kind, H, P, p.projected, schedule, cdt),), cdt)
         setup.by_threads[n_threads] = schedule, w_packed
         return schedule, w_packed
 
@@ -502,8 +497,8 @@ class LSTMPlan:
                         *states, saved, train, *setup.workspaces)
 
                 def run(n_threads, args=args, layer=layer, setup=setup):
-                    schedule, w_packed = setup.by_threads.get(n_threads) or self._forward_threads(
-                        setup, p, n_threads)
+                    schedule, w_packed = setup.by_threads.get(n_threads) or self._threads_setup(
+                        "forward", setup, p, n_threads)
                     return self._traced("forward", layer, _lstm.forward_layer, *args, w_packed,
                                         schedule, n_threads, _fpmode._flush)
 
@@ -622,10 +617,11 @@ class LSTMPlan:
                         layer_dx, layer_dx_needed, dw_ih, dw_hh, db, dw_hr, want_dparams,
                         *setup.workspaces)
 
-                def run(n_threads, args=args, layer=layer, in_size=in_size):
-                    return self._traced("backward", layer, _lstm.backward_layer, *args,
-                                        backward_schedule(T, B, in_size, H, D, n_threads), n_threads,
-                                        _fpmode._flush)
+                def run(n_threads, args=args, layer=layer, setup=setup):
+                    schedule, w_packed = setup.by_threads.get(n_threads) or self._threads_setup(
+                        "backward", setup, p, n_threads)
+                    return self._traced("backward", layer, _lstm.backward_layer, *args, w_packed,
+                                        schedule, n_threads, _fpmode._flush)
 
                 self._call(setup.tuner_key, N, setup.step_flops, setup.flops, run)
                 if want_dparams:

@@ -8,9 +8,9 @@ call's schedule. Two kinds of decision are made here, and kept apart:
   one BLAS call, and BLAS rounds a product by how it is cut). Results therefore never
   depend on the thread count.
 * **How many threads, and how the recurrence is split** between them (row groups, or unit
-  parts for a forward with few rows) depends on the thread count too, and never changes a
-  result: a row's or a column's recurrent products are the same whichever rows or columns
-  share a call.
+  parts for a batch too thin for row groups) depends on the thread count too, and never
+  changes a result: a row's or a column's recurrent products are the same whichever rows
+  or columns share a call.
 
 The automatic thread count for a call is ``threads_for_work(flops, cpus)``: one thread per
 ``FLOPS_PER_THREAD`` of the layer's work, at most the CPUs the process may use (see
@@ -43,10 +43,17 @@ SINGLE_THREADED_GEMM = 65536 * 4
 MIN_GROUP_ROWS = 4
 GROUP_ROW_UNITS = 512
 FORWARD_GROUP_ROW_UNITS = 256
-#: A forward too narrow for row groups splits the hidden units of every step between
-#: threads once a step's recurrent product per part reaches this (FLOPs): every step
-#: waits for every part of the previous one, a wait of a few microseconds between cores
-#: (more on a loaded machine), which smaller parts do not earn back.
+#: A batch too thin for row groups splits the hidden units of every step between threads
+#: instead (not with a projection, whose product needs every unit of a step): each part
+#: computes its units for every row, against its own columns of w_hh, which stay in its
+#: core's cache. Row groups are too thin when they would have fewer than UNIT_SPLIT_ROWS
+#: rows each (a group's packed GEMM streams all of w_hh every step, so a group of 8 of 64
+#: rows at H = 256 takes about 2/3 of the time of all 64) and the units split gives at
+#: least as many parts as there would be groups. Every step then waits for every part of
+#: the previous one, a wait of a few microseconds between cores (more on a loaded
+#: machine): a part has at least MIN_UNIT_PART_FLOPS of recurrent product per step and at
+#: least 16 units.
+UNIT_SPLIT_ROWS = 16
 MIN_UNIT_PART_FLOPS = 1e6
 #: Rows (steps x batch) of one projection piece of the forward (a BLAS GEMM of 4H columns).
 PROJECTION_ROWS = 256
@@ -83,10 +90,11 @@ piece_steps : steps per projection piece (shape only)
 pack_pieces : pieces of the packing of w_hh per direction
 """
 BackwardSchedule = namedtuple("BackwardSchedule",
-                              "groups first chunk block_rows lanes dx_steps pack_pieces")
+                              "split groups first chunk block_rows lanes dx_steps pack_pieces")
 BackwardSchedule.__doc__ = """The schedule of one backward layer call.
 
-groups : row groups per direction
+split : SPLIT_ROWS or SPLIT_UNITS
+groups : row groups (or unit parts) per direction
 first, chunk : steps of the first chunk and of the others (shape only)
 block_rows : gate rows per block of dW (shape only)
 lanes : lanes of chunks of dW, each with its own sums (shape only)
@@ -120,19 +128,27 @@ def chunk_steps(T, B):
     return min(T, max(math.ceil(T / MAX_CHUNKS), math.ceil(CHUNK_ROWS / max(B, 1))))
 
 
+def _split(B, H, D, n_threads, row_units, projected):
+    """``(split, groups)``: row groups (each at least ``row_units / H`` rows), or unit parts
+    where those would be too thin (see UNIT_SPLIT_ROWS)."""
+    groups = _row_groups(B, H, D, n_threads, row_units)
+    per_direction = max(1, n_threads // D)
+    if per_direction >= 2 and not projected and (groups == 1 or B // groups < UNIT_SPLIT_ROWS):
+        parts = min(per_direction, H // 16, int(8.0 * B * H * H // MIN_UNIT_PART_FLOPS))
+        if parts >= max(2, groups):
+            return SPLIT_UNITS, parts
+    return SPLIT_ROWS, groups
+
+
 @functools.lru_cache(maxsize=512)
 def forward_schedule(T, B, I, H, D, n_threads, projected=False):
     """The :class:`ForwardSchedule` of a layer of ``T`` steps, ``B`` rows, input size ``I``,
-    ``H`` units and ``D`` directions on ``n_threads`` threads (the units split only without
-    a projection, whose product needs every unit of a step)."""
+    ``H`` units and ``D`` directions on ``n_threads`` threads (``projected``: with a
+    projection)."""
     piece_steps = max(1, min(max(T, 1), math.ceil(PROJECTION_ROWS / max(B, 1))))
-    per_direction = max(1, n_threads // D)
-    groups = _row_groups(B, H, D, n_threads, FORWARD_GROUP_ROW_UNITS)
-    if groups == 1 and per_direction >= 2 and not projected:
-        parts = min(per_direction, H // 16, int(8.0 * B * H * H // MIN_UNIT_PART_FLOPS))
-        if parts >= 2:
-            return ForwardSchedule(SPLIT_UNITS, parts, piece_steps, 1)
-    return ForwardSchedule(SPLIT_ROWS, groups, piece_steps, _pack_pieces(4 * H, n_threads))
+    split, groups = _split(B, H, D, n_threads, FORWARD_GROUP_ROW_UNITS, projected)
+    pack_pieces = _pack_pieces(4 * H, n_threads) if split == SPLIT_ROWS else 1
+    return ForwardSchedule(split, groups, piece_steps, pack_pieces)
 
 
 def _block_rows(I, H, chunk_rows):
@@ -153,7 +169,7 @@ def backward_lanes(T, B, I, H):
 
 
 @functools.lru_cache(maxsize=512)
-def backward_schedule(T, B, I, H, D, n_threads):
+def backward_schedule(T, B, I, H, D, n_threads, projected=False):
     """The :class:`BackwardSchedule` of a layer of input size ``I`` on ``n_threads``
     threads. The first chunk is short with one direction, so that the weight gradients can
     start early on threads the recurrence leaves free."""
@@ -161,5 +177,7 @@ def backward_schedule(T, B, I, H, D, n_threads):
     first = chunk if D == 2 else max(1, math.ceil(chunk / 4))
     dx_steps = max(1, math.ceil(DX_PIECE_ROWS / max(B, 1)))
     block_rows = _block_rows(I, H, chunk * B)
-    return BackwardSchedule(_row_groups(B, H, D, n_threads, GROUP_ROW_UNITS), first, chunk, block_rows,
-                            backward_lanes(T, B, I, H), dx_steps, _pack_pieces(H, n_threads))
+    split, groups = _split(B, H, D, n_threads, GROUP_ROW_UNITS, projected)
+    pack_pieces = _pack_pieces(H, n_threads) if split == SPLIT_ROWS else 1
+    return BackwardSchedule(split, groups, first, chunk, block_rows, backward_lanes(T, B, I, H),
+                            dx_steps, pack_pieces)

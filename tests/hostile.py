@@ -170,21 +170,24 @@ def force_schedules(monkeypatch, forward=None, backward=None):
 def most_split(monkeypatch, split="rows"):
     """Schedules with the recurrences split as finely as the thread count allows: a row
     group per thread and direction however few rows each gets (``split="rows"``), or the
-    forward's hidden units cut in as many parts (``"units"``); the bit-fixing parts are
-    lstmcy's own."""
+    hidden units cut in as many parts (``"units"``, forward and backward, where there is no
+    projection); the bit-fixing parts are lstmcy's own."""
     from lstmcy import _schedule
 
-    def forward(T, B, I, H, D, n_threads, projected=False):
-        own = _schedule.forward_schedule(T, B, I, H, D, n_threads, projected)
+    def finest(own, B, D, n_threads, projected):
         per_direction = max(1, n_threads // D)
         if split == "units" and not projected:
-            return own._replace(split=_schedule.SPLIT_UNITS, groups=per_direction)
+            return own._replace(split=_schedule.SPLIT_UNITS, groups=per_direction, pack_pieces=1)
         return own._replace(split=_schedule.SPLIT_ROWS, groups=max(1, min(per_direction, B)),
                             pack_pieces=n_threads)
 
-    def backward(T, B, I, H, D, n_threads):
-        own = _schedule.backward_schedule(T, B, I, H, D, n_threads)
-        return own._replace(groups=max(1, min(n_threads // D, B)), pack_pieces=n_threads)
+    def forward(T, B, I, H, D, n_threads, projected=False):
+        own = _schedule.forward_schedule(T, B, I, H, D, n_threads, projected)
+        return finest(own, B, D, n_threads, projected)
+
+    def backward(T, B, I, H, D, n_threads, projected=False):
+        own = _schedule.backward_schedule(T, B, I, H, D, n_threads, projected)
+        return finest(own, B, D, n_threads, projected)
 
     force_schedules(monkeypatch, forward, backward)
 

@@ -3,9 +3,8 @@ of threads.
 
 A kernel call's schedule (``lstmcy._schedule``) has two kinds of fields. The projection
 pieces (forward) and the chunks, dW blocks and dx pieces (backward) are functions of the
-shape only: they fix the bits. The recurrence's split between threads (row groups, or the
-forward's unit parts) and the packing pieces depend on the thread count and must not
-change a bit. The shapes of the benchmark reach few schedules, so here they are forced,
+shape only: they fix the bits. The recurrence's split between threads (row groups, or unit
+parts) and the packing pieces depend on the thread count and must not change a bit. The shapes of the benchmark reach few schedules, so here they are forced,
 corner cases included (one step per chunk, a first chunk covering the whole sequence, a
 dx piece per step, a block per 16 gate rows, a group per row, more groups than rows).
 """
@@ -32,7 +31,7 @@ CONFIGS = {
 BACKWARD = [(1, 1, 16, 1, 1), (1, 3, 64, 2, 2), (2, 5, 32, 3, 1), (3, 3, 1000, 4, 3),
             (1000, 1000, 16, 2, 1), (4, 4, 48, 1, 100), (2, 7, 64, 5, 2), (6, 1, 16, 7, 5),
             (5, 2, 80, 2, 1), (1, 1, 1000, 30, 1)]
-# (split, piece_steps) of the forward
+# (split, piece_steps) of the forward; the backward's recurrence is split the same way
 FORWARD = [(_schedule.SPLIT_ROWS, 1), (_schedule.SPLIT_ROWS, 5), (_schedule.SPLIT_UNITS, 2),
            (_schedule.SPLIT_UNITS, 1000)]
 THREADS = (1, 2, 3, 4, 8)
@@ -40,19 +39,23 @@ THREADS = (1, 2, 3, 4, 8)
 
 def schedules(backward, forward):
     """Schedule functions with the bit-fixing fields forced; the split between threads
-    still follows the thread count (a group or part per thread, up to one row or 16
-    units each)."""
+    (``forward``'s, for both) still follows the thread count (a group or part per thread,
+    down to one row or to empty parts)."""
     first, chunk, block_rows, lanes, dx_steps = backward
     split, piece_steps = forward
 
-    def fwd(T, B, I, H, D, n_threads, projected=False):
+    def split_of(B, D, n_threads, projected):
         per_direction = max(1, n_threads // D)
         use = _schedule.SPLIT_ROWS if projected else split
         groups = per_direction if use == _schedule.SPLIT_UNITS else min(per_direction, B)
-        return _schedule.ForwardSchedule(use, max(1, groups), piece_steps, n_threads)
+        return use, max(1, groups)
 
-    def bwd(T, B, I, H, D, n_threads):
-        return _schedule.BackwardSchedule(max(1, min(n_threads // D, B)), first, chunk,
+    def fwd(T, B, I, H, D, n_threads, projected=False):
+        return _schedule.ForwardSchedule(*split_of(B, D, n_threads, projected), piece_steps,
+                                         n_threads)
+
+    def bwd(T, B, I, H, D, n_threads, projected=False):
+        return _schedule.BackwardSchedule(*split_of(B, D, n_threads, projected), first, chunk,
                                           block_rows, lanes, dx_steps, n_threads)
 
     return fwd, bwd
@@ -120,6 +123,7 @@ def test_no_steps_gives_zero_weight_gradients(threads, monkeypatch):
 BAD = [("backward", dict(first=0)), ("backward", dict(chunk=0)), ("backward", dict(block_rows=0)),
        ("backward", dict(lanes=0)),
        ("backward", dict(dx_steps=0)), ("backward", dict(groups=0)), ("backward", dict(pack_pieces=0)),
+       ("backward", dict(split=7)),
        ("forward", dict(piece_steps=0)), ("forward", dict(groups=0)), ("forward", dict(pack_pieces=0)),
        ("forward", dict(split=7))]
 
@@ -141,8 +145,9 @@ import numpy as np
 from lstmcy import _core, _schedule
 from hostile import Config, make_call, run_with_threads
 
-def backward(T, B, I, H, D, n_threads):
-    return _schedule.BackwardSchedule(max(1, min(n_threads // D, B)), 1, 1, 16, 4, 1, n_threads)
+def backward(T, B, I, H, D, n_threads, projected=False):
+    return _schedule.BackwardSchedule(_schedule.SPLIT_ROWS, max(1, min(n_threads // D, B)), 1, 1,
+                                      16, 4, 1, n_threads)
 
 _core.backward_schedule = backward
 call = make_call(Config(T=12, B=8, I=16, H=16, bidirectional=True, dtype=np.dtype(np.float64)),

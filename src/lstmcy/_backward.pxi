@@ -2,11 +2,16 @@
 #
 # First the listed tasks (BackwardCall.tasks), in order:
 #   1. TASK_PACK: pieces of w_hh packed for the per-step products dh = dgates @ w_hh.
-#   2. TASK_RECURRENCE: a group of batch rows (g, g + groups, ...) runs every step alone,
-#      in reverse processing order: the cell's backward writes the four gate gradients of
-#      its rows to dgates and updates dc, then a packed GEMM gives dh for the step before.
-#      A row's recurrence never reads another row. Each group publishes the steps it has
-#      done (BackwardCall.progress).
+#   2. TASK_RECURRENCE (split by rows): a group of batch rows (g, g + groups, ...) runs
+#      every step alone, in reverse processing order: the cell's backward writes the four
+#      gate gradients of its rows to dgates and updates dc, then a packed GEMM gives dh for
+#      the step before. A row's recurrence never reads another row. Each group publishes
+#      the steps it has done (BackwardCall.progress).
+#   TASK_UNIT_STEP (split by units, for batches too thin for row groups; not listed, see
+#      _units.pxi): at each step a part first computes dh of its units, dgates @ w_hh[:,
+#      units] over every part's gate gradients of the step before, then runs its units'
+#      cells; it publishes its steps as a row group does. Each part packs its own columns
+#      of w_hh at its first step.
 # Then each thread turns to the gradients the recurrences make ready (_gradients_worker),
 # as they become ready, while the recurrences still run on other threads:
 #   * TASK_DX: a piece of steps, dx = sum over directions of dgates @ w_ih (taken first:
@@ -22,10 +27,12 @@
 # Nothing waits for anything that needs a thread it holds, so any number of threads (one
 # included) completes the call.
 #
-# Bits: the recurrence's products of a row do not depend on the group; the chunks, blocks,
+# Bits: the recurrence's products of a row, or a column, do not depend on the group or
+# part; the chunks, blocks,
 # lanes and dx pieces are a function of the shape, each chain adds its chunks in order and
 # the lanes are added in order (db in float64, row by row), whichever thread runs them. So
-# the results are bitwise identical for any number of threads or groups.
+# the results are bitwise identical for any number of threads, groups or parts, and
+# either split.
 
 
 cdef inline void _chunk_steps(const BackwardCall *bc, Py_ssize_t c, Py_ssize_t *s_lo,
@@ -93,6 +100,45 @@ cdef void _pack_piece_bwd(const BackwardCall *bc, floating *like, Py_ssize_t d,
     pack(w, columns, False, K, p0 * nr, c1 - p0 * nr, out + p0 * nr * K)
 
 
+cdef void _cells_bwd(const BackwardCall *bc, floating *like, Py_ssize_t d, Py_ssize_t t,
+                     Py_ssize_t g, Py_ssize_t groups, Py_ssize_t u0, Py_ssize_t w) noexcept nogil:
+    """The cells' backward of units [u0, u0 + w) of the active rows g, g + groups, ... at
+    step t: their gate gradients to dgates, dc_state from dc_t to dc_{t-1}. What reaches
+    o * tanh(c_t) is dh_t = dy_t + dh_state (kept in dh_state), or with a projection the
+    row of dr_rows."""
+    cdef Py_ssize_t H = bc.H
+    cdef Py_ssize_t P = bc.P
+    cdef Py_ssize_t B = bc.steps.B
+    cdef Py_ssize_t n0 = bc.steps.start[t]
+    cdef Py_ssize_t nb = bc.steps.sizes[t]
+    cdef const Saved *sv = &bc.saved[d]
+    cdef floating *dh_state = <floating *>bc.dh_state[d]
+    cdef Py_ssize_t b, r, j, prev_t
+    cdef const floating *c_prev
+    cdef const floating *dy_row
+    cdef const floating *cell_in
+    cdef floating *dh_t
+    b = g
+    while b < nb:
+        r = (t * B + b) * H + u0
+        if bc.projected:
+            cell_in = <floating *>bc.dr_rows[d] + (n0 + b) * H + u0
+        else:
+            dy_row = row_of(<floating *>bc.dy.data, &bc.dy, t, b) + d * P + u0
+            dh_t = dh_state + b * P + u0
+            for j in range(w):  # dh = dy + dh_next
+                dh_t[j] = dy_row[j] + dh_t[j]
+            cell_in = dh_t
+        prev_t = _prev_step(bc, d, t, b)
+        c_prev = (<floating *>sv.c + (prev_t * B + b) * H + u0 if prev_t >= 0
+                  else <floating *>bc.c0[d] + b * H + u0)
+        backward_cell(w, H, cell_in, c_prev, <floating *>sv.i + r, <floating *>sv.f + r,
+                      <floating *>sv.g + r, <floating *>sv.o + r, <floating *>sv.tanhc + r,
+                      <floating *>bc.dc_state[d] + b * H + u0,
+                      <floating *>bc.dgates[d] + (n0 + b) * 4 * H + u0)
+        b += groups
+
+
 cdef void _recurrence_rows_bwd(const BackwardCall *bc, floating *like, Py_ssize_t d,
                                Py_ssize_t g, int worker, int order) noexcept nogil:
     """TASK_RECURRENCE: every step of the rows g, g + groups, ... of direction d: dh_t = dy_t
@@ -100,23 +146,17 @@ cdef void _recurrence_rows_bwd(const BackwardCall *bc, floating *like, Py_ssize_
     gradient of o * tanh(c_t), in dr_rows), the cell's backward, then dh for the step
     before, dgates_t @ w_hh."""
     cdef Py_ssize_t T = bc.steps.T
-    cdef Py_ssize_t B = bc.steps.B
     cdef Py_ssize_t H = bc.H
     cdef Py_ssize_t P = bc.P
     cdef Py_ssize_t G4 = 4 * H
     cdef Py_ssize_t groups = bc.groups
-    cdef const Saved *sv = &bc.saved[d]
     cdef floating *dgates = <floating *>bc.dgates[d]
     cdef floating *dh_state = <floating *>bc.dh_state[d]
-    cdef floating *dc_state = <floating *>bc.dc_state[d]
     cdef floating *dh_rows = <floating *>bc.dh_rows[d]
-    cdef floating *dr_rows = <floating *>bc.dr_rows[d]
-    cdef Py_ssize_t s, t, k, m, b, n0, r, prev_t, c_end, j
+    cdef Py_ssize_t s, t, k, m, b, n0, c_end, j
     cdef Py_ssize_t c = 0
-    cdef const floating *c_prev
     cdef const floating *dy_row
     cdef floating *dh_t
-    cdef const floating *cell_in
     cdef long long start
     if H > 0:
         event_wait(&bc.pack_done[d], <int>(bc.pack_pieces * (2 if bc.projected else 1)), bc.spin_ns)
@@ -135,25 +175,9 @@ cdef void _recurrence_rows_bwd(const BackwardCall *bc, floating *like, Py_ssize_
                     for j in range(P):
                         dh_t[j] = dy_row[j] + dh_state[b * P + j]
                 packed_gemm(m, H, P, dh_rows + (n0 + g) * P, groups * P,
-                            <floating *>bc.w_packed[d] + bc.hr_offset, dr_rows + (n0 + g) * H,
-                            groups * H, False)
-            for k in range(m):
-                b = g + k * groups
-                r = (t * B + b) * H
-                if bc.projected:
-                    cell_in = dr_rows + (n0 + b) * H
-                else:
-                    dy_row = row_of(<floating *>bc.dy.data, &bc.dy, t, b) + d * P
-                    dh_t = dh_state + b * P
-                    for j in range(P):  # dh = dy + dh_next
-                        dh_t[j] = dy_row[j] + dh_t[j]
-                    cell_in = dh_t
-                prev_t = _prev_step(bc, d, t, b)
-                c_prev = (<floating *>sv.c + (prev_t * B + b) * H if prev_t >= 0
-                          else <floating *>bc.c0[d] + b * H)
-                backward_cell(H, cell_in, c_prev, <floating *>sv.i + r, <floating *>sv.f + r,
-                              <floating *>sv.g + r, <floating *>sv.o + r,
-                              <floating *>sv.tanhc + r, dc_state + b * H, dgates + (n0 + b) * G4)
+                            <floating *>bc.w_packed[d] + bc.hr_offset,
+                            <floating *>bc.dr_rows[d] + (n0 + g) * H, groups * H, False)
+            _cells_bwd(bc, like, d, t, g, groups, 0, H)
             # dh for the step before: dgates_t @ w_hh over the group's rows.
             packed_gemm(m, P, G4, dgates + (n0 + g) * G4, groups * G4,
                         <floating *>bc.w_packed[d], dh_state + g * P, groups * P, False)
@@ -163,6 +187,38 @@ cdef void _recurrence_rows_bwd(const BackwardCall *bc, floating *like, Py_ssize_
             start = trace_start(&bc.trace)
             c += 1
             c_end = c_end + bc.chunk if c_end + bc.chunk < T else T
+
+
+cdef void _unit_step_bwd(const BackwardCall *bc, floating *like, Py_ssize_t d, Py_ssize_t s,
+                         Py_ssize_t u, int worker) noexcept nogil:
+    """TASK_UNIT_STEP: the units of part u at processing step s of direction d (no
+    projection): dh of its units from every part's gate gradients of step s - 1 (for the
+    rows active there; the others keep theirs), then its units' cells. Step s == T only
+    gives dh of h0; step 0 packs the part's columns of w_hh first. The previous step is
+    done (the caller waited)."""
+    cdef Py_ssize_t T = bc.steps.T
+    cdef Py_ssize_t H = bc.H
+    cdef Py_ssize_t G4 = 4 * H
+    cdef Py_ssize_t u0, u1, w, t_prev
+    cdef floating *packed
+    cdef long long start = trace_start(&bc.trace)
+    unit_range(H, bc.groups, u, &u0, &u1)
+    w = u1 - u0
+    packed = <floating *>bc.w_packed[d] + units_packed_offset(H, bc.groups, u, 1, G4, like)
+    if w > 0:
+        if s == 0:
+            pack(<floating *>bc.w_hh[d], H, False, G4, u0, w, packed)
+        else:
+            t_prev = s - 1 if d == 1 else T - s
+            packed_gemm(bc.steps.sizes[t_prev], w, G4,
+                        <floating *>bc.dgates[d] + bc.steps.start[t_prev] * G4, G4, packed,
+                        <floating *>bc.dh_state[d] + u0, H, False)
+        if s < T:
+            _cells_bwd(bc, like, d, s if d == 1 else T - 1 - s, 0, 1, u0, w)
+    if s < T:
+        event_set(&bc.progress[d * bc.groups + u], <int>(s + 1))
+    event_add(&bc.step_done[d], 1)
+    trace_task(&bc.trace, TASK_UNIT_STEP, d, s, u, worker, start, -1)
 
 
 cdef void _gather(const BackwardCall *bc, floating *like, Py_ssize_t d,
@@ -475,7 +531,7 @@ cdef void _gradients_worker(BackwardCall *bc, floating *like, int worker) noexce
 
 cdef void _backward_worker(BackwardCall *bc, floating *like, int worker) noexcept nogil:
     """One thread's part of a backward call: tasks from the shared list until none is left,
-    then the gradients."""
+    (units split) the per-step tasks, then the gradients."""
     cdef int k
     cdef const Task *task
     cdef long long start
@@ -491,6 +547,8 @@ cdef void _backward_worker(BackwardCall *bc, floating *like, int worker) noexcep
             trace_task(&bc.trace, task.kind, task.d, task.i, task.j, worker, start, k)
         else:
             _recurrence_rows_bwd(bc, like, task.d, task.i, worker, k)  # traced per chunk
+    if bc.split == SPLIT_UNITS:
+        units_worker(bc, like, worker)
     _gradients_worker(bc, like, worker)
 
 

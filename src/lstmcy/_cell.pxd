@@ -73,26 +73,28 @@ cdef inline void forward_cell_inference(
 
 
 cdef inline void backward_cell(
-        Py_ssize_t H, const floating *dh_row, const floating *c_prev, const floating *i_row,
-        const floating *f_row, const floating *g_row, const floating *o_row,
-        const floating *tc_row, floating_rp dc_row, floating_rp dg) noexcept nogil:
-    """One row of the backward: ``dh_row`` is the gradient reaching o * tanh(c_t) (dh_t, or
-    with a projection dh_t W_hr); ``dc_row`` goes from dc_t (from step t+1) to dc_{t-1};
-    the four gate gradients go to ``dg`` (``[i f g o]``, ``4H``). Short loops with few
-    pointers each (one fused loop ran slower in float64). Multiplication order follows
-    PyTorch's autograd formulas (tanh_backward, sigmoid_backward, mul_backward), so that
-    overflow and NaN appear exactly where float64 autograd has them."""
+        Py_ssize_t w, Py_ssize_t gs, const floating *dh_row, const floating *c_prev,
+        const floating *i_row, const floating *f_row, const floating *g_row,
+        const floating *o_row, const floating *tc_row, floating_rp dc_row,
+        floating_rp dg) noexcept nogil:
+    """One row of ``w`` units of the backward: ``dh_row`` is the gradient reaching
+    o * tanh(c_t) (dh_t, or with a projection dh_t W_hr); ``dc_row`` goes from dc_t (from
+    step t+1) to dc_{t-1}; the four gate gradients go to ``dg`` (gate q at ``dg + q*gs``,
+    order ``[i f g o]``). Short loops with few pointers each (one fused loop ran slower in
+    float64). Multiplication order follows PyTorch's autograd formulas (tanh_backward,
+    sigmoid_backward, mul_backward), so that overflow and NaN appear exactly where float64
+    autograd has them."""
     cdef Py_ssize_t j
     cdef floating one = 1
-    for j in range(H):  # dc = dh * o * (1 - tanh(c)^2) + dc_next
+    for j in range(w):  # dc = dh * o * (1 - tanh(c)^2) + dc_next
         dc_row[j] = (dh_row[j] * o_row[j]) * (one - tc_row[j] * tc_row[j]) + dc_row[j]
-    for j in range(H):  # do
-        dg[3 * H + j] = (dh_row[j] * tc_row[j]) * (one - o_row[j]) * o_row[j]
-    for j in range(H):  # di
+    for j in range(w):  # do
+        dg[3 * gs + j] = (dh_row[j] * tc_row[j]) * (one - o_row[j]) * o_row[j]
+    for j in range(w):  # di
         dg[j] = (dc_row[j] * g_row[j]) * (one - i_row[j]) * i_row[j]
-    for j in range(H):  # dg
-        dg[2 * H + j] = (dc_row[j] * i_row[j]) * (one - g_row[j] * g_row[j])
-    for j in range(H):  # df
-        dg[H + j] = (dc_row[j] * c_prev[j]) * (one - f_row[j]) * f_row[j]
-    for j in range(H):  # dc_next = dc * f
+    for j in range(w):  # dg
+        dg[2 * gs + j] = (dc_row[j] * i_row[j]) * (one - g_row[j] * g_row[j])
+    for j in range(w):  # df
+        dg[gs + j] = (dc_row[j] * c_prev[j]) * (one - f_row[j]) * f_row[j]
+    for j in range(w):  # dc_next = dc * f
         dc_row[j] = dc_row[j] * f_row[j]

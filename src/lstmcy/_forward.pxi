@@ -254,27 +254,6 @@ cdef void _recurrence_rows(const ForwardCall *fc, floating *like, Py_ssize_t d,
         trace_task(&fc.trace, TASK_RECURRENCE, d, g, last_piece, worker, start, order)
 
 
-cdef inline void _unit_range(Py_ssize_t H, Py_ssize_t parts, Py_ssize_t u, Py_ssize_t *u0,
-                             Py_ssize_t *u1) noexcept nogil:
-    """Units [u0, u1) of part u: cut at multiples of 16, so that with rows on cache lines
-    (H a multiple of 16) no line holds two parts' units."""
-    u0[0] = (H * u // parts + 15) // 16 * 16
-    u1[0] = (H * (u + 1) // parts + 15) // 16 * 16
-    u0[0] = H if u0[0] > H else u0[0]
-    u1[0] = H if (u1[0] > H or u == parts - 1) else u1[0]
-
-
-cdef Py_ssize_t _unit_packed_offset(const ForwardCall *fc, floating *like,
-                                    Py_ssize_t u) noexcept nogil:
-    """Where part u's packed columns start: the parts' four gates one after another."""
-    cdef Py_ssize_t v, u0, u1
-    cdef Py_ssize_t offset = 0
-    for v in range(u):
-        _unit_range(fc.H, fc.groups, v, &u0, &u1)
-        offset += 4 * packed_len(u1 - u0, fc.H, like)
-    return offset
-
-
 cdef void _unit_step(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t s,
                      Py_ssize_t u, int worker) noexcept nogil:
     """TASK_UNIT_STEP: the units of part u at step s (processing order) of direction d."""
@@ -286,9 +265,9 @@ cdef void _unit_step(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssi
     cdef floating *packed
     event_wait(&fc.piece_done[t // fc.piece_steps], 1, fc.spin_ns)
     start = trace_start(&fc.trace)
-    _unit_range(H, fc.groups, u, &u0, &u1)
+    unit_range(H, fc.groups, u, &u0, &u1)
     w = u1 - u0
-    packed = <floating *>fc.w_packed[d] + _unit_packed_offset(fc, like, u)
+    packed = <floating *>fc.w_packed[d] + units_packed_offset(H, fc.groups, u, 4, H, like)
     plen = packed_len(w, H, like)
     if s == 0 and w > 0 and H > 0:
         for q in range(4):
@@ -302,36 +281,6 @@ cdef void _unit_step(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssi
             _final_h(fc, like, d, 0, 1, u0, w)
     event_add(&fc.step_done[d], 1)
     trace_task(&fc.trace, TASK_UNIT_STEP, d, s, u, worker, start, -1)
-
-
-cdef void _units_worker(const ForwardCall *fc, floating *like, int worker) noexcept nogil:
-    """A thread's part of the units split: its own direction and part first (so that a
-    part's columns of w_hh stay with one thread), then whatever is left elsewhere."""
-    cdef Py_ssize_t D = fc.D
-    cdef Py_ssize_t T = fc.steps.T
-    cdef Py_ssize_t parts = fc.groups
-    cdef Py_ssize_t own_d = worker % D
-    cdef Py_ssize_t own_u = (worker // D) % parts
-    cdef Py_ssize_t k, d, s, j, u
-    cdef int *claims
-    cdef bint left
-    for k in range(D):
-        d = (own_d + k) % D
-        for s in range(T):
-            claims = fc.unit_claims + (d * T + s) * parts
-            left = False
-            for j in range(parts):
-                if load_acquire(&claims[j]) == 0:
-                    left = True
-                    break
-            if not left:
-                continue
-            if s > 0:
-                event_wait(&fc.step_done[d], <int>(parts * s), fc.spin_ns)
-            for j in range(parts):
-                u = (own_u + j) % parts if d == own_d else j
-                if claim(&claims[u]):
-                    _unit_step(fc, like, d, s, u, worker)
 
 
 cdef void _forward_worker(ForwardCall *fc, floating *like, int worker) noexcept nogil:
@@ -357,7 +306,7 @@ cdef void _forward_worker(ForwardCall *fc, floating *like, int worker) noexcept 
         else:
             _recurrence_rows(fc, like, task.d, task.i, worker, k)
     if fc.split == SPLIT_UNITS:
-        _units_worker(fc, like, worker)
+        units_worker(fc, like, worker)
 
 
 cdef void _forward_job_float(void *ctx, int worker, int n_workers) noexcept nogil:

@@ -7,14 +7,15 @@
 # kernel functions cast them to their type.
 from cython cimport floating
 
+from lstmcy._packed_gemm cimport packed_len
 from lstmcy._sync cimport lstmcy_event, now_ns, take_next
 
 
 cdef enum Split:
-    # How the forward recurrence of one direction is split between threads.
+    # How the recurrence of one direction is split between threads.
     SPLIT_ROWS = 0   # each group of batch rows runs all steps alone (rows never interact)
     SPLIT_UNITS = 1  # each part runs the hidden units of every step; a step waits for
-                     # every part of the previous one (for batches too small for rows)
+                     # every part of the previous one (for batches too thin for row groups)
 
 
 cdef enum TaskKind:
@@ -23,7 +24,7 @@ cdef enum TaskKind:
     TASK_PROJECT = 1       # i: projection piece (a range of steps, both directions)
     TASK_RECURRENCE = 2    # i: row group of direction d (traced per chunk j of its steps)
     # The backward's gradients are not listed: threads take them as they become ready.
-    TASK_UNIT_STEP = 3     # i: step in processing order, j: unit part (forward, units split)
+    TASK_UNIT_STEP = 3     # i: step in processing order, j: unit part (units split)
     TASK_GATHER = 4        # i: chunk whose [x | h_{t-1}] rows are gathered (backward)
     TASK_WEIGHTS = 5       # i: chunk, j: block of gate rows of dW and db (backward)
     TASK_DX = 6            # i: dx piece (a range of steps, both directions; backward)
@@ -158,7 +159,8 @@ cdef struct BackwardCall:
     # schedule: chunks of processing steps (the first `first` long, then `chunk`), dW in
     # blocks of `block_rows` gate rows (then dW_hr in blocks of as many of its P rows) and
     # `lanes` lanes of chunks, dx in pieces of `dx_steps` time steps, the recurrence in
-    # `groups` row groups per direction
+    # `groups` row groups (or unit parts) per direction
+    Split split
     Py_ssize_t groups
     Py_ssize_t first, chunk, n_chunks
     Py_ssize_t block_rows, n_blocks  # n_blocks: per direction, dW's and then dW_hr's
@@ -171,7 +173,9 @@ cdef struct BackwardCall:
     int n_tasks
     int *next_task
     lstmcy_event *pack_done         # [2]
-    lstmcy_event *progress          # [2, groups]: steps done by each row group
+    lstmcy_event *progress          # [2, groups]: steps done by each row group (unit part)
+    int *unit_claims                # [D, T + 1, groups] (units split)
+    lstmcy_event *step_done         # [2]: unit parts done per direction (units split)
     lstmcy_event *gathered          # [2, n_chunks]
     int *gather_claims              # [2, n_chunks]
     int *block_next                 # [2, lanes, n_blocks]: chunks each chain has added
@@ -181,6 +185,37 @@ cdef struct BackwardCall:
     const int *dx_order             # [n_dx_pieces]: the pieces in the order they get ready
     long long spin_ns
     Trace trace
+
+
+cdef inline void unit_range(Py_ssize_t H, Py_ssize_t parts, Py_ssize_t u, Py_ssize_t *u0,
+                            Py_ssize_t *u1) noexcept nogil:
+    """Units [u0, u1) of part u of a units split: cut at multiples of 16, so that with rows
+    on cache lines (H a multiple of 16) no line holds two parts' units."""
+    u0[0] = (H * u // parts + 15) // 16 * 16
+    u1[0] = (H * (u + 1) // parts + 15) // 16 * 16
+    u0[0] = H if u0[0] > H else u0[0]
+    u1[0] = H if (u1[0] > H or u == parts - 1) else u1[0]
+
+
+cdef inline Py_ssize_t units_packed_offset(Py_ssize_t H, Py_ssize_t parts, Py_ssize_t u,
+                                           Py_ssize_t copies, Py_ssize_t K,
+                                           floating *like) noexcept nogil:
+    """Where part u's packed columns start in a units split whose parts each pack
+    ``copies`` matrices of their units' columns (K rows) one after another (forward: the
+    four gates' columns of w_hh^T; backward: the units' columns of w_hh). Part ``parts``:
+    the elements of all of them."""
+    cdef Py_ssize_t v, u0, u1
+    cdef Py_ssize_t offset = 0
+    for v in range(u):
+        unit_range(H, parts, v, &u0, &u1)
+        offset += copies * packed_len(u1 - u0, K, like)
+    return offset
+
+
+ctypedef fused UnitsCall:
+    # The calls whose recurrence may be split by units (see _units.pxi).
+    ForwardCall
+    BackwardCall
 
 
 cdef inline void trace_task(const Trace *trace, int kind, Py_ssize_t d, Py_ssize_t i, Py_ssize_t j,

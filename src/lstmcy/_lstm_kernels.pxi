@@ -6,7 +6,7 @@
 # A kernel call runs one layer, both directions, as a list of tasks that any number of
 # threads take in order (lstmcy's thread pool runs the job; the GIL is released for the
 # whole call). The recurrences are split by batch rows, since a row's recurrence never
-# reads another row (a forward with too few rows splits the hidden units instead); the
+# reads another row (a batch too thin for row groups splits the hidden units instead); the
 # batched products (the input projection, dW, dx) are pieces of steps or blocks of gate
 # rows. Every piece, chunk and block is a function of the shape and every product of a
 # row or column is computed the same way whatever shares its call, so the results are
@@ -21,6 +21,7 @@
 #   _packed_gemm.h, .pxd            the per-step recurrent products
 #   _blas.pxd, _blas.pyx            BLAS (the batched products)
 #   _forward.pxi, _backward.pxi     the tasks of a forward / backward call, their worker loop
+#   _units.pxi                      the units split's worker loop (forward and backward)
 #   this file                       the entry points: checks, the call struct, the task list
 
 from cython cimport floating
@@ -34,7 +35,8 @@ from lstmcy._fastmath cimport fast_sigmoid, fast_tanh
 from lstmcy._layer cimport (
     BackwardCall, ForwardCall, RowTable, Saved, SPLIT_ROWS, SPLIT_UNITS, Split, Task, TaskKind, Trace,
     TASK_DX, TASK_FINISH, TASK_GATHER, TASK_PACK, TASK_PROJECT, TASK_RECURRENCE,
-    TASK_UNIT_STEP, TASK_WEIGHTS, TRACE_FIELDS, row_of, trace_start, trace_task)
+    TASK_UNIT_STEP, TASK_WEIGHTS, TRACE_FIELDS, UnitsCall, row_of, trace_start, trace_task,
+    unit_range, units_packed_offset)
 from lstmcy._packed_gemm cimport (pack, packed_gemm, packed_len, panel_width, pg_d_packed_len,
                                   pg_s_packed_len)
 from lstmcy._sync cimport (claim, compare_exchange, event_add, event_get, event_set, event_wait,
@@ -43,6 +45,7 @@ from lstmcy._threadpool cimport job_fn, run_job, wait_spin_ns
 
 include "_forward.pxi"
 include "_backward.pxi"
+include "_units.pxi"
 
 #: The order of the seven saved activations the entry points take (lstmcy's SAVED_NAMES).
 SAVED_ORDER = ("i", "g", "f", "o", "h", "c", "tanhc")
@@ -156,20 +159,23 @@ def forward_packed_len(Py_ssize_t H, Py_ssize_t P, bint projected, int split, Py
                        bint is_double):
     """Elements of one direction's packed weights in a forward: w_hh^T for the rows split
     (then w_hr^T with a projection), or each of ``groups`` unit parts' columns."""
-    cdef Py_ssize_t u, u0, u1
-    cdef Py_ssize_t total = 0
     if split == SPLIT_ROWS:
         return _packed(4 * H, P, is_double) + (_packed(P, H, is_double) if projected else 0)
-    for u in range(groups):
-        _unit_range(H, groups, u, &u0, &u1)
-        total += 4 * _packed(u1 - u0, H, is_double)
-    return total
+    if is_double:
+        return units_packed_offset(H, groups, groups, 4, H, <double *>NULL)
+    return units_packed_offset(H, groups, groups, 4, H, <float *>NULL)
 
 
-def backward_packed_len(Py_ssize_t H, Py_ssize_t P, bint projected, bint is_double):
+def backward_packed_len(Py_ssize_t H, Py_ssize_t P, bint projected, int split,
+                        Py_ssize_t groups, bint is_double):
     """Elements of one direction's packed weights in a backward: w_hh (its P columns, K =
-    4H), then w_hr (its H columns, K = P) with a projection."""
-    return _packed(P, 4 * H, is_double) + (_packed(H, P, is_double) if projected else 0)
+    4H; split by units, each of ``groups`` parts' columns), then w_hr (its H columns, K =
+    P) with a projection."""
+    if split == SPLIT_ROWS:
+        return _packed(P, 4 * H, is_double) + (_packed(H, P, is_double) if projected else 0)
+    if is_double:
+        return units_packed_offset(H, groups, groups, 1, 4 * H, <double *>NULL)
+    return units_packed_offset(H, groups, groups, 1, 4 * H, <float *>NULL)
 
 
 def packed_elements(Py_ssize_t n, Py_ssize_t k, bint is_double):
@@ -423,9 +429,10 @@ def backward_layer(
     dx_packed : ndarray [N, I]
         Workspace: dx in packed row order (``want_dx`` and not ``x_rows_packed``).
     w_packed : ndarray
-        Workspace of ``D * backward_packed_len(H, P, projected)`` elements.
+        Workspace of ``D * backward_packed_len(H, P, projected, split, groups)`` elements.
     schedule
-        ``groups`` (row groups per direction), ``first`` and ``chunk`` (steps of the first
+        ``split`` (0 rows, 1 units: not with a projection), ``groups`` (row groups or unit
+        parts per direction), ``first`` and ``chunk`` (steps of the first
         chunk and of the others), ``block_rows`` (gate rows per block of dW, and rows of
         the projection's per block of dW_hr), ``lanes`` (chunk c adds to lane
         ``c % lanes``'s sums), ``dx_steps`` (steps per dx piece), ``pack_pieces``.
@@ -447,6 +454,7 @@ def backward_layer(
     cdef Py_ssize_t Z = I + P + (H if projected else 0)
     cdef Py_ssize_t G4 = 4 * H
     cdef Py_ssize_t N = dgates.shape[1]
+    cdef int split = schedule.split
     cdef Py_ssize_t groups = schedule.groups
     cdef Py_ssize_t first = schedule.first
     cdef Py_ssize_t chunk = schedule.chunk
@@ -470,7 +478,8 @@ def backward_layer(
     _need(N == (packed_start[T - 1] + batch_sizes[T - 1] if T > 0 else 0) and dgates.shape[0] >= D
           and dgates.shape[2] == G4, "dgates must be [D, N, 4H]")
     if not (groups >= 1 and first >= 1 and chunk >= 1 and block_rows >= 1 and lanes >= 1
-            and dx_steps >= 1 and pack_pieces >= 1):
+            and dx_steps >= 1 and pack_pieces >= 1
+            and (split == SPLIT_ROWS or (split == SPLIT_UNITS and not projected))):
         raise ValueError(f"bad schedule {schedule!r}")  # formatted only when raised
     _need(not want_dx or (dx.shape[0] == x.shape[0] and dx.shape[1] == I
                           and (x_rows_packed or (dx_packed.shape[0] >= N and dx_packed.shape[1] == I))),
@@ -488,7 +497,7 @@ def backward_layer(
     _need(not projected or (tuple(dh_rows.shape)[:3] == (D, N, P)
                             and tuple(dr_rows.shape)[:3] == (D, N, H)),
           "dh_rows and dr_rows must be [D, N, P] and [D, N, H]")
-    plen = backward_packed_len(H, P, projected, floating is double)
+    plen = backward_packed_len(H, P, projected, split, groups, floating is double)
     _need(w_packed.shape[0] >= D * plen, "w_packed is too small")
     _check_saved(saved, D, T * B, H, P)
     n_chunks = 0 if T == 0 else (1 if T <= first else 1 + _count(T - first, chunk))
@@ -545,6 +554,7 @@ def backward_layer(
             bc.dw_hr[d] = _data3(dw_hr, d) if projected else NULL
             bc.dw_hr_acc[d] = _data3(dw_hr_acc, d) if projected else NULL
     bc.dx_packed = _data2(dx_packed) if want_dx and not x_rows_packed else NULL
+    bc.split = <Split>split
     bc.groups = groups
     bc.first = first
     bc.chunk = chunk
@@ -560,14 +570,16 @@ def backward_layer(
 
     n_tasks = D * pack_pieces * (2 if projected else 1) + D * groups
     cdef Task *tasks = <Task *>calloc(n_tasks, sizeof(Task))
-    # next_task, pack_done[2], progress[D*groups], gathered[D*n_chunks], the trace's count
-    cdef Py_ssize_t n_events = 4 + D * groups + D * n_chunks
+    # next_task, pack_done[2], step_done[2], progress[D*groups], gathered[D*n_chunks], the
+    # trace's count
+    cdef Py_ssize_t n_events = 6 + D * groups + D * n_chunks
     cdef lstmcy_event *events = <lstmcy_event *>calloc(n_events, sizeof(lstmcy_event))
     # gather claims [D*n_chunks], block_next and block_busy [D*lanes*n_blocks], lanes_done
-    # [D*n_blocks], dx_next, dx_order
+    # [D*n_blocks], dx_next, dx_order, unit claims [D*(T+1)*groups] (units split)
     cdef Py_ssize_t n_chains = D * lanes * n_blocks
-    cdef int *flags = <int *>calloc(D * n_chunks + 2 * n_chains + D * n_blocks + 1 + n_dx,
-                                    sizeof(int))
+    cdef Py_ssize_t n_unit_claims = D * (T + 1) * groups if split == SPLIT_UNITS else 0
+    cdef int *flags = <int *>calloc(D * n_chunks + 2 * n_chains + D * n_blocks + 1 + n_dx
+                                    + n_unit_claims, sizeof(int))
     if tasks == NULL or events == NULL or flags == NULL:
         free(tasks)
         free(events)
@@ -575,8 +587,9 @@ def backward_layer(
         raise MemoryError()
     bc.next_task = &events[0].value
     bc.pack_done = &events[1]
-    bc.progress = &events[3]
-    bc.gathered = &events[3 + D * groups]
+    bc.step_done = &events[3]
+    bc.progress = &events[5]
+    bc.gathered = &events[5 + D * groups]
     bc.trace = _trace_of(trace, &events[n_events - 1].value)
     bc.gather_claims = flags
     bc.block_next = flags + D * n_chunks
@@ -584,20 +597,23 @@ def backward_layer(
     bc.lanes_done = bc.block_busy + n_chains
     bc.dx_next = bc.lanes_done + D * n_blocks
     _order_dx_pieces(&bc, bc.dx_next + 1)
+    bc.unit_claims = bc.dx_next + 1 + n_dx
     if not want_dx:
         bc.n_dx_pieces = 0
 
-    # The task list (see _backward.pxi): packing, the row groups' recurrences; the
+    # The task list (see _backward.pxi): packing and the row groups' recurrences (rows
+    # split; with the units split the threads take the steps' parts after the list); the
     # gradients follow as the recurrences make them ready.
     n_tasks = 0
-    if H > 0:
-        for d in range(D):
-            for which in range(2 if projected else 1):  # w_hh, and w_hr
-                for q in range(pack_pieces):
-                    _add_task(tasks, &n_tasks, TASK_PACK, d, q, which)
-    for g in range(groups):
-        for d in range(D):
-            _add_task(tasks, &n_tasks, TASK_RECURRENCE, d, g, 0)
+    if split == SPLIT_ROWS:
+        if H > 0:
+            for d in range(D):
+                for which in range(2 if projected else 1):  # w_hh, and w_hr
+                    for q in range(pack_pieces):
+                        _add_task(tasks, &n_tasks, TASK_PACK, d, q, which)
+        for g in range(groups):
+            for d in range(D):
+                _add_task(tasks, &n_tasks, TASK_RECURRENCE, d, g, 0)
     bc.tasks = tasks
     bc.n_tasks = <int>n_tasks
     job = _backward_job_float if floating is float else _backward_job_double
