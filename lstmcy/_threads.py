@@ -200,6 +200,8 @@ def threads_for(flops, n_threads=None):
     """Threads for a call of ``flops`` work: the plan's or global setting, else automatic."""
     setting = _num_threads if n_threads is None else n_threads
     if setting is not None:
+        if setting > 1:
+            _process_cpus()  # the pool's waits spin only while its threads fit the CPUs
         return min(setting, MAX_THREADS)
     if flops < 2 * FLOPS_PER_THREAD:
         return 1  # one thread on any machine (and the CPUs not looked up)

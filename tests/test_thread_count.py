@@ -187,3 +187,27 @@ def test_real_affinity_in_a_child_process():
                          timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1", "1"]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two CPUs and sched_setaffinity")
+def test_an_explicit_count_lets_waits_spin_while_its_threads_fit_the_cpus():
+    # A process that only ever asks for explicit counts must still tell the pool its CPUs:
+    # otherwise every wait inside a job sleeps at once (the pool takes one CPU until told),
+    # a futex wake-up of tens of microseconds at every step of a units split.
+    script = textwrap.dedent("""
+        import os
+        os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:2]))
+        import numpy as np
+        import lstmcy
+        from lstmcy import _threadpool
+        x = np.zeros((3, 2, 2))
+        params = [np.zeros(s) for s in [(8, 2), (8, 2), (8,), (8,)]]
+        lstmcy.LSTMPlan(n_threads=2).forward(x, None, params)
+        print(_threadpool.spin_ns(2) > 0, _threadpool.spin_ns(3) > 0)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False"]

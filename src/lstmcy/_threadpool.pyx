@@ -55,6 +55,12 @@ def set_cpu_count(int cpus):
     lstmcy_pool_set_cpus(cpus)
 
 
+def spin_ns(int n_threads):
+    """How long a wait inside a job of ``n_threads`` spins before it sleeps (0: none, with
+    more threads than the CPUs set by :func:`set_cpu_count`)."""
+    return wait_spin_ns(n_threads)
+
+
 def pool_size():
     """Worker threads started in this process (the callers' own threads not counted)."""
     return lstmcy_pool_size()
