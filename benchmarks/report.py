@@ -496,19 +496,26 @@ def scaling_section(doc):
     """Markdown of a ``benchmarks/scaling.py --json`` file."""
     results = doc["results"]
     counts = [row["n"] for row in results[0]["rows"]] if results else []
-    header = ["shape", "dtype"] + [f"{n} threads" for n in counts] + ["measured 1 -> 2", "bound at 8, 32"]
+    header = ["shape", "dtype"] + [f"{n} threads" for n in counts] + [
+        "measured 1 -> 2", "bound at 8, 32", "split at 8", "unit step handoff us"]
     rows = []
     for r in results:
-        bounds = {row["n"]: row["bound"] for row in r["rows"]}
+        by_n = {row["n"]: row for row in r["rows"]}
+        bounds = [by_n[n]["bound"] if n in by_n else "?" for n in (8, 32)]
         rows.append([r["shape"], r["dtype"]] + [f"{row['speedup']:.2f}x" for row in r["rows"]]
-                    + [f"{r['measured_1_to_2']:.2f}x", f"{bounds.get(8, '?')}, {bounds.get(32, '?')}"])
+                    + [f"{r['measured_1_to_2']:.2f}x", ", ".join(bounds),
+                       by_n.get(8, {}).get("split", "?"), f"{r.get('handoff_us', 0.0):.1f}"])
     return "\n".join([
         "## Predicted scaling to N threads (`benchmarks/scaling.py`)", "",
         "The kernels' task graphs, traced on one thread with the schedule of each thread "
         "count, replayed on N workers the way the kernels take tasks: predicted speed-up of "
         "forward + backward over one thread, beside the measured 1 -> 2 speed-up of the same "
         "calls (a check of the model). `span`: the recurrence (the critical path) bounds the "
-        "call; `work`: the total work per worker does. The model leaves out shared caches, "
+        "call; `work`: the total work per worker does. `split at 8`: how the recurrence is "
+        "split between 8 threads (row groups, or the hidden units of every step). A units "
+        "split waits at every step for every part of the step before: each unit step counts "
+        "the handoff measured for the shape on two threads (the units split really run, less "
+        "its replay) on top of its traced time. The model leaves out shared caches, "
         f"memory bandwidth and frequency changes. Load average {doc.get('load', '?')} at the start.",
         "", _md_table(header, rows)])
 

@@ -10,6 +10,9 @@ predicted time is the replay's makespan. For each shape it reports the predicted
 over one thread, the critical path (span: the recurrence and what waits for it) and the
 work per worker (total / N), and which of the two bounds the call.
 
+A units split waits at every step for every part of the step before and reads what the
+other cores wrote: each unit step is counted with the handoff measured for the shape on two
+threads (the units split really run there, less its replay on two workers, per unit step).
 What the model leaves out: the cores' shared caches and memory bandwidth (tasks are timed
 alone on one core), the wake-up of sleeping workers, and frequency changes with the number
 of busy cores. Measured 1 -> 2 thread speed-ups (the same traced calls really run on two
@@ -18,7 +21,8 @@ threads) are printed beside the prediction for N = 2 as a check of the model.
 Usage (the OpenBLAS variables unset in this command only)::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/scaling.py \\
-        --shapes small-50x32,large-256,braun --json benchmarks/results/scaling.json
+        --shapes small-50x32,large-256,braun,bidir2-large,deepbench-512 \\
+        --json benchmarks/results/scaling.json
 """
 import argparse
 import json
@@ -41,12 +45,23 @@ KIND, DIRECTION, I, J, WORKER, START, END, ORDER = range(8)
 COUNTS = (1, 2, 4, 8, 16, 32)
 
 
-def traced_calls(case, inputs, n_model, n_run, repeats):
-    """Per kernel call: its kind, the schedule for ``n_model`` threads, and the median
-    duration of each task entry over ``repeats`` runs on ``n_run`` threads; also the median
-    makespan of each call."""
+def _units_schedule(schedule_of):
+    """``schedule_of`` with the recurrence split by units, a part per thread and direction."""
+    def schedule(T, B, I, H, D, n, projected=False):
+        own = schedule_of(T, B, I, H, D, n, projected)
+        parts = min(max(1, n // D), max(1, H // 16))
+        return own._replace(split=_schedule.SPLIT_UNITS, groups=parts, pack_pieces=1)
+    return schedule
+
+
+def traced_calls(case, inputs, n_model, n_run, repeats, units=False):
+    """Per kernel call: its kind, the schedule for ``n_model`` threads (``units``: split by
+    units), and the median duration of each task entry over ``repeats`` runs on ``n_run``
+    threads; also the median makespan of each call."""
     forward = _schedule.forward_schedule
     backward = _schedule.backward_schedule
+    if units:
+        forward, backward = _units_schedule(forward), _units_schedule(backward)
     saved = (_core.forward_schedule, _core.backward_schedule)
     _core.forward_schedule = lambda T, B, I, H, D, n, projected=False: forward(
         T, B, I, H, D, n_model, projected)
@@ -115,12 +130,21 @@ def graph(call, T):
             chunk_ends[d, j].append(n)
         if kind == PACK:
             packs[d].append(n)
-    n_chunks = 1 + max((int(e[J]) for e in entries if int(e[KIND]) == RECURRENCE), default=0)
+    if call["kind"] == "backward":
+        first, chunk = schedule.first, schedule.chunk
+        n_chunks = 1 if T <= first else 1 + -(-(T - first) // chunk)
+        for n in units:  # a units split: the parts of a chunk's last step end it
+            step = int(entries[n][I])
+            if step < T and (step + 1 == T or _chunk_of(step + 1, schedule, n_chunks)
+                             != _chunk_of(step, schedule, n_chunks)):
+                chunk_ends[int(entries[n][DIRECTION]), _chunk_of(step, schedule, n_chunks)].append(n)
+    else:
+        n_chunks = 1
     for nodes in listed.values():
         nodes.sort(key=lambda n: entries[n][START])  # a recurrence's chunks in run order
         for previous, n in zip(nodes, nodes[1:]):
             deps[n].append(previous)
-    directions = sorted({int(e[DIRECTION]) for e in entries if int(e[KIND]) == RECURRENCE})
+    directions = sorted({int(e[DIRECTION]) for e in entries if int(e[KIND]) in (RECURRENCE, UNIT_STEP)})
     for n, e in enumerate(entries):
         kind, d, i, j = (int(e[f]) for f in (KIND, DIRECTION, I, J))
         if kind == RECURRENCE:
@@ -129,8 +153,9 @@ def graph(call, T):
             if listed[int(e[ORDER])][0] == n:
                 deps[n].extend(packs[d])
         elif kind == UNIT_STEP:
-            t = T - 1 - i if d == 1 else i
-            deps[n].append(by_key[(PROJECT, 0, t // schedule.piece_steps, 0)])
+            if call["kind"] == "forward":
+                t = T - 1 - i if d == 1 else i
+                deps[n].append(by_key[(PROJECT, 0, t // schedule.piece_steps, 0)])
             deps[n].extend(m for m in units if int(entries[m][DIRECTION]) == d
                            and int(entries[m][I]) == i - 1)
             if i == 0:
@@ -159,10 +184,11 @@ def graph(call, T):
                 finish_of=finish_of)
 
 
-def replay(g, workers):
+def replay(g, workers, handoff=0.0):
     """Makespan of graph ``g`` on ``workers`` workers, as the kernels run it: the listed
     tasks in order, each to the first worker free (which waits there for its inputs); the
-    unit steps, each part of a direction on its own worker; then the backward's
+    unit steps, each part of a direction on its own worker and ``handoff`` ns longer than
+    traced (see :func:`handoff_ns`); then the backward's
     gradients, each worker taking a ready dx piece first, else the next ready chunk of a
     block nobody holds (its own block first, kept while its chunks are ready and no dx
     piece is), else waiting until something is ready. The worker that ends a block's last
@@ -171,9 +197,9 @@ def replay(g, workers):
     done = {}
     free = [0.0] * workers
 
-    def finish(n, at):
+    def finish(n, at, extra=0.0):
         start = max([at] + [done[m] for m in deps[n]])
-        done[n] = start + float(durations[n])
+        done[n] = start + float(durations[n]) + extra
         return done[n]
 
     def ready(n):
@@ -192,7 +218,7 @@ def replay(g, workers):
                                               int(entries[n][J]))):
             d, part = int(entries[n][DIRECTION]), int(entries[n][J])
             w = (part * directions + d) % workers
-            free[w] = finish(n, free[w])
+            free[w] = finish(n, free[w], handoff)
     dx, blocks = list(g["dx"]), g["blocks"]
     if dx or blocks:
         next_chunk = [0] * len(blocks)
@@ -259,21 +285,33 @@ def replay(g, workers):
     return max(free)
 
 
-def span(g):
-    """The critical path: the replay on as many workers as there are tasks."""
-    return replay(g, max(1, len(g["tasks"]) + len(g["units"]) + len(g["dx"]) + len(g["blocks"])))
+def handoff_ns(case, inputs, repeats):
+    """What a unit step costs on two threads beyond its duration traced on one: the wait
+    for the other part of the step before, and the other core's gate gradients (or h) it
+    reads. Measured as the units split on two threads really run, less its replay on two
+    workers, per unit step of a worker (all of the difference counted against the unit
+    steps; none when the replay is the slower)."""
+    traced = traced_calls(case, inputs, 2, 1, repeats, units=True)
+    graphs = [graph(c, case.T) for c in traced]
+    predicted = sum(replay(g, 2) for g in graphs)
+    measured = sum(c["makespan"] for c in traced_calls(case, inputs, 2, 2, repeats, units=True))
+    steps_per_worker = sum(len(g["units"]) for g in graphs) / 2
+    return max(0.0, (measured - predicted) / max(steps_per_worker, 1))
 
 
 def model_case(case, repeats):
     inputs = make_inputs(case)
+    handoff = handoff_ns(case, inputs, repeats)
     rows = []
     for n in COUNTS:
         calls = traced_calls(case, inputs, n, 1, repeats)
         graphs = [graph(c, case.T) for c in calls]
-        predicted = sum(replay(g, n) for g in graphs)
-        critical = sum(span(g) for g in graphs)
+        predicted = sum(replay(g, n, handoff) for g in graphs)
+        critical = sum(replay(g, max(1, len(g["tasks"]) + len(g["units"]) + len(g["dx"])
+                                     + len(g["blocks"])), handoff) for g in graphs)
         work = sum(float(np.sum(c["durations"])) for c in calls)
-        rows.append(dict(n=n, predicted_ns=predicted, span_ns=critical, work_ns=work,
+        split = "units" if any(c["schedule"].split == _schedule.SPLIT_UNITS for c in calls) else "rows"
+        rows.append(dict(n=n, predicted_ns=predicted, span_ns=critical, work_ns=work, split=split,
                          bound="span" if critical >= work / n else "work"))
     for row in rows:
         row["speedup"] = rows[0]["predicted_ns"] / row["predicted_ns"]
@@ -281,12 +319,12 @@ def model_case(case, repeats):
     measured = {n: sum(c["makespan"] for c in traced_calls(case, inputs, n, n, repeats))
                 for n in (1, 2)}
     return dict(case=case.name, shape=case.shape_label, dtype=case.dtype, rows=rows,
-                measured_1_to_2=measured[1] / measured[2])
+                measured_1_to_2=measured[1] / measured[2], handoff_us=handoff / 1e3)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", default="small-50x32,large-256,braun")
+    parser.add_argument("--shapes", default="small-50x32,large-256,braun,bidir2-large,deepbench-512")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json")
     args = parser.parse_args(argv)
@@ -296,12 +334,14 @@ def main(argv=None):
     results = [model_case(by_name[name], args.repeats) for name in args.shapes.split(",")]
     print(f"load average {load} at the start; kernels only (forward + backward)")
     header = " ".join(f"{n:>6}" for n in COUNTS)
-    print(f"{'shape':<24} {'dtype':<8} {header}   measured 1->2   bound at 8, 32")
+    print(f"{'shape':<24} {'dtype':<8} {header}   measured 1->2   bound at 8, 32   split at 8"
+          "   handoff us")
     for r in results:
         speedups = " ".join(f"{row['speedup']:6.2f}" for row in r["rows"])
-        bounds = {row["n"]: row["bound"] for row in r["rows"]}
+        by_n = {row["n"]: row for row in r["rows"]}
         print(f"{r['shape']:<24} {r['dtype']:<8} {speedups}   {r['measured_1_to_2']:6.2f}"
-              f"          {bounds[8]}, {bounds[32]}")
+              f"          {by_n[8]['bound']}, {by_n[32]['bound']}     {by_n[8]['split']:<6}"
+              f"       {r['handoff_us']:.1f}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(dict(load=load, results=results), fh, indent=1)

@@ -45,16 +45,25 @@ GROUP_ROW_UNITS = 512
 FORWARD_GROUP_ROW_UNITS = 256
 #: A batch too thin for row groups splits the hidden units of every step between threads
 #: instead (not with a projection, whose product needs every unit of a step): each part
-#: computes its units for every row, against its own columns of w_hh, which stay in its
-#: core's cache. Row groups are too thin when they would have fewer than UNIT_SPLIT_ROWS
-#: rows each (a group's packed GEMM streams all of w_hh every step, so a group of 8 of 64
-#: rows at H = 256 takes about 2/3 of the time of all 64) and the units split gives at
-#: least as many parts as there would be groups. Every step then waits for every part of
-#: the previous one, a wait of a few microseconds between cores (more on a loaded
-#: machine): a part has at least MIN_UNIT_PART_FLOPS of recurrent product per step and at
-#: least 16 units.
-UNIT_SPLIT_ROWS = 16
+#: computes its units for every row against its own columns of w_hh, which stay in its
+#: core's cache, but every step waits for every part of the previous one (a wait of a few
+#: microseconds between cores, more on a loaded machine) and reads the other cores' gate
+#: gradients (backward) or h (forward) of the step before. Row groups never wait for each
+#: other but each streams all of w_hh every step. The units split is chosen, where it
+#: gives at least as many parts as there would be groups, when:
+#:
+#: * there would be one group (a part has at least MIN_UNIT_PART_FLOPS of recurrent
+#:   product per step and 16 units);
+#: * w_hh is large (H >= HEAVY_UNITS: 4 MiB in float32) and the groups would have fewer
+#:   than UNIT_SPLIT_ROWS rows: on two threads, (T, B, I, H) = (25, 32, 512, 512) and
+#:   (35, 20, 650, 650) ran 3-17 % faster split by units, and benchmarks/scaling.py
+#:   predicts the gain to grow with the threads.
+#:
+#: Below HEAVY_UNITS thin row groups win: two threads ran 4-24 % faster split by rows at
+#: H = 128 to 320, and the model predicts rows ahead at every thread count there.
 MIN_UNIT_PART_FLOPS = 1e6
+UNIT_SPLIT_ROWS = 32
+HEAVY_UNITS = 512
 #: Rows (steps x batch) of one projection piece of the forward (a BLAS GEMM of 4H columns).
 PROJECTION_ROWS = 256
 #: The backward's chunks of steps: about this many rows, and at least T / MAX_CHUNKS steps.
@@ -133,10 +142,12 @@ def _split(B, H, D, n_threads, row_units, projected):
     where those would be too thin (see UNIT_SPLIT_ROWS)."""
     groups = _row_groups(B, H, D, n_threads, row_units)
     per_direction = max(1, n_threads // D)
-    if per_direction >= 2 and not projected and (groups == 1 or B // groups < UNIT_SPLIT_ROWS):
-        parts = min(per_direction, H // 16, int(8.0 * B * H * H // MIN_UNIT_PART_FLOPS))
-        if parts >= max(2, groups):
-            return SPLIT_UNITS, parts
+    if per_direction < 2 or projected:
+        return SPLIT_ROWS, groups
+    thin = groups == 1 or (H >= HEAVY_UNITS and B // groups < UNIT_SPLIT_ROWS)
+    parts = min(per_direction, H // 16, int(8.0 * B * H * H // MIN_UNIT_PART_FLOPS))
+    if thin and parts >= max(2, groups):
+        return SPLIT_UNITS, parts
     return SPLIT_ROWS, groups
 
 

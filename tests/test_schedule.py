@@ -170,3 +170,19 @@ def test_chains_handed_over_between_threads_stay_in_bounds():
     proc = subprocess.run([sys.executable, "-c", CHAIN_HANDOVER], capture_output=True, text=True,
                           timeout=240, env=env)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("which", ["forward", "backward"])
+def test_the_split_rule(which):
+    # One rule for both recurrences: units where there would be one row group, or where
+    # w_hh is large and the groups thin; never with a projection; rows otherwise.
+    schedule = getattr(_schedule, f"{which}_schedule")
+    units, rows = _schedule.SPLIT_UNITS, _schedule.SPLIT_ROWS
+    assert schedule(25, 32, 512, 512, 1, 8)[:2] == (units, 8)       # 8 groups of 4 rows
+    assert schedule(25, 32, 512, 512, 1, 8, True).split == rows      # projected
+    assert schedule(25, 64, 512, 512, 1, 2).split == rows            # groups of 32 rows
+    assert schedule(25, 64, 512, 512, 2, 8)[:2] == (units, 4)        # 4 threads a direction
+    assert schedule(50, 64, 256, 256, 1, 8)[:2] == (rows, 8)         # thin, w_hh small
+    assert schedule(50, 4, 64, 512, 1, 8)[:2] == (units, 8)          # one group of 4 rows
+    assert schedule(50, 4, 64, 512, 1, 1).split == rows              # one thread
+    assert schedule(50, 3, 64, 256, 1, 8).split == rows              # parts too small
