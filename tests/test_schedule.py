@@ -186,3 +186,24 @@ def test_the_split_rule(which):
     assert schedule(50, 4, 64, 512, 1, 8)[:2] == (units, 8)          # one group of 4 rows
     assert schedule(50, 4, 64, 512, 1, 1).split == rows              # one thread
     assert schedule(50, 3, 64, 256, 1, 8).split == rows              # parts too small
+
+
+@pytest.mark.parametrize("name", ["f32-time-major", "f64-bidirectional-padded", "f64-packed"])
+def test_threads_without_a_unit_part_give_the_same_bits(name, calls, monkeypatch):
+    # Two unit parts per direction on up to 8 threads: the threads with no part of their
+    # own leave the recurrence to the others (and take the backward's gradients).
+    def two_parts(schedule_of):
+        def schedule(T, B, I, H, D, n_threads, projected=False):
+            own = schedule_of(T, B, I, H, D, n_threads, projected)
+            return own._replace(split=_schedule.SPLIT_UNITS, groups=2, pack_pieces=1)
+        return schedule
+
+    force_schedules(monkeypatch, two_parts(_schedule.forward_schedule),
+                    two_parts(_schedule.backward_schedule))
+    call = calls[name]
+    one, _ = run_with_threads(call, 1)
+    for threads in (3, 5, 8):
+        other, _ = run_with_threads(call, threads)
+        for k, (a, b) in enumerate(zip(one, other)):
+            assert a.tobytes() == b.tobytes(), f"output {k}: 1 and {threads} threads differ"
+    check_against_reference(call, one)

@@ -6,8 +6,9 @@
 # may run any part, so a part whose thread is descheduled does not hold up the others:
 # a thread takes its own direction's steps first and of each step its own part first (so
 # that a part's columns of w_hh stay in one thread's cache), then any part nobody has
-# taken. The forward has T unit steps per direction; the backward T + 1, its last giving
-# dh of h0.
+# taken. A thread with no part of its own leaves at once (the backward's gradients, or
+# nothing, are left for it): the threads that have parts take every part left over. The
+# forward has T unit steps per direction; the backward T + 1, its last giving dh of h0.
 
 
 cdef void units_worker(UnitsCall *call, floating *like, int worker) noexcept nogil:
@@ -21,6 +22,8 @@ cdef void units_worker(UnitsCall *call, floating *like, int worker) noexcept nog
     cdef Py_ssize_t k, d, s, j, u
     cdef int *claims
     cdef bint left
+    if worker >= D * parts:
+        return
     for k in range(D):
         d = (own_d + k) % D
         for s in range(steps):
