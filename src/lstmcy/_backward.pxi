@@ -303,6 +303,20 @@ cdef long long _weights(const BackwardCall *bc, floating *like, Py_ssize_t d, Py
     return start
 
 
+cdef inline void _add_lanes(floating *out, const floating *acc, Py_ssize_t n,
+                            Py_ssize_t lanes, Py_ssize_t lane_stride) noexcept nogil:
+    """out[:n] = acc[:n] + acc[lane_stride:][:n] + ..., lane by lane: each element's sum
+    in lane order, over whole rows (vectorised)."""
+    cdef Py_ssize_t j, lane
+    cdef const floating *row
+    for j in range(n):
+        out[j] = acc[j]
+    for lane in range(1, lanes):
+        row = acc + lane * lane_stride
+        for j in range(n):
+            out[j] = out[j] + row[j]
+
+
 cdef void _finish_block(const BackwardCall *bc, floating *like, Py_ssize_t d,
                         Py_ssize_t k) noexcept nogil:
     """Block k's results from its lanes' sums, added in lane order: dW_ih, dW_hh and db
@@ -313,35 +327,23 @@ cdef void _finish_block(const BackwardCall *bc, floating *like, Py_ssize_t d,
     cdef Py_ssize_t K = I + P
     cdef Py_ssize_t G4 = 4 * H
     cdef Py_ssize_t lanes = bc.lanes if bc.lanes < bc.n_chunks else bc.n_chunks
-    cdef Py_ssize_t k0, kb, q, j, lane
+    cdef Py_ssize_t k0, kb, q, lane
     cdef const floating *acc
-    cdef floating *out
-    cdef floating value
     cdef double total
     _block_rows(bc, k, &k0, &kb)
     if k >= bc.n_gate_blocks:
         for q in range(k0, k0 + kb):
-            out = <floating *>bc.dw_hr[d] + q * H
-            for j in range(H):
-                value = (<floating *>bc.dw_hr_acc[d])[q * H + j]
-                for lane in range(1, lanes):
-                    value = value + (<floating *>bc.dw_hr_acc[d])[(lane * P + q) * H + j]
-                out[j] = value
+            _add_lanes(<floating *>bc.dw_hr[d] + q * H, <floating *>bc.dw_hr_acc[d] + q * H, H,
+                       lanes, P * H)
         return
-    acc = <floating *>bc.dw[d]
     for q in range(k0, k0 + kb):
         total = bc.db_acc[d][q]
         for lane in range(1, lanes):
             total = total + bc.db_acc[d][lane * G4 + q]
         (<floating *>bc.db[d])[q] = <floating>total
-        for j in range(K):
-            value = acc[q * K + j]
-            for lane in range(1, lanes):
-                value = value + acc[(lane * G4 + q) * K + j]
-            if j < I:
-                (<floating *>bc.dw_ih[d])[q * I + j] = value
-            else:
-                (<floating *>bc.dw_hh[d])[q * P + j - I] = value
+        acc = <floating *>bc.dw[d] + q * K
+        _add_lanes(<floating *>bc.dw_ih[d] + q * I, acc, I, lanes, G4 * K)
+        _add_lanes(<floating *>bc.dw_hh[d] + q * P, acc + I, P, lanes, G4 * K)
 
 
 cdef long long _dx_piece(const BackwardCall *bc, floating *like, Py_ssize_t q) noexcept nogil:
