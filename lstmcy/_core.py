@@ -20,7 +20,7 @@ from lstmcy._cache import LSTMCache
 from lstmcy._pool import ALIGN, ResultPool, aligned_empty, aligned_offset
 from lstmcy._schedule import (SINGLE_THREADED_GEMM, SPLIT_UNITS, TUNED_STEP_FLOPS, backward_lanes,
                               backward_schedule, forward_schedule)
-from lstmcy._threads import (ThreadTuner, _check_count, blas_single_threaded, is_automatic,
+from lstmcy._threads import (ThreadTuner, _check_count, _process_cpus, blas_single_threaded, is_automatic,
                              threads_for)
 from lstmcy._validation import (SAVED_NAMES, _cached, _read_only, check_backward, check_bool,
                                 check_dropout, check_output_mask, check_problem, check_seed,
@@ -363,10 +363,13 @@ class LSTMPlan:
 
     def _threads_setup(self, kind, setup, p, n_threads):
         """``(schedule, w_packed)`` of a ``kind`` ("forward" or "backward") layer call on
-        ``n_threads`` threads."""
+        ``n_threads`` threads. The schedule is that of at most the process's CPUs: threads
+        beyond them cannot run the recurrence's groups or parts at once, and thinner ones
+        would only add work (the extra threads take the other tasks)."""
         D, H, P, cdt = p.D, p.H, p.P, p.compute_dtype
         schedule_of = forward_schedule if kind == "forward" else backward_schedule
-        schedule = schedule_of(p.T, p.B, setup.in_size, H, D, n_threads, p.projected)
+        schedule = schedule_of(p.T, p.B, setup.in_size, H, D, min(n_threads, _process_cpus()),
+                               p.projected)
         w_packed = self._take(
             "w_packed", (D * _packed_weights_len(kind, H, P, p.projected, schedule, cdt),), cdt)
         setup.by_threads[n_threads] = schedule, w_packed

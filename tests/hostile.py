@@ -161,6 +161,9 @@ def force_schedules(monkeypatch, forward=None, backward=None):
     # A plan keeps the schedules of the kinds of call it has run: the calling thread gets
     # a fresh plan for the forced schedules, and its own back afterwards.
     monkeypatch.setattr(_core._per_thread, "plan", _core.LSTMPlan(), raising=False)
+    # The schedules see the thread count of the call, not the CPUs' cap on it, so that
+    # splits finer than this machine's cores are run too.
+    monkeypatch.setattr(_core, "_process_cpus", lambda: 1 << 10)
     if forward is not None:
         monkeypatch.setattr(_core, "forward_schedule", forward)
     if backward is not None:

@@ -211,3 +211,31 @@ def test_an_explicit_count_lets_waits_spin_while_its_threads_fit_the_cpus():
                          timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "False"]
+
+
+def test_the_recurrence_is_split_for_at_most_the_cpus(monkeypatch):
+    # 8 threads on 2 CPUs run 8 threads, but the recurrence in 2 row groups: thinner groups
+    # could not run at once and would only add work.
+    import numpy as np
+    from lstmcy import _core
+    monkeypatch.setattr(_core, "_process_cpus", lambda: 2)
+    seen = []
+    real = {name: getattr(_lstm, name) for name in ("forward_layer", "backward_layer")}
+
+    def spy(name):
+        def call(*args):
+            n_workers, n_trace = real[name](*args)
+            seen.append((name, args[-3].groups, args[-2], n_workers))
+            return n_workers, n_trace
+        return call
+
+    for name in real:
+        monkeypatch.setattr(_core._lstm, name, spy(name))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 64, 8)).astype(np.float32)
+    params = [rng.standard_normal(s).astype(np.float32) for s in [(64, 8), (64, 16), (64,), (64,)]]
+    plan = lstmcy.LSTMPlan(n_threads=8)
+    y, h_n, c_n, cache = plan.forward(x, None, params)
+    plan.backward(x, None, params, np.ones_like(y), None, None, *cache.saved())
+    assert _schedule.forward_schedule(4, 64, 8, 16, 1, 8).groups > 2  # what 8 CPUs would get
+    assert seen == [("forward_layer", 2, 8, 8), ("backward_layer", 2, 8, 8)]
