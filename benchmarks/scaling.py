@@ -36,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import lstmcy  # noqa: E402
-from lstmcy import _core, _schedule  # noqa: E402
+from lstmcy import _core, _schedule, _threads  # noqa: E402
 from cases import CASES, lstm_kwargs, make_inputs  # noqa: E402
 
 # Task kinds (src/lstmcy/_layer.pxd, TaskKind)
@@ -47,8 +47,8 @@ COUNTS = (1, 2, 4, 8, 16, 32)
 
 def _units_schedule(schedule_of):
     """``schedule_of`` with the recurrence split by units, a part per thread and direction."""
-    def schedule(T, B, I, H, D, n, projected=False):
-        own = schedule_of(T, B, I, H, D, n, projected)
+    def schedule(T, B, I, H, D, n, projected=False, **machine):
+        own = schedule_of(T, B, I, H, D, n, projected, **machine)
         parts = min(max(1, n // D), max(1, H // 16))
         return own._replace(split=_schedule.SPLIT_UNITS, groups=parts, pack_pieces=1)
     return schedule
@@ -65,8 +65,8 @@ def traced_calls(case, inputs, n_model, n_run, repeats, units=False):
     saved = (_core.forward_schedule, _core.backward_schedule)
     _core.forward_schedule = lambda T, B, I, H, D, n, projected=False: forward(
         T, B, I, H, D, n_model, projected)
-    _core.backward_schedule = lambda T, B, I, H, D, n, projected=False: backward(
-        T, B, I, H, D, n_model, projected)
+    _core.backward_schedule = lambda T, B, I, H, D, n, projected=False, small_gemms=False: backward(
+        T, B, I, H, D, n_model, projected, small_gemms=small_gemms)
     try:
         plan = lstmcy.LSTMPlan(n_threads=n_run)
         kw = lstm_kwargs(case)
@@ -86,8 +86,11 @@ def traced_calls(case, inputs, n_model, n_run, repeats, units=False):
         durations = np.median([run[k][2][:, END] - run[k][2][:, START] for run in runs], axis=0)
         spans = [run[k][2][:, END].max() - run[k][2][:, START].min() for run in runs]
         in_size = case.I if layer == 0 else case.D * case.H
-        schedule = (forward if kind == "forward" else backward)(
-            case.T, case.B, in_size, case.H, case.D, n_model)
+        if kind == "forward":
+            schedule = forward(case.T, case.B, in_size, case.H, case.D, n_model)
+        else:
+            schedule = backward(case.T, case.B, in_size, case.H, case.D, n_model,
+                                small_gemms=_threads.blas_small_gemms())
         calls.append(dict(kind=kind, layer=layer, entries=first, durations=durations,
                           makespan=float(np.median(spans)) if len(first) else 0.0,
                           schedule=schedule))

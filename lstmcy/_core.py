@@ -20,8 +20,8 @@ from lstmcy._cache import LSTMCache
 from lstmcy._pool import ALIGN, ResultPool, aligned_empty, aligned_offset
 from lstmcy._schedule import (SINGLE_THREADED_GEMM, SPLIT_UNITS, TUNED_STEP_FLOPS, backward_lanes,
                               backward_schedule, forward_schedule)
-from lstmcy._threads import (ThreadTuner, _check_count, _process_cpus, blas_single_threaded, is_automatic,
-                             threads_for)
+from lstmcy._threads import (ThreadTuner, _check_count, _process_cpus, blas_single_threaded,
+                             blas_small_gemms, is_automatic, threads_for)
 from lstmcy._validation import (SAVED_NAMES, _cached, _read_only, check_backward, check_bool,
                                 check_dropout, check_output_mask, check_problem, check_seed,
                                 to_compute)
@@ -287,7 +287,8 @@ class LSTMPlan:
         extra_bytes = 9 * (ALIGN - 1)  # room to align each of the (at most 9) named buffers
         if backward:
             z_width = width + P + (H if projected else 0)
-            lanes = max(backward_lanes(T, B, I, H) for I in {input_size, width})
+            lanes = max(backward_lanes(T, B, I, H, small) for I in {input_size, width}
+                        for small in (False, True))
             elements += D * (N * z_width + lanes * 4 * H * (width + P))
             if projected:
                 elements += D * N * P + D * lanes * P * H  # dh of every row, dW_hr's lanes
@@ -345,7 +346,8 @@ class LSTMPlan:
         z_width = in_size + P + (H if projected else 0)
         rows = N if projected else 0
         # Each lane of the weight gradients sums its own dW (shape only).
-        lanes = backward_schedule(T, B, in_size, H, D, 1).lanes
+        lanes = backward_schedule(T, B, in_size, H, D, 1, projected,
+                                   small_gemms=blas_small_gemms()).lanes
         grad_rows = lanes * 4 * H if want_dparams else 0
         workspaces = (
             self._take("gates", (D, N, 4 * H), cdt),
@@ -367,9 +369,12 @@ class LSTMPlan:
         beyond them cannot run the recurrence's groups or parts at once, and thinner ones
         would only add work (the extra threads take the other tasks)."""
         D, H, P, cdt = p.D, p.H, p.P, p.compute_dtype
-        schedule_of = forward_schedule if kind == "forward" else backward_schedule
-        schedule = schedule_of(p.T, p.B, setup.in_size, H, D, min(n_threads, _process_cpus()),
-                               p.projected)
+        cpus = min(n_threads, _process_cpus())
+        if kind == "forward":
+            schedule = forward_schedule(p.T, p.B, setup.in_size, H, D, cpus, p.projected)
+        else:
+            schedule = backward_schedule(p.T, p.B, setup.in_size, H, D, cpus, p.projected,
+                                         small_gemms=blas_small_gemms())
         w_packed = self._take(
             "w_packed", (D * _packed_weights_len(kind, H, P, p.projected, schedule, cdt),), cdt)
         setup.by_threads[n_threads] = schedule, w_packed

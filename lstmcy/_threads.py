@@ -347,6 +347,8 @@ class _ThreadSetting:
         self.filepath = controller.filepath
         self.get = controller.get_num_threads
         self.set = controller.set_num_threads
+        self.small_gemms = (controller.internal_api == "openblas" and str(
+            getattr(controller, "architecture", "")).lower() in _OPENBLAS_SMALL_GEMM_KERNELS)
         if controller.internal_api == "openblas" and getattr(controller, "threading_layer", "") != "openmp":
             try:
                 prefix, suffix = controller._find_affixes()
@@ -358,6 +360,19 @@ class _ThreadSetting:
             set_.restype = None
             set_.argtypes = [ctypes.c_int]
             self.get, self.set = get, set_
+
+
+#: OpenBLAS kernel families (``openblas_get_corename``) with a path for small GEMMs (see
+#: lstmcy._schedule.SMALL_GEMM).
+_OPENBLAS_SMALL_GEMM_KERNELS = {"skylakex", "cooperlake", "sapphirerapids"}
+
+
+@functools.lru_cache(maxsize=1)
+def blas_small_gemms():
+    """Whether the BLAS behind ``scipy.linalg.cython_blas`` multiplies small GEMMs without
+    packing them (see :data:`lstmcy._schedule.SMALL_GEMM`): a fact of the process, read once."""
+    controllers = _blas_controllers()
+    return bool(controllers) and all(lib.small_gemms for lib in controllers)
 
 
 def _blas_controllers():

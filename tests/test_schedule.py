@@ -54,7 +54,7 @@ def schedules(backward, forward):
         return _schedule.ForwardSchedule(*split_of(B, D, n_threads, projected), piece_steps,
                                          n_threads)
 
-    def bwd(T, B, I, H, D, n_threads, projected=False):
+    def bwd(T, B, I, H, D, n_threads, projected=False, small_gemms=False):
         return _schedule.BackwardSchedule(*split_of(B, D, n_threads, projected), first, chunk,
                                           block_rows, lanes, dx_steps, n_threads)
 
@@ -96,16 +96,100 @@ def test_bit_fixing_fields_are_a_function_of_the_shape():
     for shape in [(1, 1, 1, 1, 1), (50, 64, 256, 256, 1), (100, 64, 125, 320, 1),
                   (32, 16, 32, 64, 2), (7, 3, 5, 160, 2), (1000, 1, 1, 8, 1), (0, 4, 2, 8, 1)]:
         forward = {n: _schedule.forward_schedule(*shape, n) for n in (1, 2, 3, 8, 64)}
-        backward = {n: _schedule.backward_schedule(*shape, n) for n in (1, 2, 3, 8, 64)}
         assert len({s.piece_steps for s in forward.values()}) == 1
-        assert len({(s.first, s.chunk, s.block_rows, s.lanes, s.dx_steps)
-                    for s in backward.values()}) == 1
+        for small_gemms in (False, True):
+            backward = {n: _schedule.backward_schedule(*shape, n, small_gemms=small_gemms)
+                        for n in (1, 2, 3, 8, 64)}
+            assert len({(s.first, s.chunk, s.block_rows, s.lanes, s.dx_steps)
+                        for s in backward.values()}) == 1
+            assert backward[1].lanes == _schedule.backward_lanes(*shape[:4], small_gemms)
         for n, s in backward.items():
             assert 1 <= s.first <= s.chunk and s.block_rows >= 16 and s.dx_steps >= 1
             assert 1 <= s.lanes <= _schedule.MAX_LANES
             assert 1 <= s.groups <= max(1, n)
         for n, s in forward.items():
             assert 1 <= s.groups <= max(1, n) and s.pack_pieces >= 1
+
+
+SMALL_SHAPES = [(20, 1, 16, 32), (32, 16, 32, 64), (50, 8, 64, 64), (50, 32, 64, 128),
+                (3, 2, 1, 8), (1000, 1, 1, 8)]
+LARGE_SHAPES = [(50, 64, 256, 256), (100, 64, 125, 320), (25, 32, 512, 512), (35, 20, 650, 650)]
+
+
+@pytest.mark.parametrize("shape", SMALL_SHAPES + LARGE_SHAPES)
+def test_small_gemm_cuts_keep_every_product_within_the_small_path(shape):
+    T, B, I, H = shape
+    big = _schedule.backward_schedule(T, B, I, H, 1, 2)
+    small = _schedule.backward_schedule(T, B, I, H, 1, 2, small_gemms=True)
+    dw_gemm = small.block_rows * (I + H) * small.chunk * B  # a block over a whole chunk
+    if small.block_rows < _schedule.MIN_BLOCK_ROWS and small.block_rows < 4 * H:
+        # Small cuts: every dW product fits, in as few blocks as fit.
+        assert dw_gemm <= _schedule.SMALL_GEMM
+        assert small.block_rows >= _schedule.MIN_SMALL_BLOCK_ROWS
+    dx_gemm = min(small.dx_steps, T) * B * I * 4 * H
+    if B * I * 4 * H <= _schedule.SMALL_GEMM:  # a step's rows fit: so do a piece's
+        assert dx_gemm <= _schedule.SMALL_GEMM
+    if shape in LARGE_SHAPES:  # products far beyond the small path: cut as without it
+        assert small == big
+    assert small.split == big.split and small.groups == big.groups
+
+
+def test_small_gemm_cuts_on_the_small_shapes():
+    # (T, B, I, H) = (32, 16, 32, 64): chunks of 64 rows, dW in two blocks of 128 gate rows
+    # (128 * 96 * 64 <= 1e6), dx in pieces of 7 steps (112 rows * 32 * 256 <= 1e6); without
+    # the small path one block of 256 rows and pieces of 256 rows.
+    small = _schedule.backward_schedule(32, 16, 32, 64, 1, 2, small_gemms=True)
+    big = _schedule.backward_schedule(32, 16, 32, 64, 1, 2)
+    assert (small.chunk, small.block_rows, small.dx_steps) == (4, 128, 7)
+    assert (big.chunk, big.block_rows, big.dx_steps) == (4, 256, 16)
+    # (50, 32, 64, 128): chunks of 2 steps (64 rows) instead of T/8 = 7, blocks of 80 rows.
+    small = _schedule.backward_schedule(50, 32, 64, 128, 1, 2, small_gemms=True)
+    assert (small.chunk, small.block_rows) == (2, 80)
+
+
+class _Controller:
+    def __init__(self, internal_api, architecture):
+        self.filepath = "libblas.so"
+        self.internal_api = internal_api
+        self.architecture = architecture
+        self.threading_layer = "openmp"  # keeps _ThreadSetting on the controller's methods
+        self.get_num_threads = lambda: 1
+        self.set_num_threads = lambda n: None
+
+
+@pytest.mark.parametrize("api, architecture, small", [
+    ("openblas", "SkylakeX", True), ("openblas", "Cooperlake", True),
+    ("openblas", "SapphireRapids", True), ("openblas", "Haswell", False),
+    ("openblas", "Zen", False), ("openblas", None, False), ("mkl", "SkylakeX", False)])
+def test_which_blas_has_the_small_path(api, architecture, small, monkeypatch):
+    from lstmcy import _threads
+    setting = _threads._ThreadSetting(_Controller(api, architecture))
+    assert setting.small_gemms is small
+    monkeypatch.setattr(_threads, "_controllers", [setting])
+    _threads.blas_small_gemms.cache_clear()
+    try:
+        assert _threads.blas_small_gemms() is small
+    finally:
+        monkeypatch.undo()
+        _threads.blas_small_gemms.cache_clear()
+
+
+@pytest.mark.parametrize("small_gemms", [False, True])
+@pytest.mark.parametrize("name", ["f32-time-major", "f64-packed", "f64-batch-first-2-layers"])
+def test_either_blas_rule_matches_the_reference_on_any_thread_count(name, small_gemms, calls,
+                                                                   monkeypatch):
+    # lstmcy's own schedules under either answer about the BLAS: the same bits on 1, 2, 3
+    # and 8 threads, and the reference's values.
+    from lstmcy import _core
+    monkeypatch.setattr(_core, "blas_small_gemms", lambda: small_gemms)
+    force_schedules(monkeypatch)
+    call = calls[name]
+    one, _ = run_with_threads(call, 1)
+    for threads in (2, 3, 8):
+        other, _ = run_with_threads(call, threads)
+        for k, (a, b) in enumerate(zip(one, other)):
+            assert a.tobytes() == b.tobytes(), f"output {k}: 1 and {threads} threads differ"
+    check_against_reference(call, one)
 
 
 @pytest.mark.parametrize("threads", [1, 3])
@@ -131,7 +215,10 @@ BAD = [("backward", dict(first=0)), ("backward", dict(chunk=0)), ("backward", di
 @pytest.mark.parametrize("kind, bad", BAD, ids=[f"{k}-{next(iter(b))}" for k, b in BAD])
 def test_kernels_refuse_a_bad_schedule(kind, bad, calls, monkeypatch):
     own = getattr(_schedule, f"{kind}_schedule")
-    force_schedules(monkeypatch, **{kind: lambda *shape: own(*shape)._replace(**bad)})
+    def schedule(*shape, **machine):
+        return own(*shape, **machine)._replace(**bad)
+
+    force_schedules(monkeypatch, **{kind: schedule})
     with pytest.raises(ValueError, match="bad schedule"):
         run_with_threads(calls["f32-time-major"], 1)
 
@@ -145,7 +232,7 @@ import numpy as np
 from lstmcy import _core, _schedule
 from hostile import Config, make_call, run_with_threads
 
-def backward(T, B, I, H, D, n_threads, projected=False):
+def backward(T, B, I, H, D, n_threads, projected=False, small_gemms=False):
     return _schedule.BackwardSchedule(_schedule.SPLIT_ROWS, max(1, min(n_threads // D, B)), 1, 1,
                                       16, 4, 1, n_threads)
 
@@ -194,8 +281,8 @@ def test_threads_without_a_unit_part_give_the_same_bits(name, calls, monkeypatch
     # Two unit parts per direction on up to 8 threads: the threads with no part of their
     # own leave the recurrence to the others (and take the backward's gradients).
     def two_parts(schedule_of):
-        def schedule(T, B, I, H, D, n_threads, projected=False):
-            own = schedule_of(T, B, I, H, D, n_threads, projected)
+        def schedule(T, B, I, H, D, n_threads, projected=False, **machine):
+            own = schedule_of(T, B, I, H, D, n_threads, projected, **machine)
             return own._replace(split=_schedule.SPLIT_UNITS, groups=2, pack_pieces=1)
         return schedule
 
