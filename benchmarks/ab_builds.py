@@ -7,7 +7,9 @@ forward and the backward (``lstm_forward`` / ``lstm_backward``, median of ``--re
 after warm-up); the report gives each build's median over the rounds and the ratio
 B / A (below 1: B is faster). ``--clock cpu`` times the process's CPU time instead of
 the wall clock: for one thread on a loaded machine it leaves out the time other work held
-the core (with more threads it is their total work, not the elapsed time).
+the core (with more threads it is their total work, not the elapsed time). Each round's
+B / A (its two interpreters back to back) is reported too: the median of the rounds'
+ratios, and their quartiles as a measure of the noise.
 
 Usage (the OpenBLAS variables unset in this command only)::
 
@@ -20,6 +22,8 @@ import os
 import subprocess
 import sys
 import textwrap
+
+import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -100,16 +104,22 @@ def main(argv=None):
                         times[which][kind].append(got[kind])
             raw.append({"shape": shape, "threads": threads, "times": times})
             for kind in ("forward", "backward"):
-                a = sorted(times["a"][kind])[len(times["a"][kind]) // 2]
-                b = sorted(times["b"][kind])[len(times["b"][kind]) // 2]
-                rows.append((shape, threads, kind, a, b, b / a))
+                a = float(np.median(times["a"][kind]))
+                b = float(np.median(times["b"][kind]))
+                # Each round times A and B back to back: the round's ratio is free of the
+                # machine's slower drifts, and the spread of the rounds' ratios shows the noise.
+                pairs = np.array(times["b"][kind]) / np.array(times["a"][kind])
+                rows.append((shape, threads, kind, a, b, b / a, float(np.median(pairs)),
+                             float(np.percentile(pairs, 25)), float(np.percentile(pairs, 75))))
     with open("/proc/loadavg") as fh:
         load_after = fh.read().split()[0]
     print(f"A = {args.a}, B = {args.b}; {args.clock} clock; load average {load_before} before, "
           f"{load_after} after")
-    print(f"{'shape':<16} {'threads':>7} {'pass':<9} {'A ms':>9} {'B ms':>9} {'B/A':>6}")
-    for shape, threads, kind, a, b, ratio in rows:
-        print(f"{shape:<16} {threads or 'auto':>7} {kind:<9} {a * 1e3:9.3f} {b * 1e3:9.3f} {ratio:6.3f}")
+    print(f"{'shape':<16} {'threads':>7} {'pass':<9} {'A ms':>9} {'B ms':>9} {'B/A':>6}   "
+          f"{'rounds B/A: median':>18} {'[25 %, 75 %]':>14}")
+    for shape, threads, kind, a, b, ratio, pair, low, high in rows:
+        print(f"{shape:<16} {threads or 'auto':>7} {kind:<9} {a * 1e3:9.3f} {b * 1e3:9.3f} {ratio:6.3f}   "
+              f"{pair:18.3f}   [{low:.3f}, {high:.3f}]")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"a": args.a, "b": args.b, "clock": args.clock, "load": [load_before, load_after],

@@ -492,6 +492,11 @@ def _machine_lines(meta):
     return lines
 
 
+def _ran_on(doc):
+    """"Run on <machine>. " for a result file that names its machine, else ""."""
+    return f"Run on {doc['machine']}. " if doc.get("machine") else ""
+
+
 def scaling_section(doc):
     """Markdown of a ``benchmarks/scaling.py --json`` file."""
     results = doc["results"]
@@ -516,7 +521,8 @@ def scaling_section(doc):
         "split waits at every step for every part of the step before: each unit step counts "
         "the handoff measured for the shape on two threads (the units split really run, less "
         "its replay) on top of its traced time. The model leaves out shared caches, "
-        f"memory bandwidth and frequency changes. Load average {doc.get('load', '?')} at the start.",
+        f"memory bandwidth and frequency changes. {_ran_on(doc)}Load average {doc.get('load', '?')} "
+        "at the start.",
         "", _md_table(header, rows)])
 
 
@@ -538,7 +544,8 @@ def contention_section(doc):
         f"Training pass (forward + backward), medians of {blocks}alternating blocks{passes}. Left: 2 threads "
         f"against {many} on {doc.get('cpus', '?')} CPUs (target: within about 10 %). Right: with "
         f"a spinning process on every CPU, the automatic thread count against one thread "
-        f"(target: at most 10 % slower). Load average {doc.get('load', '?')} before the run.",
+        f"(target: at most 10 % slower). {_ran_on(doc)}Load average {doc.get('load', '?')} before "
+        "the run.",
         "", _md_table(header, rows)])
 
 

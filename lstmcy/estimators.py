@@ -25,6 +25,7 @@ Input ``X`` can be (see :mod:`lstmcy._sequences` and docs/estimators.md)
 
 Trailing NaN ends a sequence, so NaN-padded arrays hold variable-length data too.
 """
+import functools
 import math
 import warnings
 from numbers import Integral, Real
@@ -53,6 +54,28 @@ __all__ = ["LSTMClassifier", "LSTMRegressor"]
 # Samples per forward call at prediction time: bounds the [T, B, D*H] output held at once
 # (inference keeps no cache).
 _PREDICT_CHUNK = 1024
+
+
+# Zero arrays of at most this many bytes are shared between calls (see _zeros).
+_SHARED_ZEROS_BYTES = 16 << 20
+
+
+@functools.lru_cache(maxsize=4)
+def _shared_zeros(shape, dtype):
+    zeros = np.zeros(shape, dtype=dtype)
+    zeros.flags.writeable = False
+    return zeros
+
+
+def _zeros(shape, dtype):
+    """Zeros, read-only, shared by the batches of a fit when small (the ``dy`` of a head on
+    the last hidden state: a fresh one would cost an allocation and its page faults at
+    every batch)."""
+    if math.prod(shape) * np.dtype(dtype).itemsize > _SHARED_ZEROS_BYTES:
+        return np.zeros(shape, dtype=dtype)
+    return _shared_zeros(shape, dtype)
+
+
 # batch_size='auto': about _AUTO_STEPS steps per epoch, between _AUTO_BATCH_MIN and
 # _AUTO_BATCH_MAX sequences a batch.
 _AUTO_STEPS = 10
@@ -303,7 +326,7 @@ class _BaseLSTM(BaseEstimator):
             dh = np.zeros_like(h_n)
             for d in range(D):
                 dh[(L - 1) * D + d] = d_features[:, d * H:(d + 1) * H]
-            return np.zeros_like(y), dh
+            return _zeros(y.shape, y.dtype), dh
         per_step = d_features / batch.lengths[:, None].astype(d_features.dtype)
         if batch.mask is None:
             return np.repeat(per_step[:, None, :], y.shape[1], axis=1), None

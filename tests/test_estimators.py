@@ -512,3 +512,31 @@ def test_import_lstmcy_does_not_import_sklearn():
     code = ("import sys, lstmcy; "
             "assert not [m for m in sys.modules if m.split('.')[0] == 'sklearn'], 'sklearn imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("solver", ["adam", "sgd", "sgd-nesterov"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_optimizers_follow_scikit_learns(solver, dtype):
+    # lstmcy's optimisers keep their state flat over all the parameters; every array must
+    # still move as MLPClassifier's optimisers move it, array by array.
+    from sklearn.neural_network._stochastic_optimizers import AdamOptimizer, SGDOptimizer
+    from lstmcy._optimizers import SGD, Adam
+
+    rng = np.random.default_rng(0)
+    shapes = [(16, 3), (16, 4), (16,), (16,), (4, 2), (2,)]
+    ours = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    theirs = [p.astype(np.float64) for p in ours]
+    if solver == "adam":
+        opt, ref = Adam(ours, 0.01, 0.9, 0.999, 1e-8), AdamOptimizer(theirs, 0.01, 0.9, 0.999, 1e-8)
+    else:
+        nesterov = solver == "sgd-nesterov"
+        opt = SGD(ours, 0.05, 0.9, nesterov)
+        ref = SGDOptimizer(theirs, 0.05, "constant", 0.9, nesterov)
+    for _ in range(25):
+        grads = [rng.standard_normal(s).astype(dtype) for s in shapes]
+        opt.update(ours, [g.copy() for g in grads])
+        ref.update_params(theirs, [g.astype(np.float64) for g in grads])
+    rtol = 1e-12 if dtype == np.float64 else 2e-5
+    for got, want in zip(ours, theirs):
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol)
