@@ -383,8 +383,10 @@ def main(argv=None):
         worker(library, dataset, int(seed), int(threads))
         return
     datasets = [d for d in args.datasets.split(",") if d]
-    meta = {"command": "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE nice -n 15 python "
-                       "benchmarks/bench_estimators.py"
+    niceness = os.nice(0)  # the command as run: under nice or not
+    meta = {"command": "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "
+                       + (f"nice -n {niceness} " if niceness else "")
+                       + "python benchmarks/bench_estimators.py"
                        + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:])),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "commit": git_commit(), "versions": versions(args.threads), "seeds": args.seeds,

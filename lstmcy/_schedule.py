@@ -85,10 +85,11 @@ BLOCK_FLOPS = 2e6
 #: from its operands, without the packing of its general path. Where the BLAS has that
 #: path (``small_gemms``), a backward whose chunks of ~CHUNK_ROWS rows allow blocks of dW
 #: of at least MIN_SMALL_BLOCK_ROWS gate rows within it is cut that way, and its dx pieces
-#: too where a step's rows fit: on an AMD EPYC (Zen 4), one thread, float32, this made
-#: (T, B, I, H) = (32, 16, 32, 64) ~15 % faster, (50, 8, 64, 64) ~7 % and (50, 32, 64, 128)
-#: ~8 %. Without that path the same cuts pack the operands for every small GEMM: with
-#: OpenBLAS's Haswell kernels they were 6-11 % slower, so the other rules stay.
+#: too where a step's rows fit: on an AMD EPYC (Zen 4), one thread, float32, this made the
+#: backward at (T, B, I, H) = (32, 16, 32, 64) ~14 % faster, (50, 8, 64, 64) ~13 % and
+#: (50, 32, 64, 128) ~6 %. Without that path the same cuts pack the operands for every
+#: small GEMM: with OpenBLAS's Haswell kernels they were 6-11 % slower, so the other
+#: rules stay.
 SMALL_GEMM = 1e6
 MIN_SMALL_BLOCK_ROWS = 64
 #: Lanes of the weight gradients: chunk c adds into lane c % lanes's own sums, which are
