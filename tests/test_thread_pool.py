@@ -107,3 +107,35 @@ def test_callers_floating_point_mode_is_restored(threads):
     finally:
         lstmcy.set_flush_denormals(True)
     assert _threadpool.fp_mode() == before
+
+
+needs_hooks = pytest.mark.skipif(not _threadpool.HAS_TEST_HOOKS,
+                                 reason="test hooks are in the debug build (LSTMCY_DEBUG=1) only")
+
+
+@needs_hooks
+def test_a_call_does_not_wait_for_a_worker_that_has_not_started(monkeypatch):
+    # Every job's part 2 goes to a worker that sleeps 2 s before taking it (as a worker
+    # waiting for a core behind other threads would): the caller and part 1 do all the
+    # work, the caller withdraws part 2, and the call returns with the serial bits.
+    import time
+
+    cfg = Config(T=10, B=12, I=8, H=24, L=2, dtype=np.dtype(np.float64))
+    call = make_call(cfg, np.random.default_rng(5), seed=2)
+    expected, _ = run_with_threads(call, 1)
+    run_with_threads(call, 3)  # the workers exist
+    before = _threadpool.withdrawn_parts()
+    monkeypatch.setenv("LSTMCY_TEST_WAKE_DELAY_US", "2:2000000")
+    start = time.perf_counter()
+    got, _ = run_with_threads(call, 3)
+    elapsed = time.perf_counter() - start
+    monkeypatch.delenv("LSTMCY_TEST_WAKE_DELAY_US")
+    for k, (a, b) in enumerate(zip(expected, got)):
+        assert a.tobytes() == b.tobytes(), f"output {k}"
+    assert _threadpool.withdrawn_parts() > before
+    assert elapsed < 2.0, "the call waited for the sleeping worker"
+    # The late worker wakes to a withdrawn part (or a later job's): later calls are whole.
+    time.sleep(2.2)
+    for _ in range(3):
+        got, _ = run_with_threads(call, 3)
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(expected, got))

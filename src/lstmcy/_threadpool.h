@@ -1,11 +1,14 @@
 /* lstmcy's thread pool: persistent worker threads that run the kernels' jobs.
 
    A job is one function run by n threads at once, fn(ctx, worker, n_workers) with worker
-   0 the calling thread; it returns once every part has returned. The kernels split their
-   work into tasks that any part may take, so a job is correct on any number of threads,
-   and the pool may give a call fewer than it asked for: when several threads call the
-   kernels at once, each takes the idle workers there are, and a call that finds none runs
-   on its own thread. The pool holds at most n - 1 workers for the largest n asked for,
+   0 the calling thread; it returns once every part that started has returned. The kernels
+   split their work into tasks that any part may take, so a job is correct on any number
+   of threads, and the pool may give a call fewer than it asked for: when several threads
+   call the kernels at once, each takes the idle workers there are, and a call that finds
+   none runs on its own thread. A part handed to a worker that has not started it by the
+   time the caller's own part returns (all the work was taken: with more threads than
+   cores, a woken worker may wait a scheduler slice for a core) is withdrawn: the job ends
+   without waiting for that worker to be scheduled, and the worker skips it. The pool holds at most n - 1 workers for the largest n asked for,
    so lstmcy adds no more threads than that to the callers' own.
 
    Workers wait for a job by spinning for 300 us (consecutive kernel calls, such as the
@@ -36,11 +39,15 @@ typedef struct {
     lstmcy_event finished;  /* parts returned, the caller's own excepted */
 } lstmcy_job;
 
+/* A worker's hold on the job handed with its latest go. */
+enum { LSTMCY_PART_NONE = 0, LSTMCY_PART_HANDED = 1, LSTMCY_PART_RUNNING = 2 };
+
 typedef struct {
     pthread_t thread;
     lstmcy_event go;        /* jobs handed to this worker so far */
     lstmcy_job *job;        /* the job handed with the latest go */
     int part;               /* its worker index in that job */
+    int state;              /* LSTMCY_PART_*: the caller withdraws a part still HANDED */
     int busy;               /* taken by a caller (under the pool lock) */
 } lstmcy_worker;
 
@@ -60,7 +67,8 @@ static struct {
     int capacity;
     int cpus;                 /* CPUs the process may use (set from Python) */
     int forks;                /* fork()s this process has come from, counted in the child */
-} lstmcy_pool = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 1, 0};
+    int withdrawn;            /* parts withdrawn before their worker started them */
+} lstmcy_pool = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 1, 0, 0};
 
 /* 0: no limit. Written by threadpoolctl (through ctypes) and by lstmcy's Python. */
 int lstmcy_thread_limit_value = 0;
@@ -82,11 +90,13 @@ static inline long long lstmcy_pool_spin_ns(int n_threads)
 #ifdef LSTMCY_TEST_HOOKS
 /* Debug builds: LSTMCY_TEST_START_DELAY_US="part:us[,part:us...]" makes the part of every
    job with that worker index start late (tests: a thread that wakes late or loses its
-   core must only delay the result, never change it). */
+   core must only delay the result, never change it); LSTMCY_TEST_WAKE_DELAY_US, in the
+   same form, makes the worker handed that part sleep before it takes it (so that the
+   caller may withdraw it first). */
 #include <stdio.h>
-static void lstmcy_test_start_delay(int part)
+static void lstmcy_test_delay(const char *variable, int part)
 {
-    const char *spec = getenv("LSTMCY_TEST_START_DELAY_US");
+    const char *spec = getenv(variable);
     while (spec != NULL && *spec) {
         int which = -1;
         long long us = 0;
@@ -105,7 +115,7 @@ static void lstmcy_run_part(lstmcy_job *job, int part)
     if (job->flush_denormals)
         mode = lstmcy_flush_denormals();
 #ifdef LSTMCY_TEST_HOOKS
-    lstmcy_test_start_delay(part);
+    lstmcy_test_delay("LSTMCY_TEST_START_DELAY_US", part);
 #endif
     job->fn(job->ctx, part, job->n_workers);
     if (job->flush_denormals)
@@ -119,13 +129,23 @@ static void *lstmcy_worker_main(void *arg)
     long long idle_spin = LSTMCY_IDLE_SPIN_NS;
     for (;;) {
         lstmcy_event_wait(&self->go, seen + 1, idle_spin);
-        seen++;
-        lstmcy_job *job = self->job;  /* published before go (release/acquire) */
+        /* Every go up to now: one whose part was withdrawn before this worker woke is void
+           (its job may be gone); the latest part, if still handed, is this worker's. */
+        seen = lstmcy_event_get(&self->go);
+#ifdef LSTMCY_TEST_HOOKS
+        lstmcy_test_delay("LSTMCY_TEST_WAKE_DELAY_US", __atomic_load_n(&self->part, __ATOMIC_RELAXED));
+#endif
+        int handed = LSTMCY_PART_HANDED;
+        if (!__atomic_compare_exchange_n(&self->state, &handed, LSTMCY_PART_RUNNING, 0,
+                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            continue;
+        lstmcy_job *job = self->job;  /* published before the part was handed */
         /* After a job with more threads than CPUs, sleep at once when idle: a spinning
            idle worker would take a core from the threads still working. */
         idle_spin = job->n_workers > __atomic_load_n(&lstmcy_pool.cpus, __ATOMIC_RELAXED)
                     ? 0 : LSTMCY_IDLE_SPIN_NS;
         lstmcy_run_part(job, self->part);
+        __atomic_store_n(&self->state, LSTMCY_PART_NONE, __ATOMIC_RELEASE);
         /* job lives on the caller's stack: not touched after this */
         lstmcy_event_add(&job->finished, 1);
     }
@@ -253,11 +273,22 @@ static int lstmcy_pool_run(int n_threads, lstmcy_job_fn fn, void *ctx, int flush
     for (int k = 0; k < n_taken; k++) {
         taken[k]->job = &job;
         taken[k]->part = k + 1;
+        __atomic_store_n(&taken[k]->state, LSTMCY_PART_HANDED, __ATOMIC_RELEASE);
         lstmcy_event_add(&taken[k]->go, 1);
     }
     lstmcy_run_part(&job, 0);
     if (n_taken > 0) {
-        lstmcy_event_wait(&job.finished, n_taken, lstmcy_pool_spin_ns(job.n_workers));
+        /* Withdraw the parts not started yet; wait for the others. */
+        int started = 0;
+        for (int k = 0; k < n_taken; k++) {
+            int handed = LSTMCY_PART_HANDED;
+            if (!__atomic_compare_exchange_n(&taken[k]->state, &handed, LSTMCY_PART_NONE, 0,
+                                             __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+                started++;
+            else
+                __atomic_add_fetch(&lstmcy_pool.withdrawn, 1, __ATOMIC_RELAXED);
+        }
+        lstmcy_event_wait(&job.finished, started, lstmcy_pool_spin_ns(job.n_workers));
         pthread_mutex_lock(&lstmcy_pool.lock);
         for (int k = 0; k < n_taken; k++)
             taken[k]->busy = 0;
@@ -287,6 +318,11 @@ static int lstmcy_pool_init(void)
 static void lstmcy_pool_set_cpus(int cpus)
 {
     __atomic_store_n(&lstmcy_pool.cpus, cpus > 0 ? cpus : 1, __ATOMIC_RELAXED);
+}
+
+static int lstmcy_pool_withdrawn(void)
+{
+    return __atomic_load_n(&lstmcy_pool.withdrawn, __ATOMIC_RELAXED);
 }
 
 static int lstmcy_pool_size(void)

@@ -3,7 +3,7 @@
 The implementation is C (``_threadpool.h``); the kernel modules call :func:`run_job`
 through this module, so that the whole process shares one pool. The Python functions
 here serve :mod:`lstmcy._threads` (CPU count, thread limit) and the tests (pool size, fork
-count, whether the debug build's test hooks are compiled in).
+count, withdrawn parts, whether the debug build's test hooks are compiled in).
 """
 
 cdef extern from "_threadpool.h" nogil:
@@ -16,6 +16,7 @@ cdef extern from "_threadpool.h" nogil:
     int lstmcy_thread_limit()
     void lstmcy_set_thread_limit(int limit)
     int lstmcy_fork_count "lstmcy_pool.forks"
+    int lstmcy_pool_withdrawn()
     unsigned lstmcy_fp_mode()
     void lstmcy_pool_set_omp(void *gomp_parallel, void *thread_num, void *num_threads,
                              void *in_parallel)
@@ -69,6 +70,12 @@ def pool_size():
 def fork_count():
     """How many fork()s this process descends from since the pool was loaded."""
     return lstmcy_fork_count
+
+
+def withdrawn_parts():
+    """Parts of jobs withdrawn from a worker that had not started them when the caller's
+    own part returned (the job then ended without waiting for that worker)."""
+    return lstmcy_pool_withdrawn()
 
 
 def thread_limit():
