@@ -76,20 +76,25 @@ def check_against_reference(call, outputs):
         np.testing.assert_allclose(got, want, rtol=0, atol=rtol * scale, err_msg=f"output {k}")
 
 
+def check_thread_counts(call, counts):
+    """The call's outputs on each of ``counts`` threads are bitwise those on one thread,
+    which match the reference."""
+    one, _ = run_with_threads(call, 1)
+    for threads in counts:
+        other, _ = run_with_threads(call, threads)
+        for k, (a, b) in enumerate(zip(one, other)):
+            assert a.tobytes() == b.tobytes(), f"output {k}: 1 and {threads} threads differ"
+    check_against_reference(call, one)
+
+
 @pytest.mark.parametrize("forward", FORWARD, ids=[f"{'units' if s else 'rows'}-piece{p}" for s, p in FORWARD])
 @pytest.mark.parametrize("backward", BACKWARD, ids=[f"first{f}-chunk{c}-block{b}-lanes{n}-dx{d}"
                                                     for f, c, b, n, d in BACKWARD])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_schedule_matches_reference_and_is_thread_independent(name, backward, forward, calls,
                                                               monkeypatch):
-    call = calls[name]
     force_schedules(monkeypatch, *schedules(backward, forward))
-    one, _ = run_with_threads(call, 1)
-    for threads in THREADS[1:]:
-        other, _ = run_with_threads(call, threads)
-        for k, (a, b) in enumerate(zip(one, other)):
-            assert a.tobytes() == b.tobytes(), f"output {k}: 1 and {threads} threads differ"
-    check_against_reference(call, one)
+    check_thread_counts(calls[name], THREADS[1:])
 
 
 def test_bit_fixing_fields_are_a_function_of_the_shape():
@@ -183,13 +188,7 @@ def test_either_blas_rule_matches_the_reference_on_any_thread_count(name, small_
     from lstmcy import _core
     monkeypatch.setattr(_core, "blas_small_gemms", lambda: small_gemms)
     force_schedules(monkeypatch)
-    call = calls[name]
-    one, _ = run_with_threads(call, 1)
-    for threads in (2, 3, 8):
-        other, _ = run_with_threads(call, threads)
-        for k, (a, b) in enumerate(zip(one, other)):
-            assert a.tobytes() == b.tobytes(), f"output {k}: 1 and {threads} threads differ"
-    check_against_reference(call, one)
+    check_thread_counts(calls[name], (2, 3, 8))
 
 
 @pytest.mark.parametrize("threads", [1, 3])
@@ -288,10 +287,4 @@ def test_threads_without_a_unit_part_give_the_same_bits(name, calls, monkeypatch
 
     force_schedules(monkeypatch, two_parts(_schedule.forward_schedule),
                     two_parts(_schedule.backward_schedule))
-    call = calls[name]
-    one, _ = run_with_threads(call, 1)
-    for threads in (3, 5, 8):
-        other, _ = run_with_threads(call, threads)
-        for k, (a, b) in enumerate(zip(one, other)):
-            assert a.tobytes() == b.tobytes(), f"output {k}: 1 and {threads} threads differ"
-    check_against_reference(call, one)
+    check_thread_counts(calls[name], (3, 5, 8))
