@@ -68,17 +68,32 @@ cdef inline void _rows(RowTable *table, const floating[:, ::1] a, const Py_ssize
     table.batch_stride = batch_stride
 
 
-cdef void _set_saved(Saved *saved, tuple arrays, Py_ssize_t d, floating *like) except *:
-    """The direction-d rows of the seven ``[D, T*B, H]`` arrays, in SAVED_ORDER."""
-    cdef floating[:, :, ::1] i = arrays[0], g = arrays[1], f = arrays[2], o = arrays[3]
-    cdef floating[:, :, ::1] h = arrays[4], c = arrays[5], tanhc = arrays[6]
-    saved.i = _data3(i, d)
-    saved.g = _data3(g, d)
-    saved.f = _data3(f, d)
-    saved.o = _data3(o, d)
-    saved.h = _data3(h, d)
-    saved.c = _data3(c, d)
-    saved.tanhc = _data3(tanhc, d)
+cdef void _set_saved(Saved *saved, tuple arrays, Py_ssize_t D, Py_ssize_t rows,
+                     Py_ssize_t H, Py_ssize_t P, floating *like) except *:
+    """saved[d] for each direction d < D: the direction-d rows of the seven ``[D, rows, H]``
+    arrays (h: ``[D, rows, P]``) of ``arrays``, in SAVED_ORDER (checked)."""
+    cdef floating[:, :, ::1] i, g, f, o, h, c, tanhc
+    cdef Py_ssize_t d, k
+    if len(arrays) != 7:
+        raise ValueError(f"saved must hold the 7 activations {SAVED_ORDER}")
+    i, g, f, o, h, c, tanhc = arrays
+    if not (_dims(&i.shape[0], D, rows, H) and _dims(&g.shape[0], D, rows, H)
+            and _dims(&f.shape[0], D, rows, H) and _dims(&o.shape[0], D, rows, H)
+            and _dims(&h.shape[0], D, rows, P) and _dims(&c.shape[0], D, rows, H)
+            and _dims(&tanhc.shape[0], D, rows, H)):
+        for k in range(7):  # name the first wrong one (formatted only when raised)
+            width = P if SAVED_ORDER[k] == "h" else H
+            if arrays[k].shape != (D, rows, width):
+                raise ValueError(f"saved {SAVED_ORDER[k]} must be [{D}, {rows}, {width}], "
+                                 f"got {list(arrays[k].shape)}")
+    for d in range(D):
+        saved[d].i = _data3(i, d)
+        saved[d].g = _data3(g, d)
+        saved[d].f = _data3(f, d)
+        saved[d].o = _data3(o, d)
+        saved[d].h = _data3(h, d)
+        saved[d].c = _data3(c, d)
+        saved[d].tanhc = _data3(tanhc, d)
 
 
 cdef inline void _add_task(Task *tasks, Py_ssize_t *n, int kind, Py_ssize_t d, Py_ssize_t i,
@@ -90,14 +105,10 @@ cdef inline void _add_task(Task *tasks, Py_ssize_t *n, int kind, Py_ssize_t d, P
     n[0] += 1
 
 
-cdef void _check_saved(tuple arrays, Py_ssize_t D, Py_ssize_t rows, Py_ssize_t H,
-                       Py_ssize_t P) except *:
-    if len(arrays) != 7:
-        raise ValueError(f"saved must hold the 7 activations {SAVED_ORDER}")
-    for name, a in zip(SAVED_ORDER, arrays):
-        width = P if name == "h" else H
-        if a.shape != (D, rows, width):
-            raise ValueError(f"saved {name} must be [{D}, {rows}, {width}], got {list(a.shape)}")
+cdef inline bint _dims(const Py_ssize_t *shape, Py_ssize_t a, Py_ssize_t b,
+                       Py_ssize_t c) noexcept:
+    """Whether a memoryview's first three extents are (a, b, c) (c < 0: two only)."""
+    return shape[0] == a and shape[1] == b and (c < 0 or shape[2] == c)
 
 
 cdef void _need(bint ok, str what) except *:
@@ -269,10 +280,10 @@ def forward_layer(
           and (w_hr.shape[1] == P if projected else P == H),
           "weights must be [D, 4H, I], [D, 4H, P], bias [D, 4H], w_hr [D, P, H] or [D, 0, H]")
     _need(x.shape[1] == I and y.shape[1] >= D * P, "x must be [rows, I] and y [rows, D*P]")
-    _need(h0.shape[0] == D and tuple(h_n.shape)[:3] == (D, B, P)
-          and tuple(c_state.shape)[:3] == (D, B, H),
+    _need(h0.shape[0] == D and _dims(&h_n.shape[0], D, B, P)
+          and _dims(&c_state.shape[0], D, B, H),
           "h0 and h_n must be [D, B, P], c_state [D, B, H]")
-    _need(not projected or tuple(r_rows.shape)[:3] == (D, N, H), "r_rows must be [D, N, H]")
+    _need(not projected or _dims(&r_rows.shape[0], D, N, H), "r_rows must be [D, N, H]")
     _need(packed_start.shape[0] == T and x_step_row.shape[0] == T and y_step_row.shape[0] == T,
           "batch_sizes, packed_start and the step rows must have T entries")
     _need(N == (packed_start[T - 1] + batch_sizes[T - 1] if T > 0 else 0) and gates.shape[0] >= D
@@ -284,12 +295,12 @@ def forward_layer(
         raise ValueError(f"bad schedule {schedule!r}")  # formatted only when raised
     plen = forward_packed_len(H, P, projected, split, groups, floating is double)
     _need(w_packed.shape[0] >= D * plen, "w_packed is too small")
+    memset(&fc, 0, sizeof(fc))
     if training:
-        _check_saved(saved, D, T * B, H, P)
+        _set_saved(fc.saved, saved, D, T * B, H, P, <floating *>NULL)
     if T == 0 or B == 0 or N == 0:
         return 1, 0
 
-    memset(&fc, 0, sizeof(fc))
     fc.steps.T = T
     fc.steps.B = B
     fc.steps.N = N
@@ -316,8 +327,6 @@ def forward_layer(
         fc.w_hr[d] = _data3(w_hr, d) if d < D and projected else NULL
         fc.r_rows[d] = _data3(r_rows, d) if d < D and projected else NULL
         fc.w_packed[d] = <char *>&w_packed[d * plen] if d < D and plen > 0 else NULL
-        if training and d < D:
-            _set_saved(&fc.saved[d], saved, d, <floating *>NULL)
     fc.x_packed = _data2(x_packed) if not x_rows_packed else NULL
     fc.split = <Split>split
     fc.groups = groups
@@ -469,8 +478,8 @@ def backward_layer(
     _need(w_ih.shape[1] == G4 and w_hh.shape[1] == G4 and w_hh.shape[2] == P
           and w_hr.shape[2] == H and (w_hr.shape[1] == P if projected else P == H),
           "weights must be [D, 4H, I], [D, 4H, P], w_hr [D, P, H] or [D, 0, H]")
-    _need(tuple(h0.shape)[:3] == (D, B, P) and tuple(c0.shape)[:3] == (D, B, H)
-          and tuple(dh_state.shape)[:3] == (D, B, P) and tuple(dc_state.shape)[:3] == (D, B, H),
+    _need(_dims(&h0.shape[0], D, B, P) and _dims(&c0.shape[0], D, B, H)
+          and _dims(&dh_state.shape[0], D, B, P) and _dims(&dc_state.shape[0], D, B, H),
           "h0 and dh_state must be [D, B, P], c0 and dc_state [D, B, H]")
     _need(x.shape[1] == I and dy.shape[1] >= D * P, "x must be [rows, I] and dy [rows, D*P]")
     _need(packed_start.shape[0] == T and x_step_row.shape[0] == T and dy_step_row.shape[0] == T,
@@ -484,22 +493,23 @@ def backward_layer(
     _need(not want_dx or (dx.shape[0] == x.shape[0] and dx.shape[1] == I
                           and (x_rows_packed or (dx_packed.shape[0] >= N and dx_packed.shape[1] == I))),
           "dx must be shaped like x, and dx_packed [N, I]")
-    _need(not want_dparams or (tuple(dw_ih.shape)[:3] == (D, G4, I) and tuple(dw_hh.shape)[:3] == (D, G4, P)
-                               and tuple(db.shape)[:2] == (D, G4)
-                               and tuple(dw_hr.shape)[:3] == (D, w_hr.shape[1], H)
-                               and tuple(z.shape)[:3] == (D, N, Z)
-                               and tuple(dw.shape)[:3] == (D, lanes * G4, I + P)
-                               and tuple(db_acc.shape)[:2] == (D, lanes * G4)
-                               and tuple(dw_hr_acc.shape)[:3] == (D, lanes * w_hr.shape[1], H)),
+    _need(not want_dparams or (_dims(&dw_ih.shape[0], D, G4, I) and _dims(&dw_hh.shape[0], D, G4, P)
+                               and _dims(&db.shape[0], D, G4, -1)
+                               and _dims(&dw_hr.shape[0], D, w_hr.shape[1], H)
+                               and _dims(&z.shape[0], D, N, Z)
+                               and _dims(&dw.shape[0], D, lanes * G4, I + P)
+                               and _dims(&db_acc.shape[0], D, lanes * G4, -1)
+                               and _dims(&dw_hr_acc.shape[0], D, lanes * w_hr.shape[1], H)),
           "dw_ih, dw_hh, db, dw_hr must be [D, 4H, I], [D, 4H, P], [D, 4H], [D, P, H]; "
           "z [D, N, I + P (+ H)]; dw, db_acc, dw_hr_acc [D, lanes*4H, I + P], [D, lanes*4H], "
           "[D, lanes*P, H]")
-    _need(not projected or (tuple(dh_rows.shape)[:3] == (D, N, P)
-                            and tuple(dr_rows.shape)[:3] == (D, N, H)),
+    _need(not projected or (_dims(&dh_rows.shape[0], D, N, P)
+                            and _dims(&dr_rows.shape[0], D, N, H)),
           "dh_rows and dr_rows must be [D, N, P] and [D, N, H]")
     plen = backward_packed_len(H, P, projected, split, groups, floating is double)
     _need(w_packed.shape[0] >= D * plen, "w_packed is too small")
-    _check_saved(saved, D, T * B, H, P)
+    memset(&bc, 0, sizeof(bc))
+    _set_saved(bc.saved, saved, D, T * B, H, P, <floating *>NULL)
     n_chunks = 0 if T == 0 else (1 if T <= first else 1 + _count(T - first, chunk))
     if want_dparams and (n_chunks == 0 or B == 0):
         # No steps, or no rows: no product adds anything.
@@ -510,7 +520,6 @@ def backward_layer(
     if T == 0 or B == 0:
         return 1, 0
 
-    memset(&bc, 0, sizeof(bc))
     bc.steps.T = T
     bc.steps.B = B
     bc.steps.N = N
@@ -538,8 +547,6 @@ def backward_layer(
         bc.dc_state[d] = _data3(dc_state, d) if d < D else NULL
         bc.dgates[d] = _data3(dgates, d) if d < D else NULL
         bc.w_packed[d] = <char *>&w_packed[d * plen] if d < D and plen > 0 else NULL
-        if d < D:
-            _set_saved(&bc.saved[d], saved, d, <floating *>NULL)
         if projected and d < D:
             bc.w_hr[d] = _data3(w_hr, d)
             bc.dh_rows[d] = _data3(dh_rows, d)
