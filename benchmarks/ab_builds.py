@@ -11,6 +11,11 @@ the core (with more threads it is their total work, not the elapsed time). Each 
 B / A (its two interpreters back to back) is reported too: the median of the rounds'
 ratios, and their quartiles as a measure of the noise.
 
+``--same-process`` (one thread only) imports both builds into one interpreter instead and
+alternates single calls of A and B: for calls of tens of microseconds the rounds' noise
+would hide differences of a few. (Not on more threads: the two builds' thread pools would
+take each other's cores.)
+
 Usage (the OpenBLAS variables unset in this command only)::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/ab_builds.py \\
@@ -77,6 +82,74 @@ def time_build(root, shape, threads, reps, clock="wall"):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _import_build(root):
+    """lstmcy from source tree ``root``, imported apart from any other copy."""
+    import importlib
+    saved = {k: v for k, v in sys.modules.items() if k == "lstmcy" or k.startswith("lstmcy.")}
+    for k in saved:
+        del sys.modules[k]
+    sys.path.insert(0, os.path.abspath(root))
+    try:
+        module = importlib.import_module("lstmcy")
+        importlib.import_module("lstmcy._core")
+        # One small call while this build's modules are the ones imported: whatever it
+        # imports on first use is its own.
+        import numpy as np
+        module.set_num_threads(1)
+        x = np.zeros((2, 1, 1), np.float32)
+        params = [np.zeros(s, np.float32) for s in [(4, 1), (4, 1), (4,), (4,)]]
+        y, _, _, cache = module.lstm_forward(x, None, params)
+        module.lstm_backward(x, None, params, np.ones_like(y), None, None, *cache.saved())
+    finally:
+        sys.path.remove(os.path.abspath(root))
+        for k in [k for k in sys.modules if k == "lstmcy" or k.startswith("lstmcy.")]:
+            del sys.modules[k]  # the next import finds the other build
+        sys.modules.update(saved)
+    return module
+
+
+def same_process(a_root, b_root, shapes, calls):
+    """Rows ``(shape, 1, pass, a, b, b / a, b / a, nan, nan)``: medians of ``calls``
+    single calls of each build on one thread, A and B alternating (B first every other
+    pair)."""
+    import time
+
+    import numpy as np
+    sys.path.insert(0, HERE)
+    from cases import CASES, lstm_kwargs, make_inputs
+    builds = {"a": _import_build(a_root), "b": _import_build(b_root)}
+    for which, module in builds.items():
+        print(f"build {which.upper()}: {module.__file__}")
+    rows = []
+    for shape in shapes:
+        case = {c.name: c for c in CASES}[shape]
+        inp = make_inputs(case)
+        kw = lstm_kwargs(case)
+        hx = (inp["h0"], inp["c0"])
+        passes = {}
+        for which, lstmcy in builds.items():
+            lstmcy.set_num_threads(1)
+            cache = lstmcy.lstm_forward(inp["x"], hx, inp["params"], **kw)[3]
+            passes[which] = {
+                "forward": lambda m=lstmcy: m.lstm_forward(inp["x"], hx, inp["params"], **kw),
+                "backward": lambda m=lstmcy, c=cache: m.lstm_backward(
+                    inp["x"], hx, inp["params"], inp["dy"], inp["dh"], inp["dc"], *c.saved(), **kw)}
+        for kind in ("forward", "backward"):
+            times = {"a": [], "b": []}
+            warm = time.perf_counter() + 0.5
+            while time.perf_counter() < warm:
+                passes["a"][kind]()
+                passes["b"][kind]()
+            for k in range(calls):
+                for which in (("a", "b") if k % 2 == 0 else ("b", "a")):
+                    start = time.perf_counter()
+                    passes[which][kind]()
+                    times[which].append(time.perf_counter() - start)
+            a, b = float(np.median(times["a"])), float(np.median(times["b"]))
+            rows.append((shape, 1, kind, a, b, b / a, b / a, float("nan"), float("nan")))
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--a", required=True, help="source tree of build A (the baseline)")
@@ -89,11 +162,19 @@ def main(argv=None):
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="wall: elapsed time; cpu: the process's CPU time")
     parser.add_argument("--json", help="write the rounds' medians here")
+    parser.add_argument("--same-process", action="store_true",
+                        help="one thread: both builds in this interpreter, single calls alternating")
+    parser.add_argument("--calls", type=int, default=2000,
+                        help="with --same-process: calls of each build per shape and pass")
     args = parser.parse_args(argv)
+    if args.same_process and args.threads != "1":
+        parser.error("--same-process times one thread only (give --threads 1)")
     with open("/proc/loadavg") as fh:
         load_before = fh.read().split()[0]
     rows, raw = [], []
-    for shape in args.shapes.split(","):
+    if args.same_process:
+        rows = same_process(args.a, args.b, args.shapes.split(","), args.calls)
+    for shape in ([] if args.same_process else args.shapes.split(",")):
         for threads in (None if t == "auto" else int(t) for t in args.threads.split(",")):
             times = {"a": {"forward": [], "backward": []}, "b": {"forward": [], "backward": []}}
             for round_ in range(args.rounds):
@@ -116,10 +197,11 @@ def main(argv=None):
     print(f"A = {args.a}, B = {args.b}; {args.clock} clock; load average {load_before} before, "
           f"{load_after} after")
     print(f"{'shape':<16} {'threads':>7} {'pass':<9} {'A ms':>9} {'B ms':>9} {'B/A':>6}   "
-          f"{'rounds B/A: median':>18} {'[25 %, 75 %]':>14}")
+          + ("(single calls alternating in one process)" if args.same_process
+             else f"{'rounds B/A: median':>18} {'[25 %, 75 %]':>14}"))
     for shape, threads, kind, a, b, ratio, pair, low, high in rows:
         print(f"{shape:<16} {threads or 'auto':>7} {kind:<9} {a * 1e3:9.3f} {b * 1e3:9.3f} {ratio:6.3f}   "
-              f"{pair:18.3f}   [{low:.3f}, {high:.3f}]")
+              + (f"{pair:18.3f}   [{low:.3f}, {high:.3f}]" if low == low else ""))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"a": args.a, "b": args.b, "clock": args.clock, "load": [load_before, load_after],
