@@ -507,6 +507,9 @@ class LSTMPlan:
                 def run(n_threads, args=args, layer=layer, setup=setup):
                     schedule, w_packed = setup.by_threads.get(n_threads) or self._threads_setup(
                         "forward", setup, p, n_threads)
+                    if self.trace is None:  # untraced: one repacking of the arguments less
+                        return _lstm.forward_layer(*args, w_packed, schedule, n_threads,
+                                                   _fpmode._flush)
                     return self._traced("forward", layer, _lstm.forward_layer, *args, w_packed,
                                         schedule, n_threads, _fpmode._flush)
 
@@ -517,8 +520,8 @@ class LSTMPlan:
                             out *= to_compute(masks[layer], cdt).reshape(T * B, D * P)
                     layer_in, in_step_row, in_stride, in_packed = out, internal_step_row, 1, internal_packed
 
-        dtype = p.dtype
-        y, h_n, c_n = (_out_dtype(a, dtype) for a in (y, h_n, c_n))
+        if p.dtype != cdt:  # float16/bfloat16 callers
+            y, h_n, c_n = (_out_dtype(a, p.dtype) for a in (y, h_n, c_n))
         return y, h_n, c_n, saved_block if train else None, saved_all if train else None
 
     def backward(self, input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, batch_sizes=None,
@@ -628,6 +631,9 @@ class LSTMPlan:
                 def run(n_threads, args=args, layer=layer, setup=setup):
                     schedule, w_packed = setup.by_threads.get(n_threads) or self._threads_setup(
                         "backward", setup, p, n_threads)
+                    if self.trace is None:  # untraced: one repacking of the arguments less
+                        return _lstm.backward_layer(*args, w_packed, schedule, n_threads,
+                                                    _fpmode._flush)
                     return self._traced("backward", layer, _lstm.backward_layer, *args, w_packed,
                                         schedule, n_threads, _fpmode._flush)
 
