@@ -94,7 +94,6 @@ def _import_build(root):
         importlib.import_module("lstmcy._core")
         # One small call while this build's modules are the ones imported: whatever it
         # imports on first use is its own.
-        import numpy as np
         module.set_num_threads(1)
         x = np.zeros((2, 1, 1), np.float32)
         params = [np.zeros(s, np.float32) for s in [(4, 1), (4, 1), (4,), (4,)]]
@@ -114,7 +113,6 @@ def same_process(a_root, b_root, shapes, calls):
     pair)."""
     import time
 
-    import numpy as np
     sys.path.insert(0, HERE)
     from cases import CASES, lstm_kwargs, make_inputs
     builds = {"a": _import_build(a_root), "b": _import_build(b_root)}

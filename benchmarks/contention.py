@@ -30,7 +30,7 @@ sys.path.insert(0, HERE)
 import lstmcy  # noqa: E402
 from lstmcy import _threads  # noqa: E402
 from cases import CASES, lstm_kwargs, make_inputs  # noqa: E402
-from machine import lscpu_summary  # noqa: E402
+from machine import machine_label  # noqa: E402
 
 
 def _spin(stop):
@@ -102,10 +102,8 @@ def main(argv=None):
               f"{r['loaded_auto'] * 1e3:12.3f} {r['loaded_auto'] / r['loaded_one']:6.3f}")
     if args.json:
         with open(args.json, "w") as fh:
-            cpu = lscpu_summary()
-            machine = f"{cpu.get('Model name', '?')}, {cpu.get('CPU(s)', '?')} CPUs, {cpu.get('simd', '')}"
-            json.dump(dict(cpus=cpus, load=load, machine=machine, blocks=args.blocks, per_block=args.per_block,
-                           results=results), fh, indent=1)
+            json.dump(dict(cpus=cpus, load=load, machine=machine_label(), blocks=args.blocks,
+                           per_block=args.per_block, results=results), fh, indent=1)
 
 
 if __name__ == "__main__":

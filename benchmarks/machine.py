@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-__all__ = ["lscpu_summary", "blas_info", "gemm_peak", "versions", "git_state"]
+__all__ = ["lscpu_summary", "machine_label", "blas_info", "gemm_peak", "versions", "git_state"]
 
 _LSCPU_KEYS = ("Model name", "Architecture", "CPU(s)", "Thread(s) per core", "Core(s) per socket",
                "Socket(s)", "CPU max MHz", "BogoMIPS", "Hypervisor vendor", "L1d cache", "L2 cache",
@@ -38,6 +38,12 @@ def lscpu_summary():
             info["simd"] = " ".join(f for f in ("avx", "avx2", "fma", "avx512f", "avx512_bf16",
                                                  "avx512_vnni", "amx_tile") if f in flags)
     return info
+
+
+def machine_label():
+    """One line naming the CPU, its count and its SIMD flags (for result files)."""
+    cpu = lscpu_summary()
+    return f"{cpu.get('Model name', '?')}, {cpu.get('CPU(s)', '?')} CPUs, {cpu.get('simd', '')}"
 
 
 def _torch_config_lines(torch):

@@ -38,7 +38,7 @@ sys.path.insert(0, HERE)
 import lstmcy  # noqa: E402
 from lstmcy import _core, _schedule, _threads  # noqa: E402
 from cases import CASES, lstm_kwargs, make_inputs  # noqa: E402
-from machine import lscpu_summary  # noqa: E402
+from machine import machine_label  # noqa: E402
 
 # Task kinds (src/lstmcy/_layer.pxd, TaskKind)
 PACK, PROJECT, RECURRENCE, UNIT_STEP, GATHER, WEIGHTS, DX, FINISH = range(8)
@@ -347,10 +347,8 @@ def main(argv=None):
               f"          {by_n[8]['bound']}, {by_n[32]['bound']}     {by_n[8]['split']:<6}"
               f"       {r['handoff_us']:.1f}")
     if args.json:
-        cpu = lscpu_summary()
-        machine = f"{cpu.get('Model name', '?')}, {cpu.get('CPU(s)', '?')} CPUs, {cpu.get('simd', '')}"
         with open(args.json, "w") as fh:
-            json.dump(dict(load=load, machine=machine, results=results), fh, indent=1)
+            json.dump(dict(load=load, machine=machine_label(), results=results), fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -403,14 +403,18 @@ class LSTMPlan:
         tuner.record(n_threads, start, (perf_counter() - start) / rows)
         return result
 
-    def _traced(self, kind, layer, kernel, *args):
-        """``kernel(*args)``, with a trace of its tasks appended to :attr:`trace` if asked."""
+    def _kernel(self, kind, layer, kernel):
+        """``kernel`` itself, or when :attr:`trace` asks for it a wrapper that appends a
+        trace of its tasks there (the plain kernel takes the arguments once, as given)."""
         if self.trace is None:
-            return kernel(*args)
-        entries = np.zeros((1 << 16, 8), dtype=np.int64)
-        result = kernel(*args, entries)
-        self.trace.append((kind, layer, entries[:result[1]]))
-        return result
+            return kernel
+
+        def traced(*args):
+            entries = np.zeros((1 << 16, 8), dtype=np.int64)
+            result = kernel(*args, entries)
+            self.trace.append((kind, layer, entries[:result[1]]))
+            return result
+        return traced
 
     def _blas_cap(self, problem):
         """Cap BLAS to one thread (results must not depend on the BLAS thread count, and
@@ -507,11 +511,8 @@ class LSTMPlan:
                 def run(n_threads, args=args, layer=layer, setup=setup):
                     schedule, w_packed = setup.by_threads.get(n_threads) or self._threads_setup(
                         "forward", setup, p, n_threads)
-                    if self.trace is None:  # untraced: one repacking of the arguments less
-                        return _lstm.forward_layer(*args, w_packed, schedule, n_threads,
-                                                   _fpmode._flush)
-                    return self._traced("forward", layer, _lstm.forward_layer, *args, w_packed,
-                                        schedule, n_threads, _fpmode._flush)
+                    return self._kernel("forward", layer, _lstm.forward_layer)(
+                        *args, w_packed, schedule, n_threads, _fpmode._flush)
 
                 self._call(setup.tuner_key, N, setup.step_flops, setup.flops, run)
                 if not last:
@@ -631,11 +632,8 @@ class LSTMPlan:
                 def run(n_threads, args=args, layer=layer, setup=setup):
                     schedule, w_packed = setup.by_threads.get(n_threads) or self._threads_setup(
                         "backward", setup, p, n_threads)
-                    if self.trace is None:  # untraced: one repacking of the arguments less
-                        return _lstm.backward_layer(*args, w_packed, schedule, n_threads,
-                                                    _fpmode._flush)
-                    return self._traced("backward", layer, _lstm.backward_layer, *args, w_packed,
-                                        schedule, n_threads, _fpmode._flush)
+                    return self._kernel("backward", layer, _lstm.backward_layer)(
+                        *args, w_packed, schedule, n_threads, _fpmode._flush)
 
                 self._call(setup.tuner_key, N, setup.step_flops, setup.flops, run)
                 if want_dparams:

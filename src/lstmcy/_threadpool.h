@@ -8,8 +8,9 @@
    none runs on its own thread. A part handed to a worker that has not started it by the
    time the caller's own part returns (all the work was taken: with more threads than
    cores, a woken worker may wait a scheduler slice for a core) is withdrawn: the job ends
-   without waiting for that worker to be scheduled, and the worker skips it. The pool holds at most n - 1 workers for the largest n asked for,
-   so lstmcy adds no more threads than that to the callers' own.
+   without waiting for that worker to be scheduled, and the worker skips it. The pool
+   holds at most n - 1 workers for the largest n asked for, so lstmcy adds no more
+   threads than that to the callers' own.
 
    Workers wait for a job by spinning for 300 us (consecutive kernel calls, such as the
    layers of one forward, then find them awake) and then sleeping on a futex; they never
