@@ -22,9 +22,10 @@ from lstmcy._schedule import (SINGLE_THREADED_GEMM, SPLIT_UNITS, TUNED_STEP_FLOP
                               backward_schedule, forward_schedule)
 from lstmcy._threads import (ThreadTuner, _check_count, _process_cpus, blas_single_threaded,
                              blas_small_gemms, is_automatic, threads_for)
-from lstmcy._validation import (SAVED_NAMES, _cached, _read_only, check_backward, check_bool,
-                                check_dropout, check_output_mask, check_problem, check_seed,
-                                to_compute)
+from lstmcy._validation import (SAVED_NAMES, _cached, _check_batch_sizes, _read_only,
+                                check_backward, check_bool, check_dropout, check_int,
+                                check_output_mask, check_problem, check_proj_size, check_seed,
+                                is_supported_float, to_compute)
 
 __all__ = ["lstm_forward", "lstm_backward", "LSTMPlan", "release_workspaces"]
 
@@ -237,8 +238,7 @@ class LSTMPlan:
     """
 
     def __init__(self, n_threads=None):
-        _check_count("n_threads", n_threads)
-        self.n_threads = n_threads
+        self.n_threads = _check_count("n_threads", n_threads)
         self._buffers = {}
         self._offsets = {}  # name -> aligned_offset of that buffer
         # Result arrays come from here: their memory is reused once the caller drops them.
@@ -266,11 +266,27 @@ class LSTMPlan:
         projection the rows of dh and of dh @ w_hr and dW_hr's sums. An upper
         bound of what :attr:`workspace_size` reaches after such calls.
         """
-        D = 2 if bidirectional else 1
-        H = hidden_size
+        T, B = check_int("T", T, 0), check_int("B", B, 0)
+        input_size = check_int("input_size", input_size, 0)
+        H = hidden_size = check_int("hidden_size", hidden_size, 0)
+        num_layers = check_int("num_layers", num_layers, 1)
+        proj_size = check_proj_size(proj_size)
+        if proj_size and proj_size >= H:
+            raise ValueError(f"proj_size must be smaller than hidden_size ({H}), got {proj_size}")
+        dtype = np.dtype(dtype)
+        if not is_supported_float(dtype):
+            raise TypeError(f"dtype must be float16, bfloat16, float32 or float64, got {dtype}")
+        D = 2 if check_bool("bidirectional", bidirectional) else 1
         projected = proj_size > 0
         P = proj_size if projected else H
-        N = int(np.sum(batch_sizes)) if batch_sizes is not None else T * B
+        if batch_sizes is not None:
+            sizes = _check_batch_sizes(batch_sizes)
+            if sizes.shape[0] != T or (T and sizes[0] != B):
+                raise ValueError(f"batch_sizes must have T = {T} entries, the first B = {B}, "
+                                 f"got {sizes.tolist()}")
+            N = int(sizes.sum())
+        else:
+            N = T * B
         width = max(input_size, D * P) if num_layers > 1 else input_size
         itemsize = max(np.dtype(dtype).itemsize, 4)  # float16/bfloat16 compute in float32
         is_double = itemsize == 8

@@ -86,16 +86,29 @@ def backward(problem, saved, dy, dh=None, dc=None, masks=None,
     if saved is None or saved.size != saved_size(problem):
         raise ValueError(f"saved must be the forward's block of {saved_size(problem)} elements, "
                          f"got {None if saved is None else saved.size}")
-    arrays = {"dy": dy}
+    # The kernels index these by the problem's sizes: their shapes are checked even for a
+    # trusted problem.
+    shapes = problem.shapes
+    arrays = {"dy": _shaped("dy", dy, problem.output_shape())}
     if dh is not None:
-        arrays["dh"] = dh
+        arrays["dh"] = _shaped("dh", dh, shapes.h_state)
     if dc is not None:
-        arrays["dc"] = dc
+        arrays["dc"] = _shaped("dc", dc, shapes.c_state)
     if masks is not None:
-        arrays["dropout_masks"] = masks
+        if len(masks) != problem.L - 1:
+            raise ValueError(f"masks must be {problem.L - 1} arrays, got {len(masks)}")
+        mask_shape = (problem.T, problem.B, problem.D * problem.P)
+        arrays["dropout_masks"] = [_shaped(f"masks[{k}]", m, mask_shape)
+                                   for k, m in enumerate(masks)]
     plan = _thread_plan() if plan is None else plan
     return plan._run_backward(problem, _block_reader(saved, problem), arrays,
                               tuple(bool(m) for m in output_mask))
+
+
+def _shaped(name, array, shape):
+    if array.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {array.shape}")
+    return array
 
 
 def saved_views(saved, problem):

@@ -30,6 +30,7 @@ import math
 import os
 import threading
 from contextlib import nullcontext
+from numbers import Integral
 
 import threadpoolctl
 
@@ -181,14 +182,19 @@ def set_num_threads(n_threads):
     Results are bitwise identical either way.
     """
     global _num_threads
-    _check_count("n_threads", n_threads)
-    _num_threads = n_threads
+    _num_threads = _check_count("n_threads", n_threads)
 
 
 def _check_count(name, n_threads):
-    if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)
-                                  or n_threads < 1):
+    """``n_threads`` as an int >= 1 or None (numpy integers accepted; TypeError for other
+    types, ValueError below 1)."""
+    if n_threads is None or (type(n_threads) is int and n_threads >= 1):
+        return n_threads
+    if isinstance(n_threads, bool) or not isinstance(n_threads, Integral):
+        raise TypeError(f"{name} must be a positive int or None, got {n_threads!r}")
+    if n_threads < 1:
         raise ValueError(f"{name} must be a positive int or None, got {n_threads!r}")
+    return int(n_threads)
 
 
 def get_num_threads():

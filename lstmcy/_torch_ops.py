@@ -34,6 +34,97 @@ def _config(hidden_size, num_layers, bidirectional, has_bias, batch_first, proj_
 
 
 # ---------------------------------------------------------------------------
+# argument checks: the operators are public (torch.ops.lstmcy), and the engine trusts
+# what nn.LSTM's own checks guarantee for the module's calls
+# ---------------------------------------------------------------------------
+
+_DTYPES = (torch.float32, torch.float64)
+
+
+def _check_tensor(name, value, dtype, shape=None):
+    """``value`` (a tensor, or None) has ``dtype`` and, if given, ``shape``."""
+    if value is None:
+        return
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a tensor or None, got {type(value).__name__}")
+    if value.dtype != dtype:
+        raise TypeError(f"{name} has dtype {value.dtype}, expected {dtype} (input's)")
+    if shape is not None and tuple(value.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(value.shape)}")
+
+
+def _weight_names(cfg):
+    """``nn.LSTM._flat_weights_names`` of ``cfg``."""
+    kinds = ["weight_ih", "weight_hh"] + (["bias_ih", "bias_hh"] if cfg.has_bias else [])
+    kinds += ["weight_hr"] if cfg.proj_size > 0 else []
+    return [f"{kind}_l{layer}{suffix}" for layer in range(cfg.num_layers)
+            for suffix in ("", "_reverse")[:cfg.num_directions] for kind in kinds]
+
+
+def _check_call(input, batch_sizes, h0, c0, weights, masks, cfg):
+    """Check an operator call's arguments as ``nn.LSTM`` checks its own (the sizes of a
+    packed batch are checked when its problem is built)."""
+    H, L, P = cfg.hidden_size, cfg.num_layers, cfg.proj_size
+    if H < 1 or L < 1 or not 0 <= P < H:
+        raise ValueError(f"hidden_size and num_layers must be positive and proj_size in "
+                         f"[0, hidden_size), got {H}, {L} and {P}")
+    if not isinstance(input, Tensor) or input.dtype not in _DTYPES:
+        raise TypeError(f"input must be a float32 or float64 tensor, got "
+                        f"{getattr(input, 'dtype', type(input).__name__)}")
+    packed = batch_sizes is not None
+    if input.dim() != (2 if packed else 3):
+        raise ValueError(f"input must be {'[N, I] with batch_sizes' if packed else '[T, B, I]'}"
+                         f" ({'[B, T, I]' if cfg.batch_first and not packed else 'time-major'}),"
+                         f" got shape {tuple(input.shape)}")
+    if packed and (batch_sizes.dtype != torch.int64 or batch_sizes.dim() != 1):
+        raise TypeError(f"batch_sizes must be a 1-D int64 tensor, got {batch_sizes.dtype} "
+                        f"with shape {tuple(batch_sizes.shape)}")
+    if (h0 is None) != (c0 is None):
+        raise ValueError("h0 and c0 must be both given or both None")
+    names = _weight_names(cfg)
+    if len(weights) != len(names):
+        raise ValueError(f"weights must be the {len(names)} tensors {', '.join(names)}; "
+                         f"got {len(weights)}")
+    D, out = cfg.num_directions, P or H
+    for k, (name, weight) in enumerate(zip(names, weights)):
+        kind, layer = name.split("_l")[0], k // (len(names) // L)
+        shape = {"weight_ih": (4 * H, input.shape[-1] if layer == 0 else D * out),
+                 "weight_hh": (4 * H, out), "bias_ih": (4 * H,), "bias_hh": (4 * H,),
+                 "weight_hr": (P, H)}[kind]
+        _check_tensor(f"weights[{k}] ({name})", weight, input.dtype, shape)
+    if masks and len(masks) != L - 1:
+        wanted = ("empty with num_layers=1 (no dropout between layers)" if L == 1 else
+                  f"empty or the {L - 1} dropout masks of the outputs of layers 0 to {L - 2}")
+        raise ValueError(f"masks must be {wanted}, got {len(masks)}")
+    if not packed:
+        T, B = (input.shape[1], input.shape[0]) if cfg.batch_first else input.shape[:2]
+        _check_tensor("h0", h0, input.dtype, (L * D, B, out))
+        _check_tensor("c0", c0, input.dtype, (L * D, B, H))
+        for k, mask in enumerate(masks):
+            _check_tensor(f"masks[{k}]", mask, input.dtype, (T, B, D * out))
+    else:
+        _check_tensor("h0", h0, input.dtype)
+        _check_tensor("c0", c0, input.dtype)
+        for k, mask in enumerate(masks):
+            _check_tensor(f"masks[{k}]", mask, input.dtype, (input.shape[0], D * out))
+
+
+def _check_gradients(problem, input, saved, grad_y, grad_h_n, grad_c_n, cfg, output_mask):
+    """Check a backward call's saved block, output gradients and ``output_mask`` against
+    its (checked) problem."""
+    if len(output_mask) != 4:
+        raise ValueError(f"output_mask must be 4 bools (dx, dh0, dc0, dweights), got "
+                         f"{len(output_mask)}")
+    T, B = problem.T, problem.B
+    _check_tensor("saved", saved, input.dtype, (engine.saved_numel(cfg, T, B),))
+    states = (cfg.num_layers * cfg.num_directions, B)
+    _check_tensor("grad_y", grad_y, input.dtype,
+                  tuple(input.shape[:-1]) + (cfg.num_directions * (cfg.proj_size or cfg.hidden_size),))
+    _check_tensor("grad_h_n", grad_h_n, input.dtype, states + (cfg.proj_size or cfg.hidden_size,))
+    _check_tensor("grad_c_n", grad_c_n, input.dtype, states + (cfg.hidden_size,))
+
+
+# ---------------------------------------------------------------------------
 # the operators
 # ---------------------------------------------------------------------------
 
@@ -46,6 +137,7 @@ def lstm_forward(input: Tensor, batch_sizes: Optional[Tensor], h0: Optional[Tens
     """``(y, h_n, c_n, saved)`` of :func:`lstmcy._torch_engine.forward` (``saved`` is empty
     unless ``train``); ``masks`` is empty without dropout."""
     cfg = _config(hidden_size, num_layers, bidirectional, has_bias, batch_first, proj_size)
+    _check_call(input, batch_sizes, h0, c0, weights, masks, cfg)
     y, h_n, c_n, saved, _ = engine.forward(input, batch_sizes, h0, c0, weights, masks or None,
                                            cfg, train)
     return y, h_n, c_n, saved
@@ -62,7 +154,9 @@ def lstm_backward(input: Tensor, batch_sizes: Optional[Tensor], h0: Optional[Ten
     that ``output_mask`` does not ask for is an empty tensor (an empty list for
     ``dweights``)."""
     cfg = _config(hidden_size, num_layers, bidirectional, has_bias, batch_first, proj_size)
+    _check_call(input, batch_sizes, h0, c0, weights, masks, cfg)
     problem = engine.problem_for(input, batch_sizes, h0, c0, weights, cfg)
+    _check_gradients(problem, input, saved, grad_y, grad_h_n, grad_c_n, cfg, output_mask)
     dx, dh0, dc0, dweights = engine.backward(problem, saved, masks or None, grad_y, grad_h_n,
                                              grad_c_n, tuple(output_mask))
     # A distinct empty tensor for each output not asked for (outputs may not alias).

@@ -243,7 +243,7 @@ class Problem:
     @property
     def time_major_map(self):
         """Row map of an internal time-major ``[T*B, F]`` buffer."""
-        return _step_rows(self.T, self.B), 1, self.uniform
+        return _step_rows(self.T if self.B else 0, self.B), 1, self.uniform
 
 
 # Shape-derived index arrays, shared between calls (read-only: the kernels only read
@@ -282,6 +282,9 @@ def _row_maps(T, B, layout, sizes):
     result, read-only, is shared by all calls of that shape).
     """
     if sizes is None:
+        if B == 0:
+            # No rows: no step has work, whatever T is (and maps of T steps could be huge).
+            T = 0
         key = (T, B, layout)
         maps = _row_maps_cache.get(key)
         if maps is None:
@@ -370,6 +373,15 @@ def check_blas_limits(T, B, I, H, L, D, proj_size=0):
                              "matrix dimension the BLAS (32-bit integers) can address")
 
 
+def check_int(name, value, minimum):
+    """``value`` as an int of at least ``minimum`` (numpy integers too; not bools)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be an int, got {_describe(value)}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
 def check_proj_size(proj_size):
     if type(proj_size) is int and proj_size >= 0:
         return proj_size
@@ -416,6 +428,13 @@ def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, bat
         H = w_hr0.shape[1]
         expect_shape(name, w_hr0, (proj_size, H),
                      "[proj_size, H]: its second axis sets the hidden size H")
+        w_ih0 = params[0]
+        rows = w_ih0.shape[0] if getattr(w_ih0, "ndim", 0) == 2 else None
+        if rows is not None and rows != 4 * H and rows % 4 == 0 and rows > 0:
+            # Which of the two is wrong is not known: name both.
+            raise ValueError(f"{name} has H = {H} columns but params[0] (w_ih of layer 0, "
+                             f"forward direction) has 4*H = {rows} rows (H = {rows // 4}): "
+                             f"the two must agree on the hidden size")
         if proj_size >= H:
             raise ValueError(f"proj_size must be smaller than the hidden size H={H}, got {proj_size}")
     else:

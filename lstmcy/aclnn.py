@@ -80,6 +80,7 @@ import threading
 import numpy as np
 
 from lstmcy._cache import SAVED_NAMES
+from lstmcy._validation import check_backward
 
 __all__ = [
     "AclnnError",
@@ -1006,6 +1007,13 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
     """
     in_arr = np.asarray(input)
     dtype = in_arr.dtype
+    if device_id is not None and (isinstance(device_id, (bool, np.bool_))
+                                  or not isinstance(device_id, (int, np.integer))
+                                  or device_id < 0):
+        raise ValueError(f"device_id must be a non-negative int or None, got {device_id!r}")
+    if not (library is None or isinstance(library, (str, bytes, os.PathLike, AclnnLibrary))):
+        raise TypeError(f"library must be None, a path or an AclnnLibrary, got "
+                        f"{type(library).__name__}")
     if dtype not in _NUMPY_TO_ACL:
         raise TypeError(f"backend='aclnn' supports float32 and float16 (the NPU operator's dtypes); "
                         f"input has dtype {dtype}")
@@ -1023,6 +1031,8 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
         raise ValueError(f"output_mask must hold 4 booleans, got {len(mask)}")
     if hx is None or len(hx) != 2:
         raise ValueError("hx must be a tuple (h0, c0)")
+    if dh is None or dc is None:
+        raise ValueError("dh and dc must be arrays [D*L, B, H] (the NPU operator takes both)")
 
     x = _as_host("input", in_arr, dtype)
     h0 = _as_host("hx[0]", hx[0], dtype)
@@ -1033,6 +1043,11 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
     dc_h = _as_host("dc", dc, dtype)
     gates = [_as_list(name, arrays, n_states, dtype)
              for name, arrays in zip(SAVED_NAMES, (i, g, f, o, h, c, tanhc))]
+    # Then the shapes, as the numpy API checks them (the device would read or write past wrong ones).
+    check_backward(input, hx, params, dy, dh, dc, (i, g, f, o, h, c, tanhc),
+                   batch_sizes=batch_sizes, has_bias=has_bias, num_layers=num_layers,
+                   dropout=dropout, train=train, bidirectional=bidirectional,
+                   batch_first=batch_first, dropout_masks=None)
     if h0.ndim != 3:
         raise ValueError(f"hx[0] must be [D*L, B, H], got shape {h0.shape}")
     batch = h0.shape[1]

@@ -101,6 +101,8 @@ def _check_number(name, value, kind, low=None, high=None, low_open=False, high_o
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, types):
         what = "an int" if kind == "int" else "a float"
         raise TypeError(f"{name} must be {what}{' or None' if allow_none else ''}, got {value!r}")
+    if value != value:  # NaN passes every comparison below
+        raise ValueError(f"{name} must be a number, got {value!r}")
     if low is not None and (value <= low if low_open else value < low) or \
             high is not None and (value >= high if high_open else value > high):
         left = "(" if low_open else "["

@@ -269,6 +269,8 @@ class LSTM(nn.LSTM):
 
     def forward(self, input, hx=None):
         """Run the LSTM; same arguments and results as :meth:`torch.nn.LSTM.forward`."""
+        if isinstance(hx, (tuple, list)) and len(hx) != 2:
+            raise RuntimeError("lstm expects two hidden states")  # as torch.nn.LSTM
         weights = self._weights()
         packed = isinstance(input, PackedSequence)
         sorted_indices = unsorted_indices = None

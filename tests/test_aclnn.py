@@ -611,6 +611,37 @@ def test_list_lengths_are_checked(stub):
         call(case, lib, tanhc=case["tanhc"][:1])
 
 
+def test_direct_calls_check_every_shape(stub):
+    # lstmcy.lstm_backward(backend="aclnn") validates before it calls the operator; a direct
+    # call of lstmcy.aclnn.lstm_backward must refuse the same inconsistent shapes, before
+    # anything reaches the device.
+    handle, lib = stub
+    case = make_case(seed=16)
+    T, B, H = case["i"][0].shape
+    bad = {
+        r"dy must have shape \(3, 2, 5\)": dict(dy=np.ones((2, B, H), np.float32)),
+        r"params\[0\] \(w_ih of layer 0, forward direction\) must have shape":
+            dict(params=[np.ones((3, 2), np.float32)] + case["params"][1:]),
+        r"hx\[0\] \(h0\) must have shape": dict(hx=(np.ones((1, 1, 1), np.float32), case["hx"][1])),
+        r"i\[0\] must have shape": dict(i=[np.ones((1, 1, 1), np.float32)]),
+    }
+    for message, override in bad.items():
+        with pytest.raises(ValueError, match=message):
+            call(case, lib, **override)
+    assert handle.counter("mem.mallocs") == 0
+    with pytest.raises(ValueError, match="dh and dc must be arrays"):
+        call(case, lib, dh=None)
+    with pytest.raises(ValueError, match="device_id must be a non-negative int or None, got 'x'"):
+        call(case, lib, device_id="x")
+    with pytest.raises(ValueError, match="device_id must be a non-negative int"):
+        call(case, lib, device_id=-1)
+    with pytest.raises(TypeError, match="library must be None, a path or an AclnnLibrary, got int"):
+        aclnn.lstm_backward(*[case[k] for k in ("input", "hx", "params", "dy", "dh", "dc") + GATES],
+                            **{k: v for k, v in case.items()
+                               if k not in ("input", "hx", "params", "dy", "dh", "dc") + GATES},
+                            library=5)
+
+
 def test_dropout_between_layers_is_refused(stub):
     handle, lib = stub
     case = make_case(seed=16, L=2)

@@ -119,6 +119,25 @@ def test_zero_steps_varlen(layout):
         np.testing.assert_array_equal(p, 0.0)
 
 
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_empty_batch_of_any_length_costs_nothing_per_step(batch_first):
+    """B = 0 with T = 2**40 (a zero-byte input): nothing of size T is built (per-step tables
+    of that length would need terabytes), and the results are the empty ones."""
+    rng = np.random.default_rng(5)
+    T, I, H = 2 ** 40, 3, 4
+    x = np.zeros((0, T, I) if batch_first else (T, 0, I))
+    params = make_params(rng, 2, 2, I, H, True)
+    kw = dict(num_layers=2, bidirectional=True, batch_first=batch_first)
+    y, h_n, c_n, cache = lstmcy.lstm_forward(x, None, params, **kw)
+    assert y.shape == x.shape[:2] + (2 * H,) and h_n.shape == c_n.shape == (4, 0, H)
+    dx, dh_prev, dc_prev, dparams = lstmcy.lstm_backward(
+        x, None, params, np.zeros_like(y), None, None, *cache.saved(), **kw)
+    assert dx.shape == x.shape and dh_prev.shape == (4, 0, H)
+    for p, q in zip(dparams, params, strict=True):
+        assert p.shape == q.shape
+        np.testing.assert_array_equal(p, 0.0)
+
+
 # ---------------------------------------------------------------------------
 # output_mask
 # ---------------------------------------------------------------------------

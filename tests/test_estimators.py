@@ -488,6 +488,8 @@ def test_grid_search_two_processes():
     ("dropout", 1.0, ValueError, "dropout"),
     ("batch_size", "big", ValueError, "batch_size"),
     ("clip_norm", -1.0, ValueError, "clip_norm"),
+    ("clip_norm", float("nan"), ValueError, "clip_norm must be a number"),
+    ("learning_rate_init", float("nan"), ValueError, "learning_rate_init must be a number"),
     ("dtype", np.int32, ValueError, "dtype"),
     ("bidirectional", "yes", TypeError, "bidirectional"),
     ("max_iter", 2.5, TypeError, "max_iter"),

@@ -375,3 +375,47 @@ def test_kernels_refuse_saved_activations_of_the_wrong_shape(kind, monkeypatch):
     args[index] = tuple(saved[:6])
     with pytest.raises(ValueError, match="must hold the 7 activations"):
         real(*args)
+
+
+def _kernel_args(kind, monkeypatch, **kwargs):
+    """The kernel ``kind``'s arguments in the last layer call of a small forward and
+    backward (and the kernel itself)."""
+    from lstmcy import _core
+    real = getattr(_core._lstm, kind)
+    calls = []
+
+    def spy(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(_core._lstm, kind, spy)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 3, 4))
+    params = [rng.standard_normal(s) for s in [(8, 4), (8, 2), (8,), (8,)]]
+    plan = lstmcy.LSTMPlan(n_threads=1)
+    y, h_n, c_n, cache = plan.forward(x, None, params, **kwargs)
+    plan.backward(x, None, params, np.ones_like(y), None, None, *cache.saved(), **kwargs)
+    return real, list(calls[-1])
+
+
+@pytest.mark.parametrize("kind, rows_of", [("forward_layer", (0, 10)),
+                                           ("backward_layer", (0, 4))])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_kernels_refuse_row_tables_that_run_past_their_arrays(kind, rows_of, batch_first,
+                                                              monkeypatch):
+    # Defence in depth behind the Python checks: every row a step table names (x and y in
+    # the forward, x and dy in the backward) must lie in its array, and no step may have
+    # more rows than h0. A short array is a ValueError, not a read or write past its end.
+    real, args = _kernel_args(kind, monkeypatch, batch_first=batch_first)
+    for index in rows_of:
+        short = list(args)
+        short[index] = np.ascontiguousarray(args[index][:-1])
+        with pytest.raises(ValueError, match="must hold every row their step tables name"):
+            real(*short)
+    sizes = 8 if kind == "forward_layer" else 13  # batch_sizes' position
+    wide = list(args)
+    wide[sizes] = args[sizes].copy()
+    wide[sizes][0] += 1  # one row more than h0 has at the first step
+    with pytest.raises(ValueError, match="batch_sizes must be at most B"):
+        real(*wide)
+    real(*args)  # the arguments as given still run

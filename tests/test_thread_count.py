@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import threadpoolctl
 
@@ -166,11 +167,22 @@ def test_explicit_counts_are_obeyed(machine, monkeypatch, n):
 
 
 def test_bad_counts_are_refused():
-    for bad in (0, -1, 2.5, True, "4"):
-        with pytest.raises(ValueError, match="n_threads must be a positive int or None"):
+    for bad, error in ((0, ValueError), (-1, ValueError), (np.int64(0), ValueError),
+                       (2.5, TypeError), (2.0, TypeError), (True, TypeError), ("4", TypeError)):
+        with pytest.raises(error, match="n_threads must be a positive int or None"):
             lstmcy.set_num_threads(bad)
-        with pytest.raises(ValueError, match="n_threads must be a positive int or None"):
+        with pytest.raises(error, match="n_threads must be a positive int or None"):
             lstmcy.LSTMPlan(n_threads=bad)
+
+
+def test_numpy_integer_counts_are_ints():
+    plan = lstmcy.LSTMPlan(n_threads=np.int64(3))
+    assert plan.n_threads == 3 and type(plan.n_threads) is int
+    lstmcy.set_num_threads(np.int32(2))
+    try:
+        assert lstmcy.get_num_threads() == 2 and type(lstmcy.get_num_threads()) is int
+    finally:
+        lstmcy.set_num_threads(None)
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs sched_setaffinity")

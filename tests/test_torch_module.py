@@ -200,6 +200,15 @@ def test_zero_length_sequence_raises_as_nn_lstm(shape, batch_first):
             module(x)
 
 
+def test_three_states_raise_as_nn_lstm():
+    ours, ref = module_pair(3, 4)
+    x = torch.randn(5, 2, 3, dtype=F64)
+    state = torch.zeros(1, 2, 4, dtype=F64)
+    for module in (ref, ours):
+        with pytest.raises(RuntimeError, match="lstm expects two hidden states"):
+            module(x, (state, state, state))
+
+
 def test_empty_batch_matches_nn_lstm():
     ours, ref = module_pair(3, 4, num_layers=2, bidirectional=True)
     x = torch.randn(5, 0, 3, dtype=F64, requires_grad=True)

@@ -111,6 +111,31 @@ cdef inline bint _dims(const Py_ssize_t *shape, Py_ssize_t a, Py_ssize_t b,
     return shape[0] == a and shape[1] == b and (c < 0 or shape[2] == c)
 
 
+cdef bint _steps_fit(const Py_ssize_t[::1] batch_sizes, const Py_ssize_t[::1] packed_start,
+                     Py_ssize_t B) noexcept:
+    """Whether every step has 0 to B rows, and its packed rows follow the step before's."""
+    cdef Py_ssize_t t, start = 0
+    for t in range(batch_sizes.shape[0]):
+        if batch_sizes[t] < 0 or batch_sizes[t] > B or packed_start[t] != start:
+            return False
+        start += batch_sizes[t]
+    return True
+
+
+cdef bint _rows_fit(const Py_ssize_t[::1] step_row, Py_ssize_t batch_stride,
+                    const Py_ssize_t[::1] batch_sizes, Py_ssize_t n_rows) noexcept:
+    """Whether the rows a row table names (``step_row[t] + b * batch_stride`` for the
+    ``batch_sizes[t]`` active rows b of each step t) all lie within ``n_rows``."""
+    cdef Py_ssize_t t, last
+    for t in range(batch_sizes.shape[0]):
+        if batch_sizes[t] == 0:
+            continue
+        last = step_row[t] + (batch_sizes[t] - 1) * batch_stride
+        if step_row[t] < 0 or last < 0 or step_row[t] >= n_rows or last >= n_rows:
+            return False
+    return True
+
+
 cdef void _need(bint ok, str what) except *:
     if not ok:
         raise ValueError(what)
@@ -288,6 +313,13 @@ def forward_layer(
           "batch_sizes, packed_start and the step rows must have T entries")
     _need(N == (packed_start[T - 1] + batch_sizes[T - 1] if T > 0 else 0) and gates.shape[0] >= D
           and gates.shape[2] == 4 * H, "gates must be [D, N, 4H]")
+    # Every row the step tables name, read or written, lies within its array.
+    _need(_steps_fit(batch_sizes, packed_start, B),
+          "batch_sizes must be at most B each, and packed_start their running sum")
+    _need(_rows_fit(x_step_row, x_batch_stride, batch_sizes, x.shape[0])
+          and _rows_fit(y_step_row, y_batch_stride, batch_sizes, y.shape[0])
+          and (not x_rows_packed or x.shape[0] >= N),
+          "x and y must hold every row their step tables name")
     _need(x_rows_packed or (x_packed.shape[0] >= N and x_packed.shape[1] == I),
           "x_packed must be [N, I]")
     if not (groups >= 1 and piece_steps >= 1 and pack_pieces >= 1
@@ -486,6 +518,13 @@ def backward_layer(
           "batch_sizes, packed_start and the step rows must have T entries")
     _need(N == (packed_start[T - 1] + batch_sizes[T - 1] if T > 0 else 0) and dgates.shape[0] >= D
           and dgates.shape[2] == G4, "dgates must be [D, N, 4H]")
+    # Every row the step tables name lies within its array.
+    _need(_steps_fit(batch_sizes, packed_start, B),
+          "batch_sizes must be at most B each, and packed_start their running sum")
+    _need(_rows_fit(x_step_row, x_batch_stride, batch_sizes, x.shape[0])
+          and _rows_fit(dy_step_row, dy_batch_stride, batch_sizes, dy.shape[0])
+          and (not x_rows_packed or x.shape[0] >= N),
+          "x and dy must hold every row their step tables name")
     if not (groups >= 1 and first >= 1 and chunk >= 1 and block_rows >= 1 and lanes >= 1
             and dx_steps >= 1 and pack_pieces >= 1
             and (split == SPLIT_ROWS or (split == SPLIT_UNITS and not projected))):
