@@ -178,7 +178,9 @@ def set_num_threads(n_threads):
     Automatic uses the CPUs this process may really use (its affinity, its cgroup's CPU
     quota, ``OMP_NUM_THREADS``, a threadpoolctl limit) as far as a call has work for them,
     and on small calls times them and uses one thread while more are slower
-    (:class:`ThreadTuner`). A number is obeyed as given (more threads than CPUs included).
+    (:class:`ThreadTuner`). A number is obeyed as given: a call runs on up to that many
+    threads, and beyond the CPUs the process may use, the extra ones are spares that work
+    while others wait (never more threads than CPUs running at once).
     Results are bitwise identical either way.
     """
     global _num_threads

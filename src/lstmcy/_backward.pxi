@@ -159,7 +159,7 @@ cdef void _recurrence_rows_bwd(const BackwardCall *bc, floating *like, Py_ssize_
     cdef floating *dh_t
     cdef long long start
     if H > 0:
-        event_wait(&bc.pack_done[d], <int>(bc.pack_pieces * (2 if bc.projected else 1)), bc.spin_ns)
+        job_wait(&bc.pack_done[d], <int>(bc.pack_pieces * (2 if bc.projected else 1)), bc.spin_ns)
     start = trace_start(&bc.trace)
     c_end = bc.first if bc.first < T else T
     for s in range(T):
@@ -284,7 +284,7 @@ cdef long long _weights(const BackwardCall *bc, floating *like, Py_ssize_t d, Py
     cdef long long start
     _block_rows(bc, k, &k0, &kb)
     _chunk_rows(bc, d, c, &t_lo, &t_hi, &r0, &r1)
-    event_wait(&bc.gathered[d * bc.n_chunks + c], 1, bc.spin_ns)  # maybe another block's owner
+    job_wait(&bc.gathered[d * bc.n_chunks + c], 1, bc.spin_ns)  # maybe another block's owner
     start = trace_start(&bc.trace)
     if k >= bc.n_gate_blocks:
         gemm(Trans, NoTrans, <int>kb, <int>H, <int>(r1 - r0), <floating>1,
@@ -524,7 +524,7 @@ cdef void _gradients_worker(BackwardCall *bc, floating *like, int worker) noexce
             for g in range(bc.groups):
                 j = d * bc.groups + g
                 if event_get(&bc.progress[j]) < need[d]:
-                    event_wait(&bc.progress[j], <int>need[d], bc.spin_ns)
+                    job_wait(&bc.progress[j], <int>need[d], bc.spin_ns)
                     waited = True
                     break
             if waited:

@@ -232,7 +232,7 @@ cdef void _recurrence_rows(const ForwardCall *fc, floating *like, Py_ssize_t d,
     cdef Py_ssize_t last_piece = -1
     cdef long long start = 0
     if fc.H > 0:
-        event_wait(&fc.pack_done[d], <int>(fc.pack_pieces * (2 if fc.projected else 1)), fc.spin_ns)
+        job_wait(&fc.pack_done[d], <int>(fc.pack_pieces * (2 if fc.projected else 1)), fc.spin_ns)
     for s in range(T):
         t = T - 1 - s if d == 1 else s
         piece = t // fc.piece_steps
@@ -240,7 +240,7 @@ cdef void _recurrence_rows(const ForwardCall *fc, floating *like, Py_ssize_t d,
             # Traced per piece of steps, from after the wait for the piece.
             if last_piece >= 0:
                 trace_task(&fc.trace, TASK_RECURRENCE, d, g, last_piece, worker, start, order)
-            event_wait(&fc.piece_done[piece], 1, fc.spin_ns)
+            job_wait(&fc.piece_done[piece], 1, fc.spin_ns)
             start = trace_start(&fc.trace)
             last_piece = piece
         m = _group_rows(fc.steps.sizes[t], g, groups)
@@ -263,7 +263,7 @@ cdef void _unit_step(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssi
     cdef Py_ssize_t u0, u1, w, q, plen
     cdef long long start
     cdef floating *packed
-    event_wait(&fc.piece_done[t // fc.piece_steps], 1, fc.spin_ns)
+    job_wait(&fc.piece_done[t // fc.piece_steps], 1, fc.spin_ns)
     start = trace_start(&fc.trace)
     unit_range(H, fc.groups, u, &u0, &u1)
     w = u1 - u0

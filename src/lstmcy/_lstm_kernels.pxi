@@ -39,9 +39,9 @@ from lstmcy._layer cimport (
     unit_range, units_packed_offset)
 from lstmcy._packed_gemm cimport (pack, packed_gemm, packed_len, panel_width, pg_d_packed_len,
                                   pg_s_packed_len)
-from lstmcy._sync cimport (claim, compare_exchange, event_add, event_get, event_set, event_wait,
+from lstmcy._sync cimport (claim, compare_exchange, event_add, event_get, event_set,
                            load_acquire, lstmcy_event, store_release, take_next)
-from lstmcy._threadpool cimport job_fn, run_job, wait_spin_ns
+from lstmcy._threadpool cimport job_fn, job_wait, run_job, wait_spin_ns
 
 include "_forward.pxi"
 include "_backward.pxi"

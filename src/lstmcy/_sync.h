@@ -9,7 +9,8 @@
    process holds them, a waiting thread gives its core to the thread it waits for.
 
    The spin time is the caller's: the kernels pass the one the thread pool chose for the
-   job (none when the job has more threads than the process may use CPUs). */
+   job, and wait through the pool (lstmcy_event_wait_hooked), which gives the core a
+   sleeping thread leaves to a spare thread of the job. */
 #ifndef LSTMCY_SYNC_H
 #define LSTMCY_SYNC_H
 #include <limits.h>
@@ -114,8 +115,11 @@ static inline void lstmcy_event_add(lstmcy_event *e, int delta)
     lstmcy_event_wake(e, __atomic_add_fetch(&e->value, delta, __ATOMIC_SEQ_CST));
 }
 
-/* Block until e->value >= target, spinning at most spin_ns before sleeping. */
-static inline void lstmcy_event_wait(lstmcy_event *e, int target, long long spin_ns)
+/* Block until e->value >= target, spinning at most spin_ns before sleeping; each time
+   before it sleeps, call before_sleep (if not NULL): the thread pool uses it to give the
+   core this thread leaves to another thread of the job. */
+static inline void lstmcy_event_wait_hooked(lstmcy_event *e, int target, long long spin_ns,
+                                            void (*before_sleep)(void))
 {
     if (lstmcy_event_get(e) >= target)
         return;
@@ -139,9 +143,17 @@ static inline void lstmcy_event_wait(lstmcy_event *e, int target, long long spin
         }
         if (__atomic_load_n(&e->value, __ATOMIC_SEQ_CST) >= target)
             break;
+        if (before_sleep != NULL)
+            before_sleep();
         lstmcy_futex_wait(&e->seq, seq);
     }
     __atomic_sub_fetch(&e->waiters, 1, __ATOMIC_SEQ_CST);
+}
+
+/* Block until e->value >= target, spinning at most spin_ns before sleeping. */
+static inline void lstmcy_event_wait(lstmcy_event *e, int target, long long spin_ns)
+{
+    lstmcy_event_wait_hooked(e, target, spin_ns, NULL);
 }
 
 static inline int lstmcy_load_acquire(const int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }

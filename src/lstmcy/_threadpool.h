@@ -12,6 +12,12 @@
    holds at most n - 1 workers for the largest n asked for, so lstmcy adds no more
    threads than that to the callers' own.
 
+   A job runs at most as many threads at once as the process may use CPUs (affinity and
+   quota, set from Python): parts beyond them are spares, handed one at a time by a thread
+   of the job that is about to sleep in a wait (lstmcy_job_wait), so the core it leaves
+   works for the job meanwhile. More threads than cores running at once would only take
+   turns on them, each one the scheduler leaves without a core holding up the others.
+
    Workers wait for a job by spinning for 300 us (consecutive kernel calls, such as the
    layers of one forward, then find them awake) and then sleeping on a futex; they never
    spin without bound. The pool starts workers when a job first needs them.
@@ -32,18 +38,27 @@
 
 typedef void (*lstmcy_job_fn)(void *ctx, int worker, int n_workers);
 
+struct lstmcy_worker;
+
 typedef struct {
     lstmcy_job_fn fn;
     void *ctx;
     int n_workers;
     int flush_denormals;
+    struct lstmcy_worker **spares;  /* reserved workers whose parts wait for a free core */
+    int n_spares;
+    int next_spare;                 /* spares handed (or claimed) so far */
     lstmcy_event finished;  /* parts returned, the caller's own excepted */
 } lstmcy_job;
 
-/* A worker's hold on the job handed with its latest go. */
-enum { LSTMCY_PART_NONE = 0, LSTMCY_PART_HANDED = 1, LSTMCY_PART_RUNNING = 2 };
+/* A worker's hold on its part of the job it is reserved for: NONE (not handed: idle, or a
+   spare not yet handed), HANDED (its go sent), RUNNING, DONE (returned), CLOSED (a spare
+   the caller closed before anyone handed it). The caller resets it to NONE when it
+   releases the worker. */
+enum { LSTMCY_PART_NONE = 0, LSTMCY_PART_HANDED = 1, LSTMCY_PART_RUNNING = 2,
+       LSTMCY_PART_DONE = 3, LSTMCY_PART_CLOSED = 4 };
 
-typedef struct {
+typedef struct lstmcy_worker {
     pthread_t thread;
     lstmcy_event go;        /* jobs handed to this worker so far */
     lstmcy_job *job;        /* the job handed with the latest go */
@@ -69,7 +84,8 @@ static struct {
     int cpus;                 /* CPUs the process may use (set from Python) */
     int forks;                /* fork()s this process has come from, counted in the child */
     int withdrawn;            /* parts withdrawn before their worker started them */
-} lstmcy_pool = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 1, 0, 0};
+    int spares_handed;        /* spare parts handed to a core a waiting thread left */
+} lstmcy_pool = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 1, 0, 0, 0};
 
 /* 0: no limit. Written by threadpoolctl (through ctypes) and by lstmcy's Python. */
 int lstmcy_thread_limit_value = 0;
@@ -81,12 +97,6 @@ void lstmcy_set_thread_limit(int limit)
     __atomic_store_n(&lstmcy_thread_limit_value, limit > 0 ? limit : 0, __ATOMIC_RELAXED);
 }
 
-/* A wait's spin time in a job of n threads: none when they outnumber the CPUs, since the
-   thread waited for may then be the one not running. */
-static inline long long lstmcy_pool_spin_ns(int n_threads)
-{
-    return n_threads > __atomic_load_n(&lstmcy_pool.cpus, __ATOMIC_RELAXED) ? 0 : LSTMCY_WAIT_SPIN_NS;
-}
 
 #ifdef LSTMCY_TEST_HOOKS
 /* Debug builds: LSTMCY_TEST_START_DELAY_US="part:us[,part:us...]" makes the part of every
@@ -110,9 +120,40 @@ static void lstmcy_test_delay(const char *variable, int part)
 }
 #endif
 
+/* The job whose part this thread is running (NULL outside one, and on OpenMP teams). */
+static __thread lstmcy_job *lstmcy_current_job = NULL;
+
+/* Called by a thread of a job about to sleep in a wait: hand the next spare part, if the
+   job has one left, so that the core this thread leaves works for the job meanwhile. */
+static void lstmcy_hand_spare(void)
+{
+    lstmcy_job *job = lstmcy_current_job;
+    if (job == NULL || __atomic_load_n(&job->next_spare, __ATOMIC_RELAXED) >= job->n_spares)
+        return;
+    int k = __atomic_fetch_add(&job->next_spare, 1, __ATOMIC_ACQ_REL);
+    if (k >= job->n_spares)
+        return;
+    struct lstmcy_worker *w = job->spares[k];
+    int none = LSTMCY_PART_NONE;
+    /* Fails only when the caller has closed it: the job is ending. */
+    if (__atomic_compare_exchange_n(&w->state, &none, LSTMCY_PART_HANDED, 0,
+                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        __atomic_add_fetch(&lstmcy_pool.spares_handed, 1, __ATOMIC_RELAXED);
+        lstmcy_event_add(&w->go, 1);
+    }
+}
+
+/* A wait inside a job: as lstmcy_event_wait, and a thread about to sleep hands a spare. */
+static void lstmcy_job_wait(lstmcy_event *e, int target, long long spin_ns)
+{
+    lstmcy_event_wait_hooked(e, target, spin_ns, lstmcy_hand_spare);
+}
+
 static void lstmcy_run_part(lstmcy_job *job, int part)
 {
     unsigned mode = 0;
+    lstmcy_job *outer = lstmcy_current_job;
+    lstmcy_current_job = job;
     if (job->flush_denormals)
         mode = lstmcy_flush_denormals();
 #ifdef LSTMCY_TEST_HOOKS
@@ -121,6 +162,7 @@ static void lstmcy_run_part(lstmcy_job *job, int part)
     job->fn(job->ctx, part, job->n_workers);
     if (job->flush_denormals)
         lstmcy_restore_fp_mode(mode);
+    lstmcy_current_job = outer;
 }
 
 static void *lstmcy_worker_main(void *arg)
@@ -141,12 +183,12 @@ static void *lstmcy_worker_main(void *arg)
                                          __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
             continue;
         lstmcy_job *job = self->job;  /* published before the part was handed */
-        /* After a job with more threads than CPUs, sleep at once when idle: a spinning
-           idle worker would take a core from the threads still working. */
-        idle_spin = job->n_workers > __atomic_load_n(&lstmcy_pool.cpus, __ATOMIC_RELAXED)
+        /* A part beyond the CPUs (a spare) sleeps at once when idle: spinning, it would
+           take a core from the threads still working. */
+        idle_spin = self->part >= __atomic_load_n(&lstmcy_pool.cpus, __ATOMIC_RELAXED)
                     ? 0 : LSTMCY_IDLE_SPIN_NS;
         lstmcy_run_part(job, self->part);
-        __atomic_store_n(&self->state, LSTMCY_PART_NONE, __ATOMIC_RELEASE);
+        __atomic_store_n(&self->state, LSTMCY_PART_DONE, __ATOMIC_RELEASE);
         /* job lives on the caller's stack: not touched after this */
         lstmcy_event_add(&job->finished, 1);
     }
@@ -198,6 +240,25 @@ static lstmcy_omp_int_fn lstmcy_omp_thread_num = NULL;
 static lstmcy_omp_int_fn lstmcy_omp_num_threads = NULL;
 static lstmcy_omp_int_fn lstmcy_omp_in_parallel = NULL;
 static __thread int lstmcy_use_omp = 0;
+
+/* A wait's spin time in a job of n threads. The pool runs at most as many of a job's
+   threads at once as the process may use CPUs (the others are spares), so its waits
+   spin; an OpenMP team runs all of its threads, and with more than the CPUs the thread
+   waited for may be the one not running: its waits sleep at once. */
+static inline long long lstmcy_pool_spin_ns(int n_threads)
+{
+#ifdef LSTMCY_TEST_HOOKS
+    /* Debug builds: LSTMCY_TEST_WAIT_SPIN_NS sets every wait's spin (0: waits sleep at
+       once, so that tests see the threads of a job sleep and hand their spares). */
+    const char *spin = getenv("LSTMCY_TEST_WAIT_SPIN_NS");
+    if (spin != NULL && *spin)
+        return atoll(spin);
+#endif
+    if (lstmcy_use_omp && lstmcy_gomp_parallel != NULL
+            && n_threads > __atomic_load_n(&lstmcy_pool.cpus, __ATOMIC_RELAXED))
+        return 0;
+    return LSTMCY_WAIT_SPIN_NS;
+}
 
 static void lstmcy_pool_set_omp(void *gomp_parallel, void *thread_num, void *num_threads,
                                 void *in_parallel)
@@ -271,28 +332,50 @@ static int lstmcy_pool_run(int n_threads, lstmcy_job_fn fn, void *ctx, int flush
         pthread_mutex_unlock(&lstmcy_pool.lock);
     }
     job.n_workers = 1 + n_taken;
+    /* Parts up to the CPUs start now; the others are spares, each handed when a thread of
+       the job is about to sleep in a wait (lstmcy_hand_spare): more threads than CPUs
+       never run at once, where they would only take turns on the cores, but the job's
+       threads keep the cores busy while some wait. */
+    int cpus = __atomic_load_n(&lstmcy_pool.cpus, __ATOMIC_RELAXED);
+    int n_now = n_taken < cpus - 1 ? n_taken : (cpus > 1 ? cpus - 1 : 0);
+    job.spares = (struct lstmcy_worker **)(taken + n_now);
+    job.n_spares = n_taken - n_now;
     for (int k = 0; k < n_taken; k++) {
         taken[k]->job = &job;
         taken[k]->part = k + 1;
+    }
+    for (int k = 0; k < n_now; k++) {
         __atomic_store_n(&taken[k]->state, LSTMCY_PART_HANDED, __ATOMIC_RELEASE);
         lstmcy_event_add(&taken[k]->go, 1);
     }
     lstmcy_run_part(&job, 0);
     if (n_taken > 0) {
-        /* Withdraw the parts not started yet; wait for the others. */
+        /* Close the spares not handed, withdraw the parts not started yet; wait for the
+           others. */
         int started = 0;
         for (int k = 0; k < n_taken; k++) {
-            int handed = LSTMCY_PART_HANDED;
-            if (!__atomic_compare_exchange_n(&taken[k]->state, &handed, LSTMCY_PART_NONE, 0,
-                                             __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-                started++;
-            else
-                __atomic_add_fetch(&lstmcy_pool.withdrawn, 1, __ATOMIC_RELAXED);
+            int state = __atomic_load_n(&taken[k]->state, __ATOMIC_ACQUIRE);
+            for (;;) {
+                int next = state == LSTMCY_PART_NONE ? LSTMCY_PART_CLOSED
+                           : state == LSTMCY_PART_HANDED ? LSTMCY_PART_NONE : -1;
+                if (next < 0) {  /* RUNNING or DONE */
+                    started++;
+                    break;
+                }
+                if (__atomic_compare_exchange_n(&taken[k]->state, &state, next, 0,
+                                                __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+                    if (next == LSTMCY_PART_NONE)
+                        __atomic_add_fetch(&lstmcy_pool.withdrawn, 1, __ATOMIC_RELAXED);
+                    break;
+                }
+            }
         }
         lstmcy_event_wait(&job.finished, started, lstmcy_pool_spin_ns(job.n_workers));
         pthread_mutex_lock(&lstmcy_pool.lock);
-        for (int k = 0; k < n_taken; k++)
+        for (int k = 0; k < n_taken; k++) {
+            __atomic_store_n(&taken[k]->state, LSTMCY_PART_NONE, __ATOMIC_RELEASE);
             taken[k]->busy = 0;
+        }
         pthread_mutex_unlock(&lstmcy_pool.lock);
     }
     return job.n_workers;
@@ -324,6 +407,16 @@ static void lstmcy_pool_set_cpus(int cpus)
 static int lstmcy_pool_withdrawn(void)
 {
     return __atomic_load_n(&lstmcy_pool.withdrawn, __ATOMIC_RELAXED);
+}
+
+static int lstmcy_pool_cpus(void)
+{
+    return __atomic_load_n(&lstmcy_pool.cpus, __ATOMIC_RELAXED);
+}
+
+static int lstmcy_pool_spares_handed(void)
+{
+    return __atomic_load_n(&lstmcy_pool.spares_handed, __ATOMIC_RELAXED);
 }
 
 static int lstmcy_pool_size(void)

@@ -6,6 +6,8 @@ here serve :mod:`lstmcy._threads` (CPU count, thread limit) and the tests (pool 
 count, withdrawn parts, whether the debug build's test hooks are compiled in).
 """
 
+from lstmcy._sync cimport lstmcy_event
+
 cdef extern from "_threadpool.h" nogil:
     ctypedef void (*lstmcy_job_fn)(void *ctx, int worker, int n_workers) noexcept nogil
     int lstmcy_pool_run(int n_threads, lstmcy_job_fn fn, void *ctx, int flush_denormals)
@@ -17,6 +19,9 @@ cdef extern from "_threadpool.h" nogil:
     void lstmcy_set_thread_limit(int limit)
     int lstmcy_fork_count "lstmcy_pool.forks"
     int lstmcy_pool_withdrawn()
+    int lstmcy_pool_spares_handed()
+    int lstmcy_pool_cpus()
+    void lstmcy_job_wait(lstmcy_event *e, int target, long long spin_ns)
     unsigned lstmcy_fp_mode()
     void lstmcy_pool_set_omp(void *gomp_parallel, void *thread_num, void *num_threads,
                              void *in_parallel)
@@ -45,20 +50,32 @@ cdef int run_job(int n_threads, job_fn fn, void *ctx, bint flush_denormals) noex
     return lstmcy_pool_run(n_threads, <lstmcy_job_fn>fn, ctx, flush_denormals)
 
 
+cdef void job_wait(lstmcy_event *e, int target, long long spin_ns) noexcept nogil:
+    """Wait inside a job until ``e`` reaches ``target`` (spinning at most ``spin_ns``); a
+    thread about to sleep hands one of the job's spare parts to a worker, if any is left."""
+    lstmcy_job_wait(e, target, spin_ns)
+
+
 cdef long long wait_spin_ns(int n_threads) noexcept nogil:
     """How long a wait inside a job of ``n_threads`` spins before it sleeps."""
     return lstmcy_pool_spin_ns(n_threads)
 
 
 def set_cpu_count(int cpus):
-    """Tell the pool how many CPUs the process may use (waits stop spinning in jobs with
-    more threads than that)."""
+    """Tell the pool how many CPUs the process may use (a job runs at most that many
+    threads at once; the others are spares)."""
     lstmcy_pool_set_cpus(cpus)
 
 
+def cpu_count():
+    """The CPUs the pool believes the process may use (1 until told)."""
+    return lstmcy_pool_cpus()
+
+
 def spin_ns(int n_threads):
-    """How long a wait inside a job of ``n_threads`` spins before it sleeps (0: none, with
-    more threads than the CPUs set by :func:`set_cpu_count`)."""
+    """How long a wait inside a job of ``n_threads`` spins before it sleeps (the calling
+    thread's jobs on torch's OpenMP team: 0 with more threads than the CPUs set by
+    :func:`set_cpu_count`)."""
     return wait_spin_ns(n_threads)
 
 
@@ -76,6 +93,12 @@ def withdrawn_parts():
     """Parts of jobs withdrawn from a worker that had not started them when the caller's
     own part returned (the job then ended without waiting for that worker)."""
     return lstmcy_pool_withdrawn()
+
+
+def spares_handed():
+    """Spare parts of jobs (those beyond the CPUs) handed to a worker because a thread of
+    the job was about to sleep in a wait."""
+    return lstmcy_pool_spares_handed()
 
 
 def thread_limit():

@@ -36,7 +36,7 @@ cdef void units_worker(UnitsCall *call, floating *like, int worker) noexcept nog
             if not left:
                 continue
             if s > 0:
-                event_wait(&call.step_done[d], <int>(parts * s), call.spin_ns)
+                job_wait(&call.step_done[d], <int>(parts * s), call.spin_ns)
             for j in range(parts):
                 u = (own_u + j) % parts if d == own_d else j
                 if claim(&claims[u]):
