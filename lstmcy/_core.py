@@ -43,36 +43,39 @@ def _out_dtype(array, dtype):
 
 
 class _BlockViews(list):
-    """A list of the ``[T, B, F]`` pieces of one ``[L*D, T, B, F]`` saved array (a cache
-    list; F is H, or P for h).
+    """A cache list: the ``[T, B, F]`` pieces of one saved activation, one per layer and
+    direction (F is H, or P for h).
 
-    The backward recognises its own cache lists by identity and slices a layer's
-    directions out of ``exact`` without copying: the block itself, or for float16/bfloat16
-    calls the float32 values the (read-only) block was rounded from.
+    The backward recognises its own cache lists by identity and reads a layer's directions
+    from ``rows`` (``[L*D, T*B, F]``, the compute-dtype values) without copying: the saved
+    block itself, or for float16/bfloat16 calls the float32 values the (read-only) pieces
+    were rounded from.
     """
 
-    __slots__ = ("exact", "views", "_rows")
+    __slots__ = ("views", "_rows")
 
-    def __init__(self, block, exact=None, rows=None):
-        # Indexed, not iterated (iteration ends in a formatted, costly IndexError); one
-        # forward makes seven of these, so the common single piece is a special case.
-        # ``rows``: ``exact`` as ``[L*D, T*B, F]``, when the caller has that view.
-        n = len(block)
-        views = self.views = (block[0],) if n == 1 else tuple([block[k] for k in range(n)])
+    def __init__(self, views, rows):
         list.__init__(self, views)
-        self.exact = block if exact is None else exact
+        self.views = views
         self._rows = rows
 
     def rows(self, arrays, dtype):
-        """``exact`` as ``[L*D, T*B, F]`` if ``arrays`` still are this list's pieces and
-        ``dtype`` is ``exact``'s, else None."""
-        if (self.exact.dtype != dtype or len(arrays) != len(self.views)
+        """``rows`` if ``arrays`` still are this list's pieces and ``dtype`` is their
+        compute dtype, else None."""
+        if (self._rows.dtype != dtype or len(arrays) != len(self.views)
                 or not all(map(operator.is_, arrays, self.views))):
             return None
-        if self._rows is None:
-            L_D, T, B, F = self.exact.shape
-            self._rows = self.exact.reshape(L_D, T * B, F)
         return self._rows
+
+
+def _cache_lists(pieces, saved_rows, LD):
+    """The seven cache lists of a forward: ``pieces`` holds the ``[T, B, F]`` pieces of
+    the seven activations in ``SAVED_NAMES`` order (``LD`` = layers x directions each),
+    ``saved_rows`` their ``[L*D, T*B, F]`` compute-dtype values."""
+    if LD == 1:  # one piece per list (the common case: no slicing)
+        return [_BlockViews((piece,), rows) for piece, rows in zip(pieces, saved_rows)]
+    return [_BlockViews(tuple(pieces[k * LD:(k + 1) * LD]), rows)
+            for k, rows in enumerate(saved_rows)]
 
 
 def _stacked(given, arrays, layer, D, shape, dtype):
@@ -453,19 +456,22 @@ class LSTMPlan:
         y, h_n, c_n, saved_block, saved_rows = self._run_forward(p, train, masks)
         if not train:
             return y, h_n, c_n, None
-        # In SAVED_NAMES order, which is LSTMCache's argument order: [L*D, T, B, F] each.
-        exact = saved_arrays(saved_block, p, by_step=True)
-        if p.dtype == p.compute_dtype:
-            lists = [_BlockViews(block, rows=rows) for block, rows in zip(exact, saved_rows)]
+        # In SAVED_NAMES order, which is LSTMCache's argument order.
+        LD = p.L * p.D
+        if p.dtype == p.compute_dtype and p.P == p.H:
+            # All 7 * L * D [T, B, H] pieces from one reshape.
+            pieces = list(saved_block.reshape((7 * LD, p.T, p.B, p.H)))
         else:
-            # float16/bfloat16: the caller gets the rounded values; the backward, handed
-            # these very arrays, the float32 ones they were rounded from. Read-only, so that
-            # the two cannot drift apart.
-            rounded = [_out_dtype(a, p.dtype) for a in exact]
-            for a in rounded:
-                a.flags.writeable = False
-            lists = [_BlockViews(block, exact=block_exact) for block, block_exact in zip(rounded, exact)]
-        return y, h_n, c_n, LSTMCache(*lists, dropout_masks=masks)
+            pieces = []
+            for a in saved_arrays(saved_block, p, by_step=True):  # [L*D, T, B, F] each
+                if p.dtype != p.compute_dtype:
+                    # float16/bfloat16: the caller gets the rounded values; the backward,
+                    # handed these very arrays, the float32 ones they were rounded from.
+                    # Read-only, so that the two cannot drift apart.
+                    a = _out_dtype(a, p.dtype)
+                    a.flags.writeable = False
+                pieces.extend(a)
+        return y, h_n, c_n, LSTMCache(*_cache_lists(pieces, saved_rows, LD), dropout_masks=masks)
 
     def _run_forward(self, p, train, masks):
         """:meth:`forward` of a checked :class:`~lstmcy._validation.Problem` (``masks``: the
