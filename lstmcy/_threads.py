@@ -180,7 +180,7 @@ def set_num_threads(n_threads):
     and on small calls times them and uses one thread while more are slower
     (:class:`ThreadTuner`). A number is obeyed as given: a call runs on up to that many
     threads, and beyond the CPUs the process may use, the extra ones are spares that work
-    while others wait (never more threads than CPUs running at once).
+    while others wait (about as many threads as CPUs running at once).
     Results are bitwise identical either way.
     """
     global _num_threads

@@ -12,10 +12,10 @@
    holds at most n - 1 workers for the largest n asked for, so lstmcy adds no more
    threads than that to the callers' own.
 
-   A job runs at most as many threads at once as the process may use CPUs (affinity and
-   quota, set from Python): parts beyond them are spares, handed one at a time by a thread
-   of the job that is about to sleep in a wait (lstmcy_job_wait), so the core it leaves
-   works for the job meanwhile. More threads than cores running at once would only take
+   A job starts as many threads as the process may use CPUs (affinity and quota, set from
+   Python): parts beyond them are spares, handed one at a time by a thread of the job
+   that is about to sleep in a wait (lstmcy_job_wait), so the core it leaves works for
+   the job meanwhile. More threads than cores running at once would only take
    turns on them, each one the scheduler leaves without a core holding up the others.
 
    Workers wait for a job by spinning for 300 us (consecutive kernel calls, such as the
@@ -241,7 +241,7 @@ static lstmcy_omp_int_fn lstmcy_omp_num_threads = NULL;
 static lstmcy_omp_int_fn lstmcy_omp_in_parallel = NULL;
 static __thread int lstmcy_use_omp = 0;
 
-/* A wait's spin time in a job of n threads. The pool runs at most as many of a job's
+/* A wait's spin time in a job of n threads. The pool runs about as many of a job's
    threads at once as the process may use CPUs (the others are spares), so its waits
    spin; an OpenMP team runs all of its threads, and with more than the CPUs the thread
    waited for may be the one not running: its waits sleep at once. */
@@ -334,8 +334,8 @@ static int lstmcy_pool_run(int n_threads, lstmcy_job_fn fn, void *ctx, int flush
     job.n_workers = 1 + n_taken;
     /* Parts up to the CPUs start now; the others are spares, each handed when a thread of
        the job is about to sleep in a wait (lstmcy_hand_spare): more threads than CPUs
-       never run at once, where they would only take turns on the cores, but the job's
-       threads keep the cores busy while some wait. */
+       would only take turns on the cores, but the job's threads keep the cores busy
+       while some wait. */
     int cpus = __atomic_load_n(&lstmcy_pool.cpus, __ATOMIC_RELAXED);
     int n_now = n_taken < cpus - 1 ? n_taken : (cpus > 1 ? cpus - 1 : 0);
     job.spares = (struct lstmcy_worker **)(taken + n_now);
