@@ -345,38 +345,6 @@ def test_plan_workspace_stays_within_required_workspace(layout, bidirectional, d
     assert 0 < plan.workspace_size <= needed
 
 
-@pytest.mark.parametrize("kind", ["forward_layer", "backward_layer"])
-def test_kernels_refuse_saved_activations_of_the_wrong_shape(kind, monkeypatch):
-    # The entry points check the seven saved arrays themselves (defence in depth behind
-    # the Python layer's validation): a wrong count or shape is a ValueError naming it.
-    from lstmcy import _core
-    real = getattr(_core._lstm, kind)
-    calls = []
-
-    def spy(*args):
-        calls.append(args)
-        return real(*args)
-
-    monkeypatch.setattr(_core._lstm, kind, spy)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((5, 3, 4))
-    params = [rng.standard_normal(s) for s in [(8, 4), (8, 2), (8,), (8,)]]
-    plan = lstmcy.LSTMPlan(n_threads=1)
-    y, h_n, c_n, cache = plan.forward(x, None, params)
-    plan.backward(x, None, params, np.ones_like(y), None, None, *cache.saved())
-    args = list(calls[-1])
-    index = next(k for k, a in enumerate(args) if isinstance(a, tuple) and len(a) == 7)
-    saved = args[index]
-    wrong = list(saved)
-    wrong[4] = np.ascontiguousarray(saved[4][:, 1:])  # h one row short
-    args[index] = tuple(wrong)
-    with pytest.raises(ValueError, match=r"saved h must be \[1, 15, 2\]"):
-        real(*args)
-    args[index] = tuple(saved[:6])
-    with pytest.raises(ValueError, match="must hold the 7 activations"):
-        real(*args)
-
-
 def _kernel_args(kind, monkeypatch, **kwargs):
     """The kernel ``kind``'s arguments in the last layer call of a small forward and
     backward (and the kernel itself)."""
@@ -396,6 +364,23 @@ def _kernel_args(kind, monkeypatch, **kwargs):
     y, h_n, c_n, cache = plan.forward(x, None, params, **kwargs)
     plan.backward(x, None, params, np.ones_like(y), None, None, *cache.saved(), **kwargs)
     return real, list(calls[-1])
+
+
+@pytest.mark.parametrize("kind", ["forward_layer", "backward_layer"])
+def test_kernels_refuse_saved_activations_of_the_wrong_shape(kind, monkeypatch):
+    # The entry points check the seven saved arrays themselves (defence in depth behind
+    # the Python layer's validation): a wrong count or shape is a ValueError naming it.
+    real, args = _kernel_args(kind, monkeypatch)
+    index = next(k for k, a in enumerate(args) if isinstance(a, tuple) and len(a) == 7)
+    saved = args[index]
+    wrong = list(saved)
+    wrong[4] = np.ascontiguousarray(saved[4][:, 1:])  # h one row short
+    args[index] = tuple(wrong)
+    with pytest.raises(ValueError, match=r"saved h must be \[1, 15, 2\]"):
+        real(*args)
+    args[index] = tuple(saved[:6])
+    with pytest.raises(ValueError, match="must hold the 7 activations"):
+        real(*args)
 
 
 @pytest.mark.parametrize("kind, rows_of", [("forward_layer", (0, 10)),
