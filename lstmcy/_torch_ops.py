@@ -73,9 +73,9 @@ def _check_call(input, batch_sizes, h0, c0, weights, masks, cfg):
                         f"{getattr(input, 'dtype', type(input).__name__)}")
     packed = batch_sizes is not None
     if input.dim() != (2 if packed else 3):
-        raise ValueError(f"input must be {'[N, I] with batch_sizes' if packed else '[T, B, I]'}"
-                         f" ({'[B, T, I]' if cfg.batch_first and not packed else 'time-major'}),"
-                         f" got shape {tuple(input.shape)}")
+        expected = ("[N, I] (packed, with batch_sizes)" if packed
+                    else "[B, T, I] (batch_first)" if cfg.batch_first else "[T, B, I]")
+        raise ValueError(f"input must be {expected}, got shape {tuple(input.shape)}")
     if packed and (batch_sizes.dtype != torch.int64 or batch_sizes.dim() != 1):
         raise TypeError(f"batch_sizes must be a 1-D int64 tensor, got {batch_sizes.dtype} "
                         f"with shape {tuple(batch_sizes.shape)}")
