@@ -530,3 +530,30 @@ def test_torch_tensor_requiring_grad_is_a_type_error():
     call.fwd_args[0] = torch.zeros((T, B, I), dtype=torch.float64, requires_grad=True)
     with pytest.raises(TypeError, match=r"input"):
         run_side(call, "fwd")
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (dict(T=-1), ValueError, "T must be >= 0, got -1"),
+    (dict(B=-3), ValueError, "B must be >= 0"),
+    (dict(T=5.5), TypeError, "T must be an int, got float 5.5"),
+    (dict(T=None), TypeError, "T must be an int"),
+    (dict(hidden_size="6"), TypeError, "hidden_size must be an int"),
+    (dict(input_size=-1), ValueError, "input_size must be >= 0"),
+    (dict(num_layers=0), ValueError, "num_layers must be >= 1"),
+    (dict(proj_size=6), ValueError, "proj_size must be smaller than hidden_size"),
+    (dict(proj_size=-1), ValueError, "proj_size must be >= 0"),
+    (dict(dtype=np.int64), TypeError, "dtype must be float16, bfloat16, float32 or float64"),
+    (dict(batch_sizes=[5, 1]), ValueError, "batch_sizes must have T = 5 entries, the first B = 3"),
+    (dict(batch_sizes=[3, 4, 1, 1, 1]), ValueError, "batch_sizes must be non-increasing"),
+])
+def test_required_workspace_refuses_bad_sizes(change, error, message):
+    kwargs = dict(T=5, B=3, input_size=4, hidden_size=6)
+    kwargs.update(change)
+    with pytest.raises(error, match=message):
+        lstmcy.LSTMPlan.required_workspace(**kwargs)
+
+
+def test_required_workspace_takes_numpy_integers():
+    got = lstmcy.LSTMPlan.required_workspace(np.int64(5), np.int32(3), np.int64(4), np.int64(6),
+                                             batch_sizes=np.array([3, 3, 2, 1, 1]))
+    assert got == lstmcy.LSTMPlan.required_workspace(5, 3, 4, 6, batch_sizes=[3, 3, 2, 1, 1]) > 0
