@@ -243,6 +243,17 @@ class LSTM(nn.LSTM):
         return [params[name] if name in params else getattr(self, name)
                 for name in self._flat_weights_names]
 
+    def _check_state_sizes(self, hx, batch):
+        """``nn.LSTM``'s check of ``hx``'s sizes, the batch only if given."""
+        states = self.num_layers * (2 if self.bidirectional else 1)
+        for k, (state, size) in enumerate(zip(hx, (self.proj_size or self.hidden_size,
+                                                   self.hidden_size))):
+            if (state.size(0) != states or state.size(2) != size
+                    or (batch is not None and state.size(1) != batch)):
+                raise RuntimeError(f"Expected hidden[{k}] size "
+                                   f"({states}, {'batch' if batch is None else batch}, {size}), "
+                                   f"got {list(state.size())}")
+
     def _check_runnable(self, input, hx, weights):
         if not input.is_cpu:
             raise ValueError(f"input is on {input.device}: lstmcy.torch.LSTM runs on the CPU only "
@@ -281,7 +292,16 @@ class LSTM(nn.LSTM):
                 if hx[0].dim() != 3 or hx[1].dim() != 3:
                     raise RuntimeError("For a PackedSequence, hx and cx should be 3-D but got "
                                        f"({hx[0].dim()}-D, {hx[1].dim()}-D) tensors")
-                self.check_forward_args(data, hx, batch_sizes)
+                if torch.compiler.is_compiling():
+                    # nn.LSTM's check compares the states' batch with batch_sizes[0], a
+                    # value dynamo cannot read: the batch is checked against the sorting
+                    # permutation's length (a shape) if there is one, else by the operator
+                    # when it runs.
+                    self.check_input(data, batch_sizes)
+                    self._check_state_sizes(
+                        hx, None if sorted_indices is None else sorted_indices.size(0))
+                else:
+                    self.check_forward_args(data, hx, batch_sizes)
                 hx = self.permute_hidden(hx, sorted_indices)
             else:
                 self.check_input(data, batch_sizes)

@@ -127,6 +127,34 @@ def test_fullgraph_packed_sequence_argument():
     _assert_same(_loss_and_grads(ours, compiled, packed), _loss_and_grads(ref, ref, packed))
 
 
+def test_fullgraph_packed_sequence_with_states():
+    """With initial states too: the states' batch, which nn.LSTM's check compares with the
+    data-dependent batch_sizes[0], is checked when the operator runs."""
+    torch._dynamo.config.allow_rnn = True
+    ours, ref = module_pair(3, 4, bidirectional=True)
+    packed = pack_padded_sequence(_x(B=3), torch.tensor([5, 2, 4]), enforce_sorted=False)
+    h0, c0 = (torch.randn(2, 3, 4, dtype=F64, requires_grad=True) for _ in range(2))
+
+    def loss(module, states):
+        y, (h_n, c_n) = module(packed, states)
+        return y.data.pow(2).sum() + (h_n * c_n).sum()
+    compiled = torch.compile(lambda states: loss(ours, states), backend="aot_eager",
+                             fullgraph=True)
+    got = torch.autograd.grad(compiled((h0, c0)), [h0, c0, *ours.parameters()])
+    want = torch.autograd.grad(loss(ref, (h0, c0)), [h0, c0, *ref.parameters()])
+    for a, b in zip(got, want):
+        assert_close(a, b)
+    for batch in (2, 4):  # fewer or more sequences than the batch has
+        with pytest.raises(RuntimeError, match=r"Expected hidden\[0\] size \(2, 3, 4\)"):
+            compiled((torch.zeros(2, batch, 4, dtype=F64), torch.zeros(2, batch, 4, dtype=F64)))
+    with pytest.raises(RuntimeError, match=r"Expected hidden\[1\] size \(2, 3, 4\)"):
+        compiled((torch.zeros(2, 3, 4, dtype=F64), torch.zeros(2, 3, 5, dtype=F64)))
+    # Sorted (no permutation): the operator checks the batch when it runs.
+    packed = pack_padded_sequence(_x(B=3), torch.tensor([5, 4, 2]))
+    with pytest.raises(Exception, match=r"hx\[0\] \(h0\) must have shape \(2, 3, 4\)"):
+        compiled((torch.zeros(2, 4, 4, dtype=F64), torch.zeros(2, 4, 4, dtype=F64)))
+
+
 INDUCTOR_SCRIPT = textwrap.dedent("""
     import sys
     import torch
