@@ -113,6 +113,25 @@ needs_hooks = pytest.mark.skipif(not _threadpool.HAS_TEST_HOOKS,
                                  reason="test hooks are in the debug build (LSTMCY_DEBUG=1) only")
 
 
+def _within(seconds, fn):
+    """``fn()``'s result, run in a daemon thread that must finish within ``seconds`` (a
+    hang fails the test instead of stalling the suite)."""
+    out, errors = [], []
+
+    def run():
+        try:
+            out.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=seconds)
+    assert not thread.is_alive(), f"the calls did not finish within {seconds} s"
+    if errors:
+        raise errors[0]
+    return out[0]
+
+
 @pytest.fixture
 def fake_cpus(monkeypatch):
     """``fake_cpus(n)`` makes lstmcy believe the process may use n CPUs, until the test
@@ -137,7 +156,7 @@ def test_parts_beyond_the_cpus_are_spares_and_the_bits_stay(fake_cpus):
     expected, _ = run_with_threads(call, 1)
     fake_cpus(1)
     for _ in range(3):
-        got, _ = run_with_threads(call, 6)
+        got, _ = _within(120, lambda: run_with_threads(call, 6))
         for k, (a, b) in enumerate(zip(expected, got)):
             assert a.tobytes() == b.tobytes(), f"output {k}"
 
@@ -154,7 +173,7 @@ def test_a_thread_about_to_sleep_hands_a_spare(monkeypatch, fake_cpus):
     monkeypatch.setenv("LSTMCY_TEST_WAIT_SPIN_NS", "0")
     before = _threadpool.spares_handed()
     for _ in range(5):
-        got, _ = run_with_threads(call, 8)
+        got, _ = _within(120, lambda: run_with_threads(call, 8))
         for k, (a, b) in enumerate(zip(expected, got)):
             assert a.tobytes() == b.tobytes(), f"output {k}"
     assert _threadpool.spares_handed() > before
