@@ -97,7 +97,6 @@ void lstmcy_set_thread_limit(int limit)
     __atomic_store_n(&lstmcy_thread_limit_value, limit > 0 ? limit : 0, __ATOMIC_RELAXED);
 }
 
-
 #ifdef LSTMCY_TEST_HOOKS
 /* Debug builds: LSTMCY_TEST_START_DELAY_US="part:us[,part:us...]" makes the part of every
    job with that worker index start late (tests: a thread that wakes late or loses its
