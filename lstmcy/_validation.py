@@ -385,11 +385,7 @@ def check_int(name, value, minimum):
 def check_proj_size(proj_size):
     if type(proj_size) is int and proj_size >= 0:
         return proj_size
-    if isinstance(proj_size, (bool, np.bool_)) or not isinstance(proj_size, Integral):
-        raise TypeError(f"proj_size must be an int, got {_describe(proj_size)}")
-    if proj_size < 0:
-        raise ValueError(f"proj_size must be >= 0, got {proj_size}")
-    return int(proj_size)
+    return check_int("proj_size", proj_size, 0)
 
 
 def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, batch_first,
@@ -406,11 +402,7 @@ def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, bat
     bidirectional = check_bool("bidirectional", bidirectional)
     batch_first = check_bool("batch_first", batch_first)
     proj_size = check_proj_size(proj_size)
-    if isinstance(num_layers, (bool, np.bool_)) or not isinstance(num_layers, Integral):
-        raise TypeError(f"num_layers must be an int, got {_describe(num_layers)}")
-    if num_layers < 1:
-        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-    L = int(num_layers)
+    L = check_int("num_layers", num_layers, 1)
     D = 2 if bidirectional else 1
     projected = proj_size > 0
 
@@ -719,11 +711,7 @@ def check_backward(input, hx, params, dy, dh, dc, saved, *, batch_sizes, has_bia
     dropout = check_dropout(dropout)
     bidirectional = check_bool("bidirectional", bidirectional)
     proj_size = check_proj_size(proj_size)
-    if isinstance(num_layers, (bool, np.bool_)) or not isinstance(num_layers, Integral):
-        raise TypeError(f"num_layers must be an int, got {_describe(num_layers)}")
-    if num_layers < 1:
-        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-    L, D = int(num_layers), 2 if bidirectional else 1
+    L, D = check_int("num_layers", num_layers, 1), 2 if bidirectional else 1
 
     has_bias = check_bool("has_bias", has_bias)
     per_dir = len(_param_names(has_bias, proj_size > 0))
