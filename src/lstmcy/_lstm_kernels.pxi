@@ -136,6 +136,23 @@ cdef bint _rows_fit(const Py_ssize_t[::1] step_row, Py_ssize_t batch_stride,
     return True
 
 
+cdef void _check_row_tables(const Py_ssize_t[::1] batch_sizes,
+                            const Py_ssize_t[::1] packed_start, Py_ssize_t B, Py_ssize_t N,
+                            const Py_ssize_t[::1] x_step_row, Py_ssize_t x_batch_stride,
+                            Py_ssize_t x_rows, bint x_rows_packed,
+                            const Py_ssize_t[::1] out_step_row, Py_ssize_t out_batch_stride,
+                            Py_ssize_t out_rows, str out_name) except *:
+    """Every row the step tables name, read or written, lies within its array: the layer
+    input x (``x_rows`` rows; all N packed rows when ``x_rows_packed``) and ``out_name``
+    (y in the forward, dy in the backward), and no step has more rows than B."""
+    _need(_steps_fit(batch_sizes, packed_start, B),
+          "batch_sizes must be at most B each, and packed_start their running sum")
+    if not (_rows_fit(x_step_row, x_batch_stride, batch_sizes, x_rows)
+            and _rows_fit(out_step_row, out_batch_stride, batch_sizes, out_rows)
+            and (not x_rows_packed or x_rows >= N)):
+        raise ValueError(f"x and {out_name} must hold every row their step tables name")
+
+
 cdef void _need(bint ok, str what) except *:
     if not ok:
         raise ValueError(what)
@@ -313,13 +330,8 @@ def forward_layer(
           "batch_sizes, packed_start and the step rows must have T entries")
     _need(N == (packed_start[T - 1] + batch_sizes[T - 1] if T > 0 else 0) and gates.shape[0] >= D
           and gates.shape[2] == 4 * H, "gates must be [D, N, 4H]")
-    # Every row the step tables name, read or written, lies within its array.
-    _need(_steps_fit(batch_sizes, packed_start, B),
-          "batch_sizes must be at most B each, and packed_start their running sum")
-    _need(_rows_fit(x_step_row, x_batch_stride, batch_sizes, x.shape[0])
-          and _rows_fit(y_step_row, y_batch_stride, batch_sizes, y.shape[0])
-          and (not x_rows_packed or x.shape[0] >= N),
-          "x and y must hold every row their step tables name")
+    _check_row_tables(batch_sizes, packed_start, B, N, x_step_row, x_batch_stride, x.shape[0],
+                      x_rows_packed, y_step_row, y_batch_stride, y.shape[0], "y")
     _need(x_rows_packed or (x_packed.shape[0] >= N and x_packed.shape[1] == I),
           "x_packed must be [N, I]")
     if not (groups >= 1 and piece_steps >= 1 and pack_pieces >= 1
@@ -518,13 +530,8 @@ def backward_layer(
           "batch_sizes, packed_start and the step rows must have T entries")
     _need(N == (packed_start[T - 1] + batch_sizes[T - 1] if T > 0 else 0) and dgates.shape[0] >= D
           and dgates.shape[2] == G4, "dgates must be [D, N, 4H]")
-    # Every row the step tables name lies within its array.
-    _need(_steps_fit(batch_sizes, packed_start, B),
-          "batch_sizes must be at most B each, and packed_start their running sum")
-    _need(_rows_fit(x_step_row, x_batch_stride, batch_sizes, x.shape[0])
-          and _rows_fit(dy_step_row, dy_batch_stride, batch_sizes, dy.shape[0])
-          and (not x_rows_packed or x.shape[0] >= N),
-          "x and dy must hold every row their step tables name")
+    _check_row_tables(batch_sizes, packed_start, B, N, x_step_row, x_batch_stride, x.shape[0],
+                      x_rows_packed, dy_step_row, dy_batch_stride, dy.shape[0], "dy")
     if not (groups >= 1 and first >= 1 and chunk >= 1 and block_rows >= 1 and lanes >= 1
             and dx_steps >= 1 and pack_pieces >= 1
             and (split == SPLIT_ROWS or (split == SPLIT_UNITS and not projected))):
