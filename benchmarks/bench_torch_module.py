@@ -35,9 +35,9 @@ versions of the module are compared side by side, on the same kernels, under the
 machine load.
 
 ``--breakdown`` also times, in the same interleaved rounds, each module's LSTM alone
-(forward and backward of ``h_n``, no head, loss or optimiser), so that the rest of the
-step (head, loss, autograd, optimiser: the same work with either module) is the
-difference; and it measures the machine's GEMM peak, to show how fast lstmcy's part
+(forward and backward of ``h_n``, no head, loss or optimiser) and its forward alone, so
+that the rest of the step (head, loss, autograd, optimiser: the same work with either
+module) and the LSTM's backward are differences; and it measures the machine's GEMM peak, to show how fast lstmcy's part
 would have to be for a given speed-up and what its FLOPs cost at that peak.
 """
 import argparse
@@ -131,6 +131,16 @@ def make_lstm_only(model, seed=1):
     return lstm_only
 
 
+def make_lstm_forward(model):
+    """The model's LSTM forward alone, recording the graph as in a step (then dropped), so
+    that the LSTM's backward is the LSTM alone minus this."""
+
+    def lstm_forward(x, target):
+        model.rnn(x)
+
+    return lstm_forward
+
+
 def step_flops(shape):
     """FLOPs of the LSTM's forward and backward in a training step: 8 T B H (I_l + H) per
     layer-direction forward, twice that backward, less the input gradient of layer 0
@@ -183,6 +193,8 @@ def bench_shape(shape, dtype, optim_name, repeats, warmup, seed=0, breakdown=Fal
     if breakdown:
         steps["lstmcy_lstm"] = make_lstm_only(ours)
         steps["torch_lstm"] = make_lstm_only(ref)
+        steps["lstmcy_forward"] = make_lstm_forward(ours)
+        steps["torch_forward"] = make_lstm_forward(ref)
     batches = make_batches(shape, dtype)
     for name in steps:  # warm-up, not timed
         for k in range(warmup):
@@ -291,7 +303,9 @@ def print_breakdown(shapes, results, dtype, target, threads=None):
           f"{dtype}, measured now):")
     print(f"{'T':>4} {'B':>4} {'I':>4} {'H':>4} {'L':>2} {'bi':>3} {'pk':>3} | {'LSTM lstmcy':>11} "
           f"{'LSTM torch':>10} {'ratio':>6} | {'rest lstmcy':>11} {'rest torch':>10} | "
-          f"{'LSTM for ' + format(target, 'g') + 'x':>12} {'FLOPs at peak':>13}")
+          f"{'LSTM for ' + format(target, 'g') + 'x':>12} {'FLOPs at peak':>13} | "
+          f"{'fwd lstmcy':>10} {'fwd torch':>9} {'ratio':>6} | {'bwd lstmcy':>10} "
+          f"{'bwd torch':>9} {'ratio':>6}")
     for shape, result in zip(shapes, results):
         ms = {name: value * 1e3 for name, value in result.items()}
         rest_ours = ms["lstmcy"] - ms["lstmcy_lstm"]
@@ -299,10 +313,16 @@ def print_breakdown(shapes, results, dtype, target, threads=None):
         # The LSTM part lstmcy's step could spend and still be `target` times faster.
         needed = ms["torch"] / target - rest_ours
         at_peak = step_flops(shape) / (peak * 1e9) * 1e3
+        # The LSTM's backward (with autograd's part): the LSTM alone minus its forward.
+        bwd_ours = ms["lstmcy_lstm"] - ms["lstmcy_forward"]
+        bwd_ref = ms["torch_lstm"] - ms["torch_forward"]
         print(f"{shape_label(shape)} | "
               f"{ms['lstmcy_lstm']:>11.3f} {ms['torch_lstm']:>10.3f} "
               f"{ms['torch_lstm'] / ms['lstmcy_lstm']:>5.2f}x | {rest_ours:>11.3f} "
-              f"{rest_ref:>10.3f} | {needed:>12.3f} {at_peak:>13.3f}", flush=True)
+              f"{rest_ref:>10.3f} | {needed:>12.3f} {at_peak:>13.3f} | "
+              f"{ms['lstmcy_forward']:>10.3f} {ms['torch_forward']:>9.3f} "
+              f"{ms['torch_forward'] / ms['lstmcy_forward']:>5.2f}x | {bwd_ours:>10.3f} "
+              f"{bwd_ref:>9.3f} {bwd_ref / bwd_ours:>5.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -598,7 +598,8 @@ class _BaseLSTM(BaseEstimator):
         sample_weight : array-like of shape (n_samples,), default=None
             Non-negative weight of each sample in the loss and in the validation loss
             and score of early stopping. An integer weight counts like that many copies
-            of the sample, a zero weight like leaving it out.
+            of the sample, a zero weight like leaving it out (but ``classes_`` comes
+            from ``y`` whatever the weights, as in scikit-learn).
 
         Returns
         -------

@@ -79,6 +79,18 @@ def test_zero_weight_is_the_same_as_leaving_the_sample_out(estimator_class):
     assert a.validation_scores_ == b.validation_scores_ and len(a.validation_scores_) == 4
 
 
+def test_a_class_whose_samples_all_weigh_zero_stays_a_class():
+    # As scikit-learn's classifiers: classes_ comes from y, whatever the weights.
+    X, y = sum_sign_problem(n=60)
+    y = y.copy()
+    y[:6] = 2
+    weights = np.where(y == 2, 0.0, 1.0)
+    clf = quiet_fit(LSTMClassifier(hidden_size=6, max_iter=3, random_state=0), X, y,
+                    sample_weight=weights)
+    np.testing.assert_array_equal(clf.classes_, [0, 1, 2])
+    assert clf.predict_proba(X).shape == (60, 3)
+
+
 def test_the_l2_term_is_relative_to_the_total_weight():
     """As for repeated samples: tripling every weight is like dividing alpha by three."""
     X, y = sum_sign_problem(n=60)
