@@ -37,8 +37,9 @@ machine load.
 ``--breakdown`` also times, in the same interleaved rounds, each module's LSTM alone
 (forward and backward of ``h_n``, no head, loss or optimiser) and its forward alone, so
 that the rest of the step (head, loss, autograd, optimiser: the same work with either
-module) and the LSTM's backward are differences; and it measures the machine's GEMM peak, to show how fast lstmcy's part
-would have to be for a given speed-up and what its FLOPs cost at that peak.
+module) and the LSTM's backward are differences; and it measures the machine's GEMM
+peak, to show how fast lstmcy's part would have to be for a given speed-up and what its
+FLOPs cost at that peak.
 """
 import argparse
 import importlib.util
