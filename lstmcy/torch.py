@@ -44,12 +44,19 @@ from lstmcy import _torch_reference as reference
 from lstmcy._torch_state_dict import (config_from_state_dict, params_from_state_dict,
                                       params_to_state_dict)
 
-__all__ = ["LSTM", "params_from_state_dict", "config_from_state_dict", "params_to_state_dict"]
+__all__ = ["LSTM", "StateDtypeError", "params_from_state_dict", "config_from_state_dict",
+           "params_to_state_dict"]
 
 _KERNEL_DTYPES = (torch.float32, torch.float64)
 # Computed in float32 (inputs, states and weights converted on the way in, results on
 # the way out), as lstmcy's numpy API computes them.
 _LOW_PRECISION_DTYPES = (torch.float16, torch.bfloat16)
+
+
+class StateDtypeError(TypeError, RuntimeError):
+    """A state (``h0`` or ``c0``) whose dtype is not the input's. ``nn.LSTM`` raises a
+    ``RuntimeError`` from its kernel there; this is both, so that code catching either
+    works with the clearer message."""
 
 
 # ---------------------------------------------------------------------------
@@ -276,7 +283,8 @@ class LSTM(nn.LSTM):
                     raise ValueError(f"{name} is on {state.device}: lstmcy.torch.LSTM runs on "
                                      f"the CPU only")
                 if state.dtype != dtype:
-                    raise TypeError(f"{name} has dtype {state.dtype} but input has {input.dtype}")
+                    raise StateDtypeError(f"{name} has dtype {state.dtype} but input has "
+                                          f"{input.dtype}")
 
     def forward(self, input, hx=None):
         """Run the LSTM; same arguments and results as :meth:`torch.nn.LSTM.forward`."""

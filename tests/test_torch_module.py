@@ -7,6 +7,7 @@ with unsorted lengths, with and without initial states, and dropout for every p 
 [0, 1]; by each of the module's routes (eager, custom operator, torch.func, reference).
 """
 import copy
+import re
 import subprocess
 import sys
 import warnings
@@ -207,6 +208,25 @@ def test_three_states_raise_as_nn_lstm():
     for module in (ref, ours):
         with pytest.raises(RuntimeError, match="lstm expects two hidden states"):
             module(x, (state, state, state))
+
+
+@pytest.mark.parametrize("dtype, which", [(torch.float32, 0), (torch.float32, 1),
+                                          (F64, 0), (F64, 1)])
+def test_a_state_of_another_dtype_raises_a_runtime_error(dtype, which):
+    ours, ref = module_pair(3, 4, dtype=dtype)
+    other = F64 if dtype == torch.float32 else torch.float32
+    x = torch.randn(5, 2, 3, dtype=dtype)
+    states = [torch.zeros(1, 2, 4, dtype=dtype), torch.zeros(1, 2, 4, dtype=dtype)]
+    states[which] = states[which].to(other)
+    if not (dtype == F64 and which == 1):  # nn.LSTM's float64 kernel converts c0
+        with pytest.raises(RuntimeError):
+            ref(x, tuple(states))
+    name = "hx[0] (h0)" if which == 0 else "hx[1] (c0)"
+    with pytest.raises(RuntimeError, match=rf"{re.escape(name)} has dtype {other} but "
+                                           rf"input has {dtype}") as info:
+        ours(x, tuple(states))
+    assert isinstance(info.value, TypeError)
+    assert isinstance(info.value, lstmcy.torch.StateDtypeError)
 
 
 def test_empty_batch_matches_nn_lstm():
