@@ -305,7 +305,9 @@ class LSTMPlan:
         elements += D * packed
         extra_bytes = 9 * (ALIGN - 1)  # room to align each of the (at most 9) named buffers
         if backward:
-            z_width = width + P + (H if projected else 0)
+            # rows of [x | h (| r)], or panels of [x | h] (see backward_schedule)
+            z_width = max(width + P + (H if projected else 0),
+                          _lstm.packed_elements(width + P, 1, is_double))
             lanes = max(backward_lanes(T, B, I, H, small) for I in {input_size, width}
                         for small in (False, True))
             elements += D * (N * z_width + lanes * 4 * H * (width + P))
@@ -362,11 +364,16 @@ class LSTMPlan:
         projected = p.projected
         hr = P if projected else 0
         scattered = want_dx and not in_packed  # dx through packed row order
-        z_width = in_size + P + (H if projected else 0)
         rows = N if projected else 0
-        # Each lane of the weight gradients sums its own dW (shape only).
-        lanes = backward_schedule(T, B, in_size, H, D, 1, projected,
-                                   small_gemms=blas_small_gemms()).lanes
+        # Each lane of the weight gradients sums its own dW (shape only); [x | h_{t-1}]
+        # rows are gathered as rows, or in panels for lstmcy's own product.
+        shape_only = backward_schedule(T, B, in_size, H, D, 1, projected,
+                                       small_gemms=blas_small_gemms())
+        lanes = shape_only.lanes
+        if shape_only.panel_weights:
+            z_width = _lstm.packed_elements(in_size + P, 1, cdt == np.float64)
+        else:
+            z_width = in_size + P + (H if projected else 0)
         grad_rows = lanes * 4 * H if want_dparams else 0
         workspaces = (
             self._take("gates", (D, N, 4 * H), cdt),

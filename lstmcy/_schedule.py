@@ -98,6 +98,17 @@ MIN_SMALL_BLOCK_ROWS = 64
 #: direction (in float64; the sums' final addition reads them all once).
 MAX_LANES = 4
 LANE_BYTES = 32 << 20
+#: A layer of at least PANEL_WEIGHTS_COLUMNS columns of dW (I + P, no projection) adds its
+#: weight gradients with lstmcy's own product (``gemm_tn`` in _packed_gemm_impl.h) instead
+#: of OpenBLAS: the gathered ``[x | h_{t-1}]`` rows of a chunk are laid out in panels once,
+#: and every block of gate rows multiplies them from there, where each BLAS call packs them
+#: anew. On an AMD EPYC (Zen 4), float32, the weight gradients ran at 92-103 GF/s against
+#: OpenBLAS's 75-92 on the suite's large shapes, the whole backward 3-15 % faster on one
+#: thread; on two, 13 % faster at (T, B, I, H) = (100, 64, 125, 320) and within a few
+#: percent either way at the others (benchmarks/results/backward_pieces.md). Narrower
+#: layers keep OpenBLAS: a panel is 32 columns wide (AVX-512, float32), and a last panel of
+#: a few columns would cost a whole panel's work.
+PANEL_WEIGHTS_COLUMNS = 256
 
 # The kernels' split of a forward recurrence (lstmcy._layer.Split).
 SPLIT_ROWS = 0
@@ -111,8 +122,10 @@ groups : row groups (or unit parts) per direction
 piece_steps : steps per projection piece (shape only)
 pack_pieces : pieces of the packing of w_hh per direction
 """
-BackwardSchedule = namedtuple("BackwardSchedule",
-                              "split groups first chunk block_rows lanes dx_steps pack_pieces")
+BackwardSchedule = namedtuple(
+    "BackwardSchedule",
+    "split groups first chunk block_rows lanes dx_steps pack_pieces panel_weights",
+    defaults=(False,))
 BackwardSchedule.__doc__ = """The schedule of one backward layer call.
 
 split : SPLIT_ROWS or SPLIT_UNITS
@@ -122,6 +135,8 @@ block_rows : gate rows per block of dW (shape only)
 lanes : lanes of chunks of dW, each with its own sums (shape only)
 dx_steps : steps per dx piece (shape only)
 pack_pieces : pieces of the packing of w_hh per direction
+panel_weights : the weight gradients by lstmcy's own product from chunks laid out in
+    panels, not by OpenBLAS (shape only; see PANEL_WEIGHTS_COLUMNS)
 """
 
 
@@ -228,4 +243,11 @@ def backward_schedule(T, B, I, H, D, n_threads, projected=False, small_gemms=Fal
     split, groups = _split(B, H, D, n_threads, GROUP_ROW_UNITS, projected)
     pack_pieces = _pack_pieces(H, n_threads) if split == SPLIT_ROWS else 1
     return BackwardSchedule(split, groups, first, chunk, block_rows,
-                            backward_lanes(T, B, I, H, small_gemms), dx_steps, pack_pieces)
+                            backward_lanes(T, B, I, H, small_gemms), dx_steps, pack_pieces,
+                            panel_weights(I, H, projected))
+
+
+def panel_weights(I, P, projected=False):
+    """Whether a backward layer of ``I`` input features and h of size ``P`` adds its weight
+    gradients with lstmcy's own product (shape only; see PANEL_WEIGHTS_COLUMNS)."""
+    return not projected and I + P >= PANEL_WEIGHTS_COLUMNS

@@ -151,9 +151,13 @@ GRID = [
            dtype=np.dtype(np.float32)),
     Config(T=8, B=3, I=7, H=33, L=3, layout="padded_3d", dtype=np.dtype(np.float64),
            lengths_seed=5, has_bias=False),
+    # the first layer's weight gradients by lstmcy's own product (I + H >= 256), the
+    # second's by OpenBLAS
+    Config(T=7, B=10, I=200, H=64, L=2, bidirectional=True, layout="packed",
+           dtype=np.dtype(np.float32), lengths_seed=11),
 ]
 GRID_IDS = ["f32-packed-H56", "f64-2-layers-batch-first", "f32-H24", "f64-bi-padded-dropout",
-            "f32-bi-one-row", "f64-3-layers-padded-nobias"]
+            "f32-bi-one-row", "f64-3-layers-padded-nobias", "f32-bi-packed-wide-dW"]
 
 
 @pytest.mark.parametrize("split", ["default", "rows", "units"])

@@ -155,7 +155,10 @@ import lstmcy
 rng = np.random.default_rng(0)
 out = []
 for dtype in (np.float32, np.float64):
-    for T, B, I, H, L, bid in [(13, 5, 7, 37, 2, True), (20, 3, 4, 9, 1, False), (9, 4, 3, 70, 1, False)]:
+    # The last two have the weight gradients of their first layer in panels (I + H >= 256,
+    # one with 4H a power of two).
+    for T, B, I, H, L, bid in [(13, 5, 7, 37, 2, True), (20, 3, 4, 9, 1, False), (9, 4, 3, 70, 1, False),
+                               (6, 3, 200, 70, 1, False), (5, 2, 192, 64, 2, True)]:
         D = 2 if bid else 1
         x = (rng.standard_normal((T, B, I)) * 3).astype(dtype)
         params = []
@@ -267,6 +270,58 @@ def test_packed_gemm_row_alone_gives_the_same_bits(build):
     out = subprocess.run([sys.executable, "-c", _PACKED_ONE_ROW], check=True, capture_output=True,
                          text=True, env=dict(os.environ, LSTMCY_KERNELS=build))
     assert out.stdout.strip() == "[]", f"{build}: rows whose bits differ alone: {out.stdout}"
+
+
+_GEMM_TN = r"""
+import numpy as np
+from lstmcy._dispatch import kernels
+rng = np.random.default_rng(5)
+worst, bad = 0.0, []
+for dtype in (np.float32, np.float64):
+    # M rows of dW (a 4 KiB multiple apart for 1024 float32 / 512 float64: the copied
+    # path), n columns (partial panels), K summed rows (more than one pass of 128).
+    for K, M, n in [(1, 1, 1), (7, 5, 3), (130, 37, 67), (300, 26, 290), (129, 1024, 40),
+                    (140, 512, 33)]:
+        a = rng.standard_normal((K, M)).astype(dtype)
+        b = rng.standard_normal((K, n)).astype(dtype)
+        c0 = rng.standard_normal((M, n)).astype(dtype)
+        bound = np.abs(a).T.astype(np.float64) @ np.abs(b)
+        for accumulate in (False, True):
+            c = c0.copy()
+            kernels._gemm_tn(a, b, c, accumulate)
+            want = a.T.astype(np.float64) @ b + (c0 if accumulate else 0)
+            err = np.abs(c - want) / (bound + np.abs(c0) * accumulate)
+            worst = max(worst, float(err.max() / np.finfo(dtype).eps))
+        # K in two accumulating pieces: the running sum goes on, the same bits
+        whole = c0.copy()
+        kernels._gemm_tn(a, b, whole, True)
+        split = c0.copy()
+        h = max(1, K // 2)
+        kernels._gemm_tn(a[:h].copy(), b[:h].copy(), split, True)
+        if K > h:
+            kernels._gemm_tn(a[h:].copy(), b[h:].copy(), split, True)
+        if whole.tobytes() != split.tobytes():
+            bad.append(("split K", np.dtype(dtype).name, K, M, n))
+        # fewer rows (another stride, the other loop order): each row's bits unchanged
+        if M > 3:
+            part = c0[:M - 3].copy()
+            kernels._gemm_tn(a[:, :M - 3].copy(), b, part, True)
+            if part.tobytes() != whole[:M - 3].tobytes():
+                bad.append(("rows", np.dtype(dtype).name, K, M, n))
+print(worst, bad)
+"""
+
+
+@pytest.mark.parametrize("build", _dispatch.available_builds())
+def test_weight_gradient_product_matches_numpy(build):
+    """The weight gradients' own product, c (+)= a^T b with b in panels, on every build:
+    against a float64 product (in units of eps of sum |a||b|), and the same bits when K is
+    cut into accumulating pieces or the rows are fewer (the other loop order)."""
+    out = subprocess.run([sys.executable, "-c", _GEMM_TN], check=True, capture_output=True,
+                         text=True, env=dict(os.environ, LSTMCY_KERNELS=build))
+    worst, bad = out.stdout.split(" ", 1)
+    assert float(worst) < 310, f"{build}: error {float(worst):.1f} eps of sum |a||b|"  # K <= 300
+    assert bad.strip() == "[]", f"{build}: bits differ: {bad}"
 
 
 def test_unknown_build_name_is_refused():

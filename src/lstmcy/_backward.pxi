@@ -17,9 +17,11 @@
 #   * TASK_DX: a piece of steps, dx = sum over directions of dgates @ w_ih (taken first:
 #     large and independent);
 #   * TASK_WEIGHTS: the next chunk of a chain: a lane (chunks l, l + lanes, ...) of a block
-#     of gate rows, [dW_ih | dW_hh] += dgates^T [x | h_{t-1}] (one GEMM) and db +=
-#     sum(dgates) over the chunk's rows into the lane's own sums (its TASK_GATHER first puts
-#     the chunk's [x | h_{t-1}] rows in packed order); with a projection also blocks of its
+#     of gate rows, [dW_ih | dW_hh] += dgates^T [x | h_{t-1}] (one GEMM: OpenBLAS's, or
+#     with panel_weights gemm_tn) and db += sum(dgates) over the chunk's rows into the
+#     lane's own sums (its TASK_GATHER first puts the chunk's [x | h_{t-1}] rows in packed
+#     order, or with panel_weights lays them out in panels once for every block); with a
+#     projection also blocks of its
 #     rows, dW_hr += dh^T r (r = o * tanh(c)). A chain has one owner at a time and adds its
 #     chunks in processing order; a thread keeps to its chain while it can, so two threads
 #     never wait on one chain. The last lane of a block to finish adds the lanes' sums in
@@ -236,6 +238,9 @@ cdef void _gather(const BackwardCall *bc, floating *like, Py_ssize_t d,
     cdef const floating *tc_row
     cdef floating *dst
     _chunk_rows(bc, d, c, &t_lo, &t_hi, &r0, &r1)
+    if bc.panel_weights:
+        _gather_panels(bc, like, d, t_lo, t_hi, r0, r1)
+        return
     for t in range(t_lo, t_hi):
         for b in range(bc.steps.sizes[t]):
             dst = <floating *>bc.z[d] + (bc.steps.start[t] + b) * bc.z_width
@@ -253,6 +258,42 @@ cdef void _gather(const BackwardCall *bc, floating *like, Py_ssize_t d,
                 tc_row = <floating *>bc.saved[d].tanhc + row
                 for j in range(H):
                     dst[I + P + j] = o_row[j] * tc_row[j]
+
+
+cdef void _gather_panels(const BackwardCall *bc, floating *like, Py_ssize_t d, Py_ssize_t t_lo,
+                         Py_ssize_t t_hi, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
+    """_gather with panel_weights: the chunk's [x | h_{t-1}] rows (packed rows r0..r1) as
+    ``pack`` lays out a matrix of r1 - r0 rows, columns past I + P zero: row k's columns
+    p*nr .. (p+1)*nr at panel p's row k."""
+    cdef Py_ssize_t I = bc.I
+    cdef Py_ssize_t P = bc.P
+    cdef Py_ssize_t B = bc.steps.B
+    cdef Py_ssize_t nr = panel_width(like)
+    cdef Py_ssize_t rows = r1 - r0
+    cdef Py_ssize_t panels = bc.z_width // nr
+    cdef Py_ssize_t t, b, j, p, c0, c1, prev_t
+    cdef const floating *x_row
+    cdef const floating *h_prev
+    cdef floating *dst
+    cdef floating *row_start = <floating *>bc.z[d] + r0 * bc.z_width
+    for t in range(t_lo, t_hi):
+        for b in range(bc.steps.sizes[t]):
+            x_row = row_of(<floating *>bc.x.data, &bc.x, t, b)
+            prev_t = _prev_step(bc, d, t, b)
+            h_prev = (<floating *>bc.saved[d].h + (prev_t * B + b) * P if prev_t >= 0
+                      else <floating *>bc.h0[d] + b * P)
+            for p in range(panels):
+                c0 = p * nr
+                c1 = c0 + nr
+                dst = row_start + p * rows * nr
+                if c1 <= I:  # whole panels of x, then of h, copied as blocks
+                    memcpy(dst, x_row + c0, nr * sizeof(floating))
+                elif c0 >= I and c1 <= I + P:
+                    memcpy(dst, h_prev + (c0 - I), nr * sizeof(floating))
+                else:
+                    for j in range(c0, c1):
+                        dst[j - c0] = x_row[j] if j < I else (h_prev[j - I] if j < I + P else 0)
+            row_start += nr
 
 
 cdef inline void _block_rows(const BackwardCall *bc, Py_ssize_t k, Py_ssize_t *k0,
@@ -291,8 +332,13 @@ cdef long long _weights(const BackwardCall *bc, floating *like, Py_ssize_t d, Py
              <floating *>bc.dh_rows[d] + r0 * P + k0, <int>P, z + r0 * Z + K, <int>Z, beta,
              <floating *>bc.dw_hr_acc[d] + (lane * P + k0) * H, <int>H)
         return start
-    gemm(Trans, NoTrans, <int>kb, <int>K, <int>(r1 - r0), <floating>1, dg + r0 * G4 + k0,
-         <int>G4, z + r0 * Z, <int>Z, beta, <floating *>bc.dw[d] + (lane * G4 + k0) * K, <int>K)
+    if bc.panel_weights:
+        gemm_tn(kb, K, r1 - r0, dg + r0 * G4 + k0, G4, z + r0 * Z,
+                <floating *>bc.dw[d] + (lane * G4 + k0) * K, K, c >= bc.lanes)
+    else:
+        gemm(Trans, NoTrans, <int>kb, <int>K, <int>(r1 - r0), <floating>1, dg + r0 * G4 + k0,
+             <int>G4, z + r0 * Z, <int>Z, beta, <floating *>bc.dw[d] + (lane * G4 + k0) * K,
+             <int>K)
     db_acc = bc.db_acc[d] + lane * G4 + k0
     if c < bc.lanes:
         for j in range(kb):

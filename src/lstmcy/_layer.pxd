@@ -148,8 +148,11 @@ cdef struct BackwardCall:
     char *dgates[2]                 # workspace [N, 4H]: gate gradients
     char *dh_rows[2]                # workspace [N, P]: dh_t of every row (projected)
     char *dr_rows[2]                # workspace [N, H]: dh_t @ w_hr (projected)
-    char *z[2]                      # workspace [N, I + P (+ H)]: [x | h_{t-1} (| r_t)]
-    Py_ssize_t z_width              # I + P, + H when projected
+    char *z[2]                      # workspace [N, z_width]: [x | h_{t-1} (| r_t)] rows,
+                                    # or with panel_weights each chunk's [x | h_{t-1}]
+                                    # packed (its rows r0..r1 from z + r0 * z_width)
+    Py_ssize_t z_width              # I + P, + H when projected; the panels' width
+    bint panel_weights              # dW by gemm_tn from z's panels (else OpenBLAS)
     char *dw[2]                     # workspace [lanes, 4H, I + P]: [dW_ih | dW_hh] per lane
     double *db_acc[2]               # workspace [lanes, 4H]: db per lane, in float64
     char *dw_hr_acc[2]              # workspace [lanes, P, H]: dW_hr per lane (projected)

@@ -26,7 +26,7 @@
 
 from cython cimport floating
 from libc.stdlib cimport calloc, free
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 import numpy as np
 
 from lstmcy._blas cimport gemm, NoTrans, Trans
@@ -37,8 +37,8 @@ from lstmcy._layer cimport (
     TASK_DX, TASK_FINISH, TASK_GATHER, TASK_PACK, TASK_PROJECT, TASK_RECURRENCE,
     TASK_UNIT_STEP, TASK_WEIGHTS, TRACE_FIELDS, UnitsCall, row_of, trace_start, trace_task,
     unit_range, units_packed_offset)
-from lstmcy._packed_gemm cimport (pack, packed_gemm, packed_len, panel_width, pg_d_packed_len,
-                                  pg_s_packed_len)
+from lstmcy._packed_gemm cimport (gemm_tn, pack, packed_gemm, packed_len, panel_width,
+                                  pg_d_packed_len, pg_s_packed_len)
 from lstmcy._sync cimport (claim, compare_exchange, event_add, event_get, event_set,
                            load_acquire, lstmcy_event, store_release, take_next)
 from lstmcy._threadpool cimport job_fn, job_wait, run_job, wait_spin_ns
@@ -515,6 +515,7 @@ def backward_layer(
     cdef Py_ssize_t lanes = schedule.lanes
     cdef Py_ssize_t dx_steps = schedule.dx_steps
     cdef Py_ssize_t pack_pieces = schedule.pack_pieces
+    cdef bint panel_weights = schedule.panel_weights
     cdef Py_ssize_t n_chunks, n_blocks, n_dx, n_tasks, d, g, q, c, k, plen, which
     cdef job_fn job
     cdef int n_workers
@@ -534,8 +535,11 @@ def backward_layer(
                       x_rows_packed, dy_step_row, dy_batch_stride, dy.shape[0], "dy")
     if not (groups >= 1 and first >= 1 and chunk >= 1 and block_rows >= 1 and lanes >= 1
             and dx_steps >= 1 and pack_pieces >= 1
-            and (split == SPLIT_ROWS or (split == SPLIT_UNITS and not projected))):
+            and (split == SPLIT_ROWS or (split == SPLIT_UNITS and not projected))
+            and not (panel_weights and projected)):
         raise ValueError(f"bad schedule {schedule!r}")  # formatted only when raised
+    if panel_weights:  # each chunk's rows as packed panels of I + P columns
+        Z = packed_len(I + P, 1, <floating *>NULL)
     _need(not want_dx or (dx.shape[0] == x.shape[0] and dx.shape[1] == I
                           and (x_rows_packed or (dx_packed.shape[0] >= N and dx_packed.shape[1] == I))),
           "dx must be shaped like x, and dx_packed [N, I]")
@@ -547,7 +551,7 @@ def backward_layer(
                                and _dims(&db_acc.shape[0], D, lanes * G4, -1)
                                and _dims(&dw_hr_acc.shape[0], D, lanes * w_hr.shape[1], H)),
           "dw_ih, dw_hh, db, dw_hr must be [D, 4H, I], [D, 4H, P], [D, 4H], [D, P, H]; "
-          "z [D, N, I + P (+ H)]; dw, db_acc, dw_hr_acc [D, lanes*4H, I + P], [D, lanes*4H], "
+          "z [D, N, I + P (+ H), or the panels' width]; dw, db_acc, dw_hr_acc [D, lanes*4H, I + P], [D, lanes*4H], "
           "[D, lanes*P, H]")
     _need(not projected or (_dims(&dh_rows.shape[0], D, N, P)
                             and _dims(&dr_rows.shape[0], D, N, H)),
@@ -577,6 +581,7 @@ def backward_layer(
     bc.P = P
     bc.projected = projected
     bc.z_width = Z
+    bc.panel_weights = panel_weights
     bc.hr_offset = packed_len(P, G4, <floating *>NULL)
     _rows(&bc.x, x, x_step_row, x_batch_stride)
     bc.x_rows_packed = x_rows_packed
@@ -702,6 +707,25 @@ def _packed_matmul(const floating[:, ::1] a, const floating[:, ::1] w, bint tran
         pack(&w[0, 0], w.shape[1], trans, K, n0, n, &packed[0])
         packed_gemm(a.shape[0], n, K, &a[0, 0], a.shape[1], &packed[0], &c[0, 0], c.shape[1],
                     accumulate)
+
+
+def _gemm_tn(const floating[:, ::1] a, const floating[:, ::1] b, floating[:, ::1] c,
+             bint accumulate, Py_ssize_t repeats=1):
+    """Probe of the weight-gradient product (tests): ``c (+)= a.T @ b`` through ``pack``
+    (of b, once) and ``gemm_tn`` (``repeats`` times, for timing)."""
+    cdef Py_ssize_t K = a.shape[0]
+    cdef Py_ssize_t r
+    if b.shape[0] != K or c.shape[0] != a.shape[1] or c.shape[1] != b.shape[1]:
+        raise ValueError("shapes do not match")
+    if c.shape[0] == 0 or c.shape[1] == 0 or K == 0:
+        raise ValueError("empty products are not handled by the packed GEMM")
+    cdef floating[::1] packed = np.empty(packed_len(b.shape[1], K, &c[0, 0]),
+                                         dtype=np.float32 if floating is float else np.float64)
+    with nogil:
+        pack(&b[0, 0], b.shape[1], False, K, 0, b.shape[1], &packed[0])
+        for r in range(repeats):
+            gemm_tn(c.shape[0], c.shape[1], K, &a[0, 0], a.shape[1], &packed[0], &c[0, 0],
+                    c.shape[1], accumulate)
 
 
 def _vector_sigmoid(const floating[::1] x, floating[::1] out):

@@ -1,15 +1,18 @@
 /* GEMM against a matrix packed once: the per-step recurrent products of the LSTM
-   (gates += h @ W_hh^T forward, dh = dgates @ W_hh backward).
+   (gates += h @ W_hh^T forward, dh = dgates @ W_hh backward), and the weight gradients
+   (dW += dgates^T [x | h] over a chunk of rows).
 
    OpenBLAS packs both operands on every call; for these GEMMs (few rows, W_hh of up to
    megabytes, T calls in a row) the packing costs as much as the multiply. Here W_hh is
    packed into column panels once per call and each step runs only the register-blocked
-   multiply. Every element is summed over k in increasing order with one (fused, where the
+   multiply. Likewise a chunk's [x | h] rows are laid out in panels once, and every block
+   of gate rows multiplies them from there (gemm_tn), where each BLAS call would pack them
+   again. Every element is summed over k in increasing order with one (fused, where the
    build has FMA) multiply-add per term, so the AVX2 and AVX-512 builds give bitwise
    identical results; the portable build (no FMA) rounds each product separately (setup.py
    compiles with -ffp-contract=off, which keeps the compiler from fusing acc + a * b).
 
-   Two functions per type (pg_s_* float, pg_d_* double): pack and gemm, plus
+   Three functions per type (pg_s_* float, pg_d_* double): pack, gemm and gemm_tn, plus
    packed_len(n, K), the elements a packed n-column matrix takes. */
 #ifndef LSTMCY_PACKED_GEMM_H
 #define LSTMCY_PACKED_GEMM_H

@@ -11,6 +11,10 @@ cdef extern from "_packed_gemm.h" nogil:
                    const float *packed, float *c, Py_ssize_t ldc, int accumulate)
     void pg_d_gemm(Py_ssize_t M, Py_ssize_t n, Py_ssize_t K, const double *a, Py_ssize_t lda,
                    const double *packed, double *c, Py_ssize_t ldc, int accumulate)
+    void pg_s_gemm_tn(Py_ssize_t M, Py_ssize_t n, Py_ssize_t K, const float *a, Py_ssize_t lda,
+                      const float *packed, float *c, Py_ssize_t ldc, int accumulate)
+    void pg_d_gemm_tn(Py_ssize_t M, Py_ssize_t n, Py_ssize_t K, const double *a, Py_ssize_t lda,
+                      const double *packed, double *c, Py_ssize_t ldc, int accumulate)
     Py_ssize_t pg_s_packed_len(Py_ssize_t n, Py_ssize_t K)
     Py_ssize_t pg_d_packed_len(Py_ssize_t n, Py_ssize_t K)
 
@@ -37,6 +41,19 @@ cdef inline void packed_gemm(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k, const flo
         pg_s_gemm(m, n, k, a, lda, packed, c, ldc, accumulate)
     else:
         pg_d_gemm(m, n, k, a, lda, packed, c, ldc, accumulate)
+
+
+cdef inline void gemm_tn(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k, const floating *a,
+                         Py_ssize_t lda, const floating *packed, floating *c, Py_ssize_t ldc,
+                         bint accumulate) noexcept nogil:
+    """``C[m, n] = A[k, m]^T @ P[k, n]`` (``C +`` that when ``accumulate``), A row-major as
+    it lies, P packed by ``pack`` (not transposed): the weight gradients, dW += dgates^T z.
+    Each element is a running sum from C (or 0) over k in increasing order, so calls may
+    split the rows, the columns or k (accumulating) any way and give the same bits."""
+    if floating is float:
+        pg_s_gemm_tn(m, n, k, a, lda, packed, c, ldc, accumulate)
+    else:
+        pg_d_gemm_tn(m, n, k, a, lda, packed, c, ldc, accumulate)
 
 
 cdef inline Py_ssize_t packed_len(Py_ssize_t n, Py_ssize_t k, floating *like) noexcept nogil:

@@ -164,6 +164,127 @@ PG_NAME(gemm)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t ld
     }
 }
 
+/* The weight-gradient products: c[r, :ncols] = c (accumulate) or 0, plus
+   sum_k a[k, r] * panel[k, :ncols] for r < mr, a running sum over k in increasing order.
+   a is read where it lies (a[k, r] at a[k * lda + r]: the mr broadcasts of a step come
+   from one gate-gradient row), the panel as pack writes it. */
+static inline __attribute__((always_inline)) void
+PG_NAME(tblock)(const int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const PG_T *panel,
+                PG_T *c, ptrdiff_t ldc, int ncols, int accumulate)
+{
+    PG_VEC acc0[PG_MR], acc1[PG_MR];
+    PG_T tmp[PG_NR];
+    for (int r = 0; r < mr; r++) {
+        if (!accumulate) {
+            acc0[r] = PG_ZERO();
+            acc1[r] = PG_ZERO();
+        } else if (ncols == PG_NR) {
+            acc0[r] = PG_LOAD(c + r * ldc);
+            acc1[r] = PG_LOAD(c + r * ldc + PG_VL);
+        } else {
+            for (int j = 0; j < PG_NR; j++)
+                tmp[j] = j < ncols ? c[r * ldc + j] : 0;
+            acc0[r] = PG_LOAD(tmp);
+            acc1[r] = PG_LOAD(tmp + PG_VL);
+        }
+    }
+    for (ptrdiff_t k = 0; k < K; k++) {
+        PG_VEC b0 = PG_LOAD(panel + k * PG_NR);
+        PG_VEC b1 = PG_LOAD(panel + k * PG_NR + PG_VL);
+        for (int r = 0; r < mr; r++) {
+            PG_VEC av = PG_SET1(a[k * lda + r]);
+            acc0[r] = PG_MULADD(acc0[r], av, b0);
+            acc1[r] = PG_MULADD(acc1[r], av, b1);
+        }
+    }
+    for (int r = 0; r < mr; r++) {
+        PG_T *cr = c + r * ldc;
+        if (ncols == PG_NR) {
+            PG_STORE(cr, acc0[r]);
+            PG_STORE(cr + PG_VL, acc1[r]);
+        } else {
+            PG_STORE(tmp, acc0[r]);
+            PG_STORE(tmp + PG_VL, acc1[r]);
+            for (int j = 0; j < ncols; j++)
+                cr[j] = tmp[j];
+        }
+    }
+}
+
+static void
+PG_NAME(trows)(int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const PG_T *panel,
+               PG_T *c, ptrdiff_t ldc, int ncols, int accumulate)
+{
+    switch (mr) {
+#define PG_CASE(n) case n: PG_NAME(tblock)(n, K, a, lda, panel, c, ldc, ncols, accumulate); break;
+    PG_CASE(1) PG_CASE(2) PG_CASE(3) PG_CASE(4) PG_CASE(5) PG_CASE(6)
+#if PG_MR > 6
+    PG_CASE(7) PG_CASE(8) PG_CASE(9) PG_CASE(10) PG_CASE(11) PG_CASE(12)
+#endif
+#undef PG_CASE
+    }
+}
+
+/* Steps of k per pass of a block of rows over the panels, when its values of a are copied
+   together first (see gemm_tn). */
+#define PG_TN_KC 128
+
+/* c[M, n] = a[K, M]^T @ packed[K, n] (accumulate: c + ...): a row-major as it lies (the
+   gate gradients of a chunk of rows, for a block of gate rows), packed by pack (the
+   chunk's [x | h] rows). Every element is a running sum from c (or 0) over k in
+   increasing order, so calls may cut M, n or K (accumulating) any way, and the two orders
+   of the loops below give the same bits. */
+static void
+PG_NAME(gemm_tn)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t lda,
+                 const PG_T *packed, PG_T *c, ptrdiff_t ldc, int accumulate)
+{
+    PG_T apack[PG_TN_KC * PG_MR];
+    ptrdiff_t npanel = (n + PG_NR - 1) / PG_NR;
+    ptrdiff_t nblock = (M + PG_MR - 1) / PG_MR;
+    if (K == 0) {  /* an empty sum: c, or 0 */
+        for (ptrdiff_t i = 0; i < M && !accumulate; i++)
+            for (ptrdiff_t j = 0; j < n; j++)
+                c[i * ldc + j] = 0;
+        return;
+    }
+    if ((lda * (ptrdiff_t)sizeof(PG_T)) % 4096 != 0) {
+        /* Panel by panel, every block of rows reading a in place: a panel stays in cache
+           while the blocks pass over it. */
+        for (ptrdiff_t p = 0; p < npanel; p++) {
+            int ncols = (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
+            ptrdiff_t m0 = 0;
+            for (ptrdiff_t blk = 0; blk < nblock; blk++) {
+                int mr = (int)((M - m0) / (nblock - blk));
+                PG_NAME(trows)(mr, K, a + m0, lda, packed + p * K * PG_NR,
+                               c + m0 * ldc + p * PG_NR, ldc, ncols, accumulate);
+                m0 += mr;
+            }
+        }
+        return;
+    }
+    /* Rows of a a multiple of 4 KiB apart (4H a power of two) all fall in the same few
+       cache sets: block by block, PG_TN_KC steps of its values of a are copied together
+       first, then multiplied by every panel. */
+    for (ptrdiff_t k0 = 0; k0 < K; k0 += PG_TN_KC) {
+        ptrdiff_t kc = K - k0 < PG_TN_KC ? K - k0 : PG_TN_KC;
+        int acc = accumulate || k0 > 0;
+        ptrdiff_t m0 = 0;
+        for (ptrdiff_t blk = 0; blk < nblock; blk++) {
+            int mr = (int)((M - m0) / (nblock - blk));
+            for (ptrdiff_t k = 0; k < kc; k++)
+                for (int r = 0; r < mr; r++)
+                    apack[k * mr + r] = a[(k0 + k) * lda + m0 + r];
+            for (ptrdiff_t p = 0; p < npanel; p++) {
+                int ncols = (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
+                PG_NAME(trows)(mr, kc, apack, mr, packed + (p * K + k0) * PG_NR,
+                               c + m0 * ldc + p * PG_NR, ldc, ncols, acc);
+            }
+            m0 += mr;
+        }
+    }
+}
+#undef PG_TN_KC
+
 static ptrdiff_t PG_NAME(packed_len)(ptrdiff_t n, ptrdiff_t K)
 {
     return (n + PG_NR - 1) / PG_NR * PG_NR * K;
