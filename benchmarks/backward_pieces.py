@@ -47,7 +47,7 @@ import threadpoolctl  # noqa: E402
 import lstmcy  # noqa: E402
 from cases import CASES, backward_flops, lstm_kwargs, make_inputs  # noqa: E402
 from lstmcy import _core, _schedule  # noqa: E402
-from machine import machine_label  # noqa: E402
+from machine import _times, machine_label  # noqa: E402
 
 # Task kinds (src/lstmcy/_layer.pxd, TaskKind)
 KINDS = ("PACK", "PROJECT", "RECURRENCE", "UNIT_STEP", "GATHER", "WEIGHTS", "DX", "FINISH")
@@ -76,13 +76,7 @@ def _one_call_gflops(case, inputs, repeats=5):
     dx = np.empty((rows, case.I), dt)
 
     def best(fn, flops):
-        fn()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return flops / min(times) / 1e9
+        return flops / _times(fn, repeats)[0] / 1e9
 
     with threadpoolctl.threadpool_limits(1, user_api="blas"):
         weights = best(lambda: np.matmul(dgates.T, z, out=dw), 2.0 * G4 * rows * (case.I + case.H))

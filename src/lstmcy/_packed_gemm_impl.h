@@ -16,6 +16,25 @@ PG_NAME(put)(PG_T *c, PG_VEC lo, PG_VEC hi, int accumulate)
     PG_STORE(c + PG_VL, hi);
 }
 
+/* acc[r] += a(r, k) * panel[k, :PG_NR] for k < K, in increasing k, r < mr: the register-
+   blocked multiply of both products, a(r, k) at a[r * row + k * step] (a's rows, or with
+   step = lda its columns). Inlined with constant mr and strides, so the accumulators stay
+   in registers. */
+static inline __attribute__((always_inline)) void
+PG_NAME(terms)(const int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t row, ptrdiff_t step,
+               const PG_T *panel, PG_VEC *acc0, PG_VEC *acc1)
+{
+    for (ptrdiff_t k = 0; k < K; k++) {
+        PG_VEC b0 = PG_LOAD(panel + k * PG_NR);
+        PG_VEC b1 = PG_LOAD(panel + k * PG_NR + PG_VL);
+        for (int r = 0; r < mr; r++) {
+            PG_VEC av = PG_SET1(a[r * row + k * step]);
+            acc0[r] = PG_MULADD(acc0[r], av, b0);
+            acc1[r] = PG_MULADD(acc1[r], av, b1);
+        }
+    }
+}
+
 /* c[r, :ncols] (+)= sum_k a[r, k] * panel[k, :ncols] for r < mr. Inlined with a constant
    mr, so the 2 * mr accumulators stay in registers. Each element is summed over k in
    increasing order whatever the vector width. */
@@ -28,15 +47,7 @@ PG_NAME(block)(const int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const PG
         acc0[r] = PG_ZERO();
         acc1[r] = PG_ZERO();
     }
-    for (ptrdiff_t k = 0; k < K; k++) {
-        PG_VEC b0 = PG_LOAD(panel + k * PG_NR);
-        PG_VEC b1 = PG_LOAD(panel + k * PG_NR + PG_VL);
-        for (int r = 0; r < mr; r++) {
-            PG_VEC av = PG_SET1(a[r * lda + k]);
-            acc0[r] = PG_MULADD(acc0[r], av, b0);
-            acc1[r] = PG_MULADD(acc1[r], av, b1);
-        }
-    }
+    PG_NAME(terms)(mr, K, a, lda, 1, panel, acc0, acc1);
     for (int r = 0; r < mr; r++) {
         PG_T *cr = c + r * ldc;
         if (ncols == PG_NR) {
@@ -188,15 +199,7 @@ PG_NAME(tblock)(const int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const P
             acc1[r] = PG_LOAD(tmp + PG_VL);
         }
     }
-    for (ptrdiff_t k = 0; k < K; k++) {
-        PG_VEC b0 = PG_LOAD(panel + k * PG_NR);
-        PG_VEC b1 = PG_LOAD(panel + k * PG_NR + PG_VL);
-        for (int r = 0; r < mr; r++) {
-            PG_VEC av = PG_SET1(a[k * lda + r]);
-            acc0[r] = PG_MULADD(acc0[r], av, b0);
-            acc1[r] = PG_MULADD(acc1[r], av, b1);
-        }
-    }
+    PG_NAME(terms)(mr, K, a, 1, lda, panel, acc0, acc1);
     for (int r = 0; r < mr; r++) {
         PG_T *cr = c + r * ldc;
         if (ncols == PG_NR) {
