@@ -2,6 +2,14 @@
    Expects: PG_T, PG_NAME(x), PG_MR, PG_VEC, PG_VL, PG_LOAD, PG_STORE, PG_SET1, PG_ZERO,
    PG_ADD, PG_MULADD (acc + a * b, fused or not per build). */
 #define PG_NR (2 * PG_VL)
+/* CASE(n) for every block height n = 1 .. PG_MR, for a switch that calls a function
+   inlined with a constant n. */
+#if PG_MR > 6
+#define PG_EVERY_MR(CASE) CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) \
+    CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
+#else
+#define PG_EVERY_MR(CASE) CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6)
+#endif
 
 /* c[:PG_NR] = (lo, hi), or c[:PG_NR] += (lo, hi) when accumulating: one full panel's
    columns of one row. */
@@ -88,16 +96,62 @@ PG_NAME(row_panels)(const int np, ptrdiff_t K, const PG_T *a, const PG_T *panels
         PG_NAME(put)(c + q * PG_NR, acc0[q], acc1[q], accumulate);
 }
 
+/* The weight-gradient products: c[r, :ncols] = c (accumulate) or 0, plus
+   sum_k a[k, r] * panel[k, :ncols] for r < mr, a running sum over k in increasing order.
+   a is read where it lies (a[k, r] at a[k * lda + r]: the mr broadcasts of a step come
+   from one gate-gradient row), the panel as pack writes it. */
+static inline __attribute__((always_inline)) void
+PG_NAME(tblock)(const int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const PG_T *panel,
+                PG_T *c, ptrdiff_t ldc, int ncols, int accumulate)
+{
+    PG_VEC acc0[PG_MR], acc1[PG_MR];
+    PG_T tmp[PG_NR];
+    for (int r = 0; r < mr; r++) {
+        if (!accumulate) {
+            acc0[r] = PG_ZERO();
+            acc1[r] = PG_ZERO();
+        } else if (ncols == PG_NR) {
+            acc0[r] = PG_LOAD(c + r * ldc);
+            acc1[r] = PG_LOAD(c + r * ldc + PG_VL);
+        } else {
+            for (int j = 0; j < PG_NR; j++)
+                tmp[j] = j < ncols ? c[r * ldc + j] : 0;
+            acc0[r] = PG_LOAD(tmp);
+            acc1[r] = PG_LOAD(tmp + PG_VL);
+        }
+    }
+    PG_NAME(terms)(mr, K, a, 1, lda, panel, acc0, acc1);
+    for (int r = 0; r < mr; r++) {
+        PG_T *cr = c + r * ldc;
+        if (ncols == PG_NR) {
+            PG_STORE(cr, acc0[r]);
+            PG_STORE(cr + PG_VL, acc1[r]);
+        } else {
+            PG_STORE(tmp, acc0[r]);
+            PG_STORE(tmp + PG_VL, acc1[r]);
+            for (int j = 0; j < ncols; j++)
+                cr[j] = tmp[j];
+        }
+    }
+}
+
+/* block (tn = 0: a[r, k] at a[r * lda + k]) or tblock (tn = 1: a[k, r] at a[k * lda + r])
+   with a constant block height mr. */
 static void
-PG_NAME(rows)(int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const PG_T *panel,
+PG_NAME(rows)(int tn, int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const PG_T *panel,
               PG_T *c, ptrdiff_t ldc, int ncols, int accumulate)
 {
+    if (tn) {
+        switch (mr) {
+#define PG_CASE(n) case n: PG_NAME(tblock)(n, K, a, lda, panel, c, ldc, ncols, accumulate); break;
+        PG_EVERY_MR(PG_CASE)
+#undef PG_CASE
+        }
+        return;
+    }
     switch (mr) {
 #define PG_CASE(n) case n: PG_NAME(block)(n, K, a, lda, panel, c, ldc, ncols, accumulate); break;
-    PG_CASE(1) PG_CASE(2) PG_CASE(3) PG_CASE(4) PG_CASE(5) PG_CASE(6)
-#if PG_MR > 6
-    PG_CASE(7) PG_CASE(8) PG_CASE(9) PG_CASE(10) PG_CASE(11) PG_CASE(12)
-#endif
+    PG_EVERY_MR(PG_CASE)
 #undef PG_CASE
     }
 }
@@ -168,63 +222,10 @@ PG_NAME(gemm)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t ld
         for (ptrdiff_t b = 0; b < nblock; b++) {
             /* rows left / blocks left: at most PG_MR, since nblock blocks of PG_MR cover M */
             int mr = (int)((M - m0) / (nblock - b));
-            PG_NAME(rows)(mr, K, a + m0 * lda, lda, panel, c + m0 * ldc + p * PG_NR, ldc,
+            PG_NAME(rows)(0, mr, K, a + m0 * lda, lda, panel, c + m0 * ldc + p * PG_NR, ldc,
                           ncols, accumulate);
             m0 += mr;
         }
-    }
-}
-
-/* The weight-gradient products: c[r, :ncols] = c (accumulate) or 0, plus
-   sum_k a[k, r] * panel[k, :ncols] for r < mr, a running sum over k in increasing order.
-   a is read where it lies (a[k, r] at a[k * lda + r]: the mr broadcasts of a step come
-   from one gate-gradient row), the panel as pack writes it. */
-static inline __attribute__((always_inline)) void
-PG_NAME(tblock)(const int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const PG_T *panel,
-                PG_T *c, ptrdiff_t ldc, int ncols, int accumulate)
-{
-    PG_VEC acc0[PG_MR], acc1[PG_MR];
-    PG_T tmp[PG_NR];
-    for (int r = 0; r < mr; r++) {
-        if (!accumulate) {
-            acc0[r] = PG_ZERO();
-            acc1[r] = PG_ZERO();
-        } else if (ncols == PG_NR) {
-            acc0[r] = PG_LOAD(c + r * ldc);
-            acc1[r] = PG_LOAD(c + r * ldc + PG_VL);
-        } else {
-            for (int j = 0; j < PG_NR; j++)
-                tmp[j] = j < ncols ? c[r * ldc + j] : 0;
-            acc0[r] = PG_LOAD(tmp);
-            acc1[r] = PG_LOAD(tmp + PG_VL);
-        }
-    }
-    PG_NAME(terms)(mr, K, a, 1, lda, panel, acc0, acc1);
-    for (int r = 0; r < mr; r++) {
-        PG_T *cr = c + r * ldc;
-        if (ncols == PG_NR) {
-            PG_STORE(cr, acc0[r]);
-            PG_STORE(cr + PG_VL, acc1[r]);
-        } else {
-            PG_STORE(tmp, acc0[r]);
-            PG_STORE(tmp + PG_VL, acc1[r]);
-            for (int j = 0; j < ncols; j++)
-                cr[j] = tmp[j];
-        }
-    }
-}
-
-static void
-PG_NAME(trows)(int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const PG_T *panel,
-               PG_T *c, ptrdiff_t ldc, int ncols, int accumulate)
-{
-    switch (mr) {
-#define PG_CASE(n) case n: PG_NAME(tblock)(n, K, a, lda, panel, c, ldc, ncols, accumulate); break;
-    PG_CASE(1) PG_CASE(2) PG_CASE(3) PG_CASE(4) PG_CASE(5) PG_CASE(6)
-#if PG_MR > 6
-    PG_CASE(7) PG_CASE(8) PG_CASE(9) PG_CASE(10) PG_CASE(11) PG_CASE(12)
-#endif
-#undef PG_CASE
     }
 }
 
@@ -258,7 +259,7 @@ PG_NAME(gemm_tn)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t
             ptrdiff_t m0 = 0;
             for (ptrdiff_t blk = 0; blk < nblock; blk++) {
                 int mr = (int)((M - m0) / (nblock - blk));
-                PG_NAME(trows)(mr, K, a + m0, lda, packed + p * K * PG_NR,
+                PG_NAME(rows)(1, mr, K, a + m0, lda, packed + p * K * PG_NR,
                                c + m0 * ldc + p * PG_NR, ldc, ncols, accumulate);
                 m0 += mr;
             }
@@ -279,7 +280,7 @@ PG_NAME(gemm_tn)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t
                     apack[k * mr + r] = a[(k0 + k) * lda + m0 + r];
             for (ptrdiff_t p = 0; p < npanel; p++) {
                 int ncols = (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
-                PG_NAME(trows)(mr, kc, apack, mr, packed + (p * K + k0) * PG_NR,
+                PG_NAME(rows)(1, mr, kc, apack, mr, packed + (p * K + k0) * PG_NR,
                                c + m0 * ldc + p * PG_NR, ldc, ncols, acc);
             }
             m0 += mr;
@@ -293,3 +294,4 @@ static ptrdiff_t PG_NAME(packed_len)(ptrdiff_t n, ptrdiff_t K)
     return (n + PG_NR - 1) / PG_NR * PG_NR * K;
 }
 #undef PG_NR
+#undef PG_EVERY_MR
