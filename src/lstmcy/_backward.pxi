@@ -21,11 +21,11 @@
 #     with panel_weights gemm_tn) and db += sum(dgates) over the chunk's rows into the
 #     lane's own sums (its TASK_GATHER first puts the chunk's [x | h_{t-1}] rows in packed
 #     order, or with panel_weights lays them out in panels once for every block); with a
-#     projection also blocks of its
-#     rows, dW_hr += dh^T r (r = o * tanh(c)). A chain has one owner at a time and adds its
-#     chunks in processing order; a thread keeps to its chain while it can, so two threads
-#     never wait on one chain. The last lane of a block to finish adds the lanes' sums in
-#     lane order (TASK_FINISH). Lanes let large blocks (efficient GEMMs) run in parallel.
+#     projection also blocks of its rows, dW_hr += dh^T r (r = o * tanh(c)). A chain has
+#     one owner at a time and adds its chunks in processing order; a thread keeps to its
+#     chain while it can, so two threads never wait on one chain. The last lane of a block
+#     to finish adds the lanes' sums in lane order (TASK_FINISH). Lanes let large blocks
+#     (efficient GEMMs) run in parallel.
 # Nothing waits for anything that needs a thread it holds, so any number of threads (one
 # included) completes the call.
 #

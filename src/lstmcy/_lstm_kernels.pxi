@@ -551,8 +551,8 @@ def backward_layer(
                                and _dims(&db_acc.shape[0], D, lanes * G4, -1)
                                and _dims(&dw_hr_acc.shape[0], D, lanes * w_hr.shape[1], H)),
           "dw_ih, dw_hh, db, dw_hr must be [D, 4H, I], [D, 4H, P], [D, 4H], [D, P, H]; "
-          "z [D, N, I + P (+ H), or the panels' width]; dw, db_acc, dw_hr_acc [D, lanes*4H, I + P], [D, lanes*4H], "
-          "[D, lanes*P, H]")
+          "z [D, N, I + P (+ H), or the panels' width]; dw, db_acc, dw_hr_acc "
+          "[D, lanes*4H, I + P], [D, lanes*4H], [D, lanes*P, H]")
     _need(not projected or (_dims(&dh_rows.shape[0], D, N, P)
                             and _dims(&dr_rows.shape[0], D, N, H)),
           "dh_rows and dr_rows must be [D, N, P] and [D, N, H]")
@@ -710,11 +710,10 @@ def _packed_matmul(const floating[:, ::1] a, const floating[:, ::1] w, bint tran
 
 
 def _gemm_tn(const floating[:, ::1] a, const floating[:, ::1] b, floating[:, ::1] c,
-             bint accumulate, Py_ssize_t repeats=1):
+             bint accumulate):
     """Probe of the weight-gradient product (tests): ``c (+)= a.T @ b`` through ``pack``
-    (of b, once) and ``gemm_tn`` (``repeats`` times, for timing)."""
+    (of b) and ``gemm_tn``."""
     cdef Py_ssize_t K = a.shape[0]
-    cdef Py_ssize_t r
     if b.shape[0] != K or c.shape[0] != a.shape[1] or c.shape[1] != b.shape[1]:
         raise ValueError("shapes do not match")
     if c.shape[0] == 0 or c.shape[1] == 0 or K == 0:
@@ -723,9 +722,8 @@ def _gemm_tn(const floating[:, ::1] a, const floating[:, ::1] b, floating[:, ::1
                                          dtype=np.float32 if floating is float else np.float64)
     with nogil:
         pack(&b[0, 0], b.shape[1], False, K, 0, b.shape[1], &packed[0])
-        for r in range(repeats):
-            gemm_tn(c.shape[0], c.shape[1], K, &a[0, 0], a.shape[1], &packed[0], &c[0, 0],
-                    c.shape[1], accumulate)
+        gemm_tn(c.shape[0], c.shape[1], K, &a[0, 0], a.shape[1], &packed[0], &c[0, 0],
+                c.shape[1], accumulate)
 
 
 def _vector_sigmoid(const floating[::1] x, floating[::1] out):
