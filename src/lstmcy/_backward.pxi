@@ -83,6 +83,16 @@ cdef inline Py_ssize_t _prev_step(const BackwardCall *bc, Py_ssize_t d, Py_ssize
     return t - 1
 
 
+cdef inline const floating *_h_prev(const BackwardCall *bc, floating *like, Py_ssize_t d,
+                                    Py_ssize_t t, Py_ssize_t b) noexcept nogil:
+    """h_{t-1} of row b at step t as the forward read it: the saved h of the step before,
+    or h0."""
+    cdef Py_ssize_t prev_t = _prev_step(bc, d, t, b)
+    if prev_t >= 0:
+        return <floating *>bc.saved[d].h + (prev_t * bc.steps.B + b) * bc.P
+    return <floating *>bc.h0[d] + b * bc.P
+
+
 cdef void _pack_piece_bwd(const BackwardCall *bc, floating *like, Py_ssize_t d,
                           Py_ssize_t piece, Py_ssize_t which) noexcept nogil:
     """TASK_PACK: panels of w_hh (``which`` 0: its P columns, K = 4H) or of w_hr (1: its H
@@ -231,7 +241,7 @@ cdef void _gather(const BackwardCall *bc, floating *like, Py_ssize_t d,
     cdef Py_ssize_t H = bc.H
     cdef Py_ssize_t P = bc.P
     cdef Py_ssize_t B = bc.steps.B
-    cdef Py_ssize_t t_lo, t_hi, r0, r1, t, b, j, prev_t, row
+    cdef Py_ssize_t t_lo, t_hi, r0, r1, t, b, j, row
     cdef const floating *x_row
     cdef const floating *h_prev
     cdef const floating *o_row
@@ -247,9 +257,7 @@ cdef void _gather(const BackwardCall *bc, floating *like, Py_ssize_t d,
             x_row = row_of(<floating *>bc.x.data, &bc.x, t, b)
             for j in range(I):
                 dst[j] = x_row[j]
-            prev_t = _prev_step(bc, d, t, b)
-            h_prev = (<floating *>bc.saved[d].h + (prev_t * B + b) * P if prev_t >= 0
-                      else <floating *>bc.h0[d] + b * P)
+            h_prev = _h_prev(bc, like, d, t, b)
             for j in range(P):
                 dst[I + j] = h_prev[j]
             if bc.projected:  # r = o * tanh(c), as the forward computed it
@@ -267,11 +275,10 @@ cdef void _gather_panels(const BackwardCall *bc, floating *like, Py_ssize_t d, P
     p*nr .. (p+1)*nr at panel p's row k."""
     cdef Py_ssize_t I = bc.I
     cdef Py_ssize_t P = bc.P
-    cdef Py_ssize_t B = bc.steps.B
     cdef Py_ssize_t nr = panel_width(like)
     cdef Py_ssize_t rows = r1 - r0
     cdef Py_ssize_t panels = bc.z_width // nr
-    cdef Py_ssize_t t, b, j, p, c0, c1, prev_t
+    cdef Py_ssize_t t, b, j, p, c0, c1
     cdef const floating *x_row
     cdef const floating *h_prev
     cdef floating *dst
@@ -279,9 +286,7 @@ cdef void _gather_panels(const BackwardCall *bc, floating *like, Py_ssize_t d, P
     for t in range(t_lo, t_hi):
         for b in range(bc.steps.sizes[t]):
             x_row = row_of(<floating *>bc.x.data, &bc.x, t, b)
-            prev_t = _prev_step(bc, d, t, b)
-            h_prev = (<floating *>bc.saved[d].h + (prev_t * B + b) * P if prev_t >= 0
-                      else <floating *>bc.h0[d] + b * P)
+            h_prev = _h_prev(bc, like, d, t, b)
             for p in range(panels):
                 c0 = p * nr
                 c1 = c0 + nr

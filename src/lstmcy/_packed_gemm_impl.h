@@ -24,6 +24,26 @@ PG_NAME(put)(PG_T *c, PG_VEC lo, PG_VEC hi, int accumulate)
     PG_STORE(c + PG_VL, hi);
 }
 
+/* Rows r < mr of c[:, :ncols] = acc (or c + acc when accumulating), the last, partial
+   panel's columns through a copy. */
+static inline __attribute__((always_inline)) void
+PG_NAME(put_rows)(const int mr, const PG_VEC *acc0, const PG_VEC *acc1, PG_T *c, ptrdiff_t ldc,
+                  int ncols, int accumulate)
+{
+    for (int r = 0; r < mr; r++) {
+        PG_T *cr = c + r * ldc;
+        if (ncols == PG_NR) {
+            PG_NAME(put)(cr, acc0[r], acc1[r], accumulate);
+        } else {
+            PG_T tmp[PG_NR];
+            PG_STORE(tmp, acc0[r]);
+            PG_STORE(tmp + PG_VL, acc1[r]);
+            for (int j = 0; j < ncols; j++)
+                cr[j] = accumulate ? cr[j] + tmp[j] : tmp[j];
+        }
+    }
+}
+
 /* acc[r] += a(r, k) * panel[k, :PG_NR] for k < K, in increasing k, r < mr: the register-
    blocked multiply of both products, a(r, k) at a[r * row + k * step] (a's rows, or with
    step = lda its columns). Inlined with constant mr and strides, so the accumulators stay
@@ -56,18 +76,7 @@ PG_NAME(block)(const int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const PG
         acc1[r] = PG_ZERO();
     }
     PG_NAME(terms)(mr, K, a, lda, 1, panel, acc0, acc1);
-    for (int r = 0; r < mr; r++) {
-        PG_T *cr = c + r * ldc;
-        if (ncols == PG_NR) {
-            PG_NAME(put)(cr, acc0[r], acc1[r], accumulate);
-        } else {  /* the last, partial panel */
-            PG_T tmp[PG_NR];
-            PG_STORE(tmp, acc0[r]);
-            PG_STORE(tmp + PG_VL, acc1[r]);
-            for (int j = 0; j < ncols; j++)
-                cr[j] = accumulate ? cr[j] + tmp[j] : tmp[j];
-        }
-    }
+    PG_NAME(put_rows)(mr, acc0, acc1, c, ldc, ncols, accumulate);
 }
 
 /* One row against np (2 to 4) full panels at once: 2 * np accumulators instead of
@@ -121,18 +130,7 @@ PG_NAME(tblock)(const int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const P
         }
     }
     PG_NAME(terms)(mr, K, a, 1, lda, panel, acc0, acc1);
-    for (int r = 0; r < mr; r++) {
-        PG_T *cr = c + r * ldc;
-        if (ncols == PG_NR) {
-            PG_STORE(cr, acc0[r]);
-            PG_STORE(cr + PG_VL, acc1[r]);
-        } else {
-            PG_STORE(tmp, acc0[r]);
-            PG_STORE(tmp + PG_VL, acc1[r]);
-            for (int j = 0; j < ncols; j++)
-                cr[j] = tmp[j];
-        }
-    }
+    PG_NAME(put_rows)(mr, acc0, acc1, c, ldc, ncols, 0);
 }
 
 /* block (tn = 0: a[r, k] at a[r * lda + k]) or tblock (tn = 1: a[k, r] at a[k * lda + r])
