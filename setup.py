@@ -4,6 +4,7 @@ Compiler directives are set here, once for every module. Set ``LSTMCY_DEBUG=1``
 when building to turn on bounds and initialisation checks (and -O0 -g) for debugging, and
 the test hooks (``LSTMCY_TEST_HOOKS``: see ``src/lstmcy/_threadpool.h``).
 """
+import glob
 import os
 import platform
 import subprocess
@@ -57,11 +58,17 @@ class BuildExt(build_ext):
         super().build_extensions()
 
 
+# The C headers the extensions include: editing one rebuilds them (cythonize tracks only
+# the Cython files).
+HEADERS = sorted(glob.glob("src/lstmcy/*.h"))
+
+
 def extension(name, source, flags=()):
     return Extension(
         f"lstmcy.{name}",
         [f"src/lstmcy/{source}.pyx"],
         include_dirs=[np.get_include(), "src/lstmcy"],
+        depends=HEADERS,
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_9_API_VERSION")],
         extra_compile_args=compile_args + list(flags),
         extra_link_args=["-pthread"],

@@ -175,11 +175,15 @@ def _packed_len(n, k, dtype):
 
 
 @functools.lru_cache(maxsize=256)
-def _packed_weights_len(kind, H, P, projected, schedule, dtype):
+def _packed_weights_len(kind, H, P, I, projected, schedule, dtype):
     """Elements of one direction's packed weights in a ``kind`` ("forward" or "backward")
-    layer call of that schedule."""
-    packed_len = _lstm.forward_packed_len if kind == "forward" else _lstm.backward_packed_len
-    return packed_len(H, P, projected, schedule.split, schedule.groups, dtype == np.float64)
+    layer call of that schedule (``I`` input features)."""
+    is_double = dtype == np.float64
+    if kind == "forward":
+        return _lstm.forward_packed_len(H, P, I, projected, schedule.split, schedule.groups,
+                                        schedule.fused_input, is_double)
+    return _lstm.backward_packed_len(H, P, projected, schedule.split, schedule.groups,
+                                     is_double)
 
 
 def _draw_masks(problem, dropout, rng):
@@ -262,7 +266,8 @@ class LSTMPlan:
 
         The workspace is O(T*B*4H) per direction: the gate (gradient) buffer and, where the
         input is not in packed order, a packed copy of the input (gradient), plus a
-        panel-packed copy of ``w_hh`` (and ``w_hr``) per direction for the recurrent
+        panel-packed copy of ``w_hh`` (and ``w_hr``, and ``w_ih`` where the forward takes
+        x's product in the recurrence) per direction for the recurrent
         products; the backward adds, per direction, ``[x | h_{t-1} (| r_t)]`` in packed row
         order for the weight gradients, ``lanes`` ``[4H, I + P]`` weight-gradient sums and
         float64 bias ones (see :func:`lstmcy._schedule.backward_lanes`), and with a
@@ -299,9 +304,11 @@ class LSTMPlan:
         # The recurrent weights packed: by rows, or by units in up to H / 16 parts (each
         # part's panels padded apart); the backward's packing.
         parts = max(1, H // 16)
-        kinds = [_lstm.forward_packed_len] + ([_lstm.backward_packed_len] if backward else [])
-        packed = max(packed_len(H, P, projected, split, groups, is_double) for packed_len in kinds
-                     for split, groups in [(0, 1), (1, parts)])
+        packed = max(
+            [_lstm.forward_packed_len(H, P, width, projected, split, groups, True, is_double)
+             for split, groups in [(0, 1), (1, parts)]]
+            + [_lstm.backward_packed_len(H, P, projected, split, groups, is_double)
+               for split, groups in [(0, 1), (1, parts)] if backward])
         elements += D * packed
         extra_bytes = 9 * (ALIGN - 1)  # room to align each of the (at most 9) named buffers
         if backward:
@@ -397,12 +404,15 @@ class LSTMPlan:
         D, H, P, cdt = p.D, p.H, p.P, p.compute_dtype
         cpus = min(n_threads, _process_cpus())
         if kind == "forward":
-            schedule = forward_schedule(p.T, p.B, setup.in_size, H, D, cpus, p.projected)
+            schedule = forward_schedule(p.T, p.B, setup.in_size, H, D, cpus, p.projected,
+                                        itemsize=cdt.itemsize)
         else:
             schedule = backward_schedule(p.T, p.B, setup.in_size, H, D, cpus, p.projected,
                                          small_gemms=blas_small_gemms())
         w_packed = self._take(
-            "w_packed", (D * _packed_weights_len(kind, H, P, p.projected, schedule, cdt),), cdt)
+            "w_packed",
+            (D * _packed_weights_len(kind, H, P, setup.in_size, p.projected, schedule, cdt),),
+            cdt)
         setup.by_threads[n_threads] = schedule, w_packed
         return schedule, w_packed
 

@@ -184,8 +184,8 @@ def most_split(monkeypatch, split="rows"):
         return own._replace(split=_schedule.SPLIT_ROWS, groups=max(1, min(per_direction, B)),
                             pack_pieces=n_threads)
 
-    def forward(T, B, I, H, D, n_threads, projected=False):
-        own = _schedule.forward_schedule(T, B, I, H, D, n_threads, projected)
+    def forward(T, B, I, H, D, n_threads, projected=False, itemsize=4):
+        own = _schedule.forward_schedule(T, B, I, H, D, n_threads, projected, itemsize)
         return finest(own, B, D, n_threads, projected)
 
     def backward(T, B, I, H, D, n_threads, projected=False, small_gemms=False):

@@ -272,6 +272,38 @@ def test_packed_gemm_row_alone_gives_the_same_bits(build):
     assert out.stdout.strip() == "[]", f"{build}: rows whose bits differ alone: {out.stdout}"
 
 
+_PACKED_SUM = r"""
+import numpy as np
+from lstmcy._dispatch import kernels
+rng = np.random.default_rng(6)
+bad = []
+for dtype in (np.float32, np.float64):
+    # 1 to 9 panels, partial last ones; one row (its own path) and register blocks
+    for m, k, k2, n in [(1, 1, 1, 8), (1, 32, 64, 128), (1, 3, 5, 100), (2, 7, 9, 16),
+                        (5, 33, 17, 48), (16, 64, 128, 256), (13, 40, 8, 144), (32, 3, 64, 288)]:
+        a, a2 = (rng.standard_normal((m, kk)).astype(dtype) for kk in (k, k2))
+        w, w2 = (rng.standard_normal((n, kk)).astype(dtype) for kk in (k, k2))
+        c = np.full((m, n), np.nan, dtype=dtype)
+        kernels._packed_matmul2(a, w, a2, w2, c)
+        one = np.zeros((m, n), dtype=dtype)
+        kernels._packed_matmul(np.hstack([a, a2]), np.hstack([w, w2]), True, one, False)
+        if c.tobytes() != one.tobytes():
+            bad.append((np.dtype(dtype).name, m, k, k2, n))
+print(bad)
+"""
+
+
+@pytest.mark.parametrize("build", _dispatch.available_builds())
+def test_packed_sum_of_two_products_is_one_running_sum(build):
+    """The forward's product with the input inside the recurrence (fused_input),
+    x @ w_ih^T + h @ w_hh^T, sums every element over the first product's terms, then the
+    second's: the bits of one product of the concatenated operands, [x | h] @ [w_ih | w_hh]^T
+    (checked against numpy by test_packed_gemm_matches_numpy), one row alone included."""
+    out = subprocess.run([sys.executable, "-c", _PACKED_SUM], check=True, capture_output=True,
+                         text=True, env=dict(os.environ, LSTMCY_KERNELS=build))
+    assert out.stdout.strip() == "[]", f"{build}: sums whose bits differ: {out.stdout}"
+
+
 _GEMM_TN = r"""
 import numpy as np
 from lstmcy._dispatch import kernels
@@ -397,6 +429,27 @@ def test_plan_workspace_stays_within_required_workspace(layout, bidirectional, d
     needed = lstmcy.LSTMPlan.required_workspace(
         T, B, I, H, num_layers=kwargs["num_layers"], bidirectional=bidirectional,
         batch_sizes=kwargs.get("batch_sizes"), dtype=dtype)
+    assert 0 < plan.workspace_size <= needed
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_required_workspace_bounds_the_fused_input_product(dtype):
+    # Layers whose forward packs w_ih beside w_hh (_schedule.fused_input), both layers:
+    # 6 sequences, 40 input features, 2 * 24 into the second layer.
+    T, B, I, H = 5, 6, 40, 24
+    from lstmcy import _schedule
+    assert _schedule.fused_input(B, I, H, np.dtype(dtype).itemsize)
+    assert _schedule.fused_input(B, 2 * H, H, np.dtype(dtype).itemsize)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((T, B, I)).astype(dtype)
+    params = [rng.standard_normal(shape).astype(dtype) for layer_in in (I, 2 * H)
+              for _ in range(2) for shape in ((4 * H, layer_in), (4 * H, H), (4 * H,), (4 * H,))]
+    plan = lstmcy.LSTMPlan()
+    y, h_n, c_n, cache = plan.forward(x, None, params, num_layers=2, bidirectional=True)
+    plan.backward(x, None, params, np.ones_like(y), h_n, c_n, *cache.saved(), num_layers=2,
+                  bidirectional=True)
+    needed = lstmcy.LSTMPlan.required_workspace(T, B, I, H, num_layers=2, bidirectional=True,
+                                                dtype=dtype, backward=True)
     assert 0 < plan.workspace_size <= needed
 
 

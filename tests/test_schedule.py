@@ -31,9 +31,10 @@ CONFIGS = {
 BACKWARD = [(1, 1, 16, 1, 1), (1, 3, 64, 2, 2), (2, 5, 32, 3, 1), (3, 3, 1000, 4, 3),
             (1000, 1000, 16, 2, 1), (4, 4, 48, 1, 100), (2, 7, 64, 5, 2), (6, 1, 16, 7, 5),
             (5, 2, 80, 2, 1), (1, 1, 1000, 30, 1)]
-# (split, piece_steps) of the forward; the backward's recurrence is split the same way
-FORWARD = [(_schedule.SPLIT_ROWS, 1), (_schedule.SPLIT_ROWS, 5), (_schedule.SPLIT_UNITS, 2),
-           (_schedule.SPLIT_UNITS, 1000)]
+# (split, piece_steps, fused_input) of the forward; the backward's recurrence is split the
+# same way
+FORWARD = [(_schedule.SPLIT_ROWS, 1, False), (_schedule.SPLIT_ROWS, 5, True),
+           (_schedule.SPLIT_UNITS, 2, True), (_schedule.SPLIT_UNITS, 1000, False)]
 THREADS = (1, 2, 3, 4, 8)
 
 
@@ -42,7 +43,7 @@ def schedules(backward, forward):
     (``forward``'s, for both) still follows the thread count (a group or part per thread,
     down to one row or to empty parts)."""
     first, chunk, block_rows, lanes, dx_steps = backward
-    split, piece_steps = forward
+    split, piece_steps, fused_input = forward
 
     def split_of(B, D, n_threads, projected):
         per_direction = max(1, n_threads // D)
@@ -50,9 +51,9 @@ def schedules(backward, forward):
         groups = per_direction if use == _schedule.SPLIT_UNITS else min(per_direction, B)
         return use, max(1, groups)
 
-    def fwd(T, B, I, H, D, n_threads, projected=False):
+    def fwd(T, B, I, H, D, n_threads, projected=False, itemsize=4):
         return _schedule.ForwardSchedule(*split_of(B, D, n_threads, projected), piece_steps,
-                                         n_threads)
+                                         n_threads, fused_input)
 
     def bwd(T, B, I, H, D, n_threads, projected=False, small_gemms=False):
         return _schedule.BackwardSchedule(*split_of(B, D, n_threads, projected), first, chunk,
@@ -87,7 +88,10 @@ def check_thread_counts(call, counts):
     check_against_reference(call, one)
 
 
-@pytest.mark.parametrize("forward", FORWARD, ids=[f"{'units' if s else 'rows'}-piece{p}" for s, p in FORWARD])
+FORWARD_IDS = [f"{'units' if s else 'rows'}-piece{p}{'-fused' if f else ''}" for s, p, f in FORWARD]
+
+
+@pytest.mark.parametrize("forward", FORWARD, ids=FORWARD_IDS)
 @pytest.mark.parametrize("backward", BACKWARD, ids=[f"first{f}-chunk{c}-block{b}-lanes{n}-dx{d}"
                                                     for f, c, b, n, d in BACKWARD])
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -100,8 +104,10 @@ def test_schedule_matches_reference_and_is_thread_independent(name, backward, fo
 def test_bit_fixing_fields_are_a_function_of_the_shape():
     for shape in [(1, 1, 1, 1, 1), (50, 64, 256, 256, 1), (100, 64, 125, 320, 1),
                   (32, 16, 32, 64, 2), (7, 3, 5, 160, 2), (1000, 1, 1, 8, 1), (0, 4, 2, 8, 1)]:
-        forward = {n: _schedule.forward_schedule(*shape, n) for n in (1, 2, 3, 8, 64)}
-        assert len({s.piece_steps for s in forward.values()}) == 1
+        for itemsize in (4, 8):
+            forward = {n: _schedule.forward_schedule(*shape, n, itemsize=itemsize)
+                       for n in (1, 2, 3, 8, 64)}
+            assert len({(s.piece_steps, s.fused_input) for s in forward.values()}) == 1
         for small_gemms in (False, True):
             backward = {n: _schedule.backward_schedule(*shape, n, small_gemms=small_gemms)
                         for n in (1, 2, 3, 8, 64)}

@@ -5,8 +5,11 @@
 #      the units split each part packs its own columns in its first step).
 #   2. TASK_PROJECT: gates = x @ w_ih^T for a range of steps, both directions (one BLAS
 #      GEMM each), in the order the recurrences need them (two directions: from both ends).
+#      With fused_input it only gathers the piece's x rows where they are not in packed
+#      order (x_packed).
 #   3. TASK_RECURRENCE (split by rows): a group of batch rows (g, g + groups, ...) runs
-#      every step alone: a packed GEMM adds h_{t-1} @ w_hh^T to its rows' gates, then
+#      every step alone: a packed GEMM adds h_{t-1} @ w_hh^T to its rows' gates (with
+#      fused_input: gates = x_t @ w_ih^T + h_{t-1} @ w_hh^T, one packed product), then
 #      the cell. A row never reads another row, so groups never wait for each other, only
 #      for their steps' projection pieces.
 #   TASK_UNIT_STEP (split by units, for a few rows): per step, each part adds the products
@@ -20,6 +23,10 @@
 # updated in place (each row's units by one task at a time). With a projection (h of size
 # P), the cells write r = o * tanh(c) to r_rows and a second packed GEMM per step gives the
 # group's h = r @ w_hr^T (the units split is not used then).
+#
+# fused_input (a function of the shape, _schedule.fused_input) takes x's product inside the
+# recurrence: each step's rows multiply w_ih^T's packed panels from cache, where a BLAS
+# projection writes every row's gates to memory and the recurrence reads them back.
 #
 # Bits: every product of a row, or of a column, is the same whichever rows or columns
 # share its packed GEMM call, and the projection pieces are a function of the shape. So the
@@ -37,6 +44,28 @@ cdef inline floating *_h_source(const ForwardCall *fc, floating *like, Py_ssize_
     return row_of(<floating *>fc.y.data, &fc.y, t, b) + d * fc.P
 
 
+cdef inline const floating *_x_rows(const ForwardCall *fc, floating *like, Py_ssize_t n,
+                                    Py_ssize_t *ld) noexcept nogil:
+    """Packed row ``n`` of the layer input (x in place, or its gathered copy) and the
+    stride between packed rows there."""
+    if fc.x_rows_packed:
+        ld[0] = fc.x.ld
+        return <floating *>fc.x.data + n * fc.x.ld + fc.x.col
+    ld[0] = fc.I
+    return <floating *>fc.x_packed + n * fc.I
+
+
+cdef inline void _step_product(Py_ssize_t m, Py_ssize_t nc, Py_ssize_t I, const floating *x,
+                               Py_ssize_t ldx, const floating *packed_x, Py_ssize_t P,
+                               const floating *h, Py_ssize_t ldh, const floating *packed,
+                               floating *out, Py_ssize_t ldo) noexcept nogil:
+    """out[m, nc] += h @ packed, or with ``packed_x`` out = x @ packed_x + h @ packed."""
+    if packed_x != NULL:
+        packed_gemm2(m, nc, I, x, ldx, packed_x, P, h, ldh, packed, out, ldo)
+    else:
+        packed_gemm(m, nc, P, h, ldh, packed, out, ldo, True)
+
+
 cdef inline Py_ssize_t _group_rows(Py_ssize_t n_active, Py_ssize_t g, Py_ssize_t groups) noexcept nogil:
     """How many of the rows g, g + groups, ... are below ``n_active``."""
     return (n_active - g + groups - 1) // groups if n_active > g else 0
@@ -45,16 +74,19 @@ cdef inline Py_ssize_t _group_rows(Py_ssize_t n_active, Py_ssize_t g, Py_ssize_t
 cdef void _add_recurrent_products(const ForwardCall *fc, floating *like, Py_ssize_t d,
                                   Py_ssize_t s, Py_ssize_t t, Py_ssize_t g, Py_ssize_t groups,
                                   Py_ssize_t m, Py_ssize_t c0, Py_ssize_t nc,
-                                  const floating *packed) noexcept nogil:
+                                  const floating *packed, const floating *packed_x) noexcept nogil:
     """gates[rows, c0:c0+nc] += h_{t-1}[rows] @ op(w_hh)[:, c0:c0+nc] for the ``m`` active
     rows g, g + groups, ... of step t (step ``s`` in processing order); ``packed`` holds
-    those columns. Rows active at the previous step read its h, the others h0."""
+    those columns. With ``packed_x`` (those columns of w_ih^T packed: fused_input) the
+    gates are x_t[rows] @ w_ih^T + h_{t-1}[rows] @ w_hh^T instead. Rows active at the
+    previous step read its h, the others h0."""
     cdef Py_ssize_t P = fc.P
     cdef Py_ssize_t G4 = 4 * fc.H
     cdef Py_ssize_t n0 = fc.steps.start[t]
     cdef Py_ssize_t m_prev = 0
-    cdef Py_ssize_t t_prev, stride
+    cdef Py_ssize_t t_prev, stride, ldx
     cdef const floating *src
+    cdef const floating *x = _x_rows(fc, like, n0 + g, &ldx)
     cdef floating *out = <floating *>fc.gates[d] + (n0 + g) * G4 + c0
     if m == 0 or nc == 0 or P == 0:
         return
@@ -64,11 +96,12 @@ cdef void _add_recurrent_products(const ForwardCall *fc, floating *like, Py_ssiz
         m_prev = m if m_prev > m else m_prev
     if m_prev > 0:
         src = _h_source(fc, like, d, t_prev, g, &stride)
-        packed_gemm(m_prev, nc, P, src, groups * stride, packed, out, groups * G4, True)
+        _step_product(m_prev, nc, fc.I, x, groups * ldx, packed_x, P, src, groups * stride,
+                      packed, out, groups * G4)
     if m > m_prev:
         src = <floating *>fc.h0[d] + (g + m_prev * groups) * P
-        packed_gemm(m - m_prev, nc, P, src, groups * P, packed,
-                    out + m_prev * groups * G4, groups * G4, True)
+        _step_product(m - m_prev, nc, fc.I, x + m_prev * groups * ldx, groups * ldx, packed_x,
+                      P, src, groups * P, packed, out + m_prev * groups * G4, groups * G4)
 
 
 cdef void _cells(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t t,
@@ -174,7 +207,8 @@ cdef inline void _step_range(Py_ssize_t piece, Py_ssize_t piece_steps, Py_ssize_
 
 
 cdef void _project(const ForwardCall *fc, floating *like, Py_ssize_t piece) noexcept nogil:
-    """TASK_PROJECT: gates[d] = x @ w_ih[d]^T over the packed rows of the piece's steps."""
+    """TASK_PROJECT: gates[d] = x @ w_ih[d]^T over the packed rows of the piece's steps
+    (with fused_input only the gathering of x's rows, where they are not packed)."""
     cdef Py_ssize_t I = fc.I
     cdef Py_ssize_t G4 = 4 * fc.H
     cdef Py_ssize_t t_lo, t_hi, r0, r1, t, b, j, d, lda
@@ -186,18 +220,16 @@ cdef void _project(const ForwardCall *fc, floating *like, Py_ssize_t piece) noex
     r1 = fc.steps.start[t_hi - 1] + fc.steps.sizes[t_hi - 1]
     if r1 == r0 or G4 == 0:
         return
-    if fc.x_rows_packed:
-        a = <floating *>fc.x.data + r0 * fc.x.ld + fc.x.col
-        lda = fc.x.ld
-    else:
+    if not fc.x_rows_packed:
         for t in range(t_lo, t_hi):
             for b in range(fc.steps.sizes[t]):
                 x_row = row_of(<floating *>fc.x.data, &fc.x, t, b)
                 dst = <floating *>fc.x_packed + (fc.steps.start[t] + b) * I
                 for j in range(I):
                     dst[j] = x_row[j]
-        a = <floating *>fc.x_packed + r0 * I
-        lda = I
+    if fc.fused_input:
+        return
+    a = _x_rows(fc, like, r0, &lda)
     for d in range(fc.D):
         gemm(NoTrans, Trans, <int>(r1 - r0), <int>G4, <int>I, <floating>1, a, <int>lda,
              <floating *>fc.w_ih[d], <int>I, <floating>0,
@@ -206,18 +238,21 @@ cdef void _project(const ForwardCall *fc, floating *like, Py_ssize_t piece) noex
 
 cdef void _pack_piece(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t piece,
                       Py_ssize_t which) noexcept nogil:
-    """TASK_PACK: panels of w_hh^T (``which`` 0: 4H columns, K = P; split by rows) or of
-    w_hr^T (1: P columns, K = H) for piece ``piece`` of ``pack_pieces``."""
+    """TASK_PACK: panels of w_hh^T (``which`` 0: 4H columns, K = P; split by rows), of
+    w_hr^T (1: P columns, K = H) or of w_ih^T (2: 4H columns, K = I) for piece ``piece``
+    of ``pack_pieces``."""
     cdef Py_ssize_t nr = panel_width(like)
-    cdef Py_ssize_t columns = 4 * fc.H if which == 0 else fc.P
-    cdef Py_ssize_t K = fc.P if which == 0 else fc.H
+    cdef Py_ssize_t columns = fc.P if which == 1 else 4 * fc.H
+    cdef Py_ssize_t K = fc.P if which == 0 else (fc.H if which == 1 else fc.I)
     cdef Py_ssize_t panels = (columns + nr - 1) // nr
     cdef Py_ssize_t per = (panels + fc.pack_pieces - 1) // fc.pack_pieces
     cdef Py_ssize_t p0 = piece * per
     cdef Py_ssize_t p1 = p0 + per if p0 + per < panels else panels
     cdef Py_ssize_t c1 = p1 * nr if p1 * nr < columns else columns
-    cdef const floating *w = <floating *>(fc.w_hh[d] if which == 0 else fc.w_hr[d])
-    cdef floating *out = <floating *>fc.w_packed[d] + (0 if which == 0 else fc.hr_offset)
+    cdef const floating *w = <floating *>(
+        fc.w_hh[d] if which == 0 else (fc.w_hr[d] if which == 1 else fc.w_ih[d]))
+    cdef floating *out = <floating *>fc.w_packed[d] + (
+        0 if which == 0 else (fc.hr_offset if which == 1 else fc.ih_offset))
     if p1 <= p0 or K == 0:
         return
     pack(w, K, True, K, p0 * nr, c1 - p0 * nr, out + p0 * nr * K)
@@ -231,8 +266,12 @@ cdef void _recurrence_rows(const ForwardCall *fc, floating *like, Py_ssize_t d,
     cdef Py_ssize_t s, t, m, piece
     cdef Py_ssize_t last_piece = -1
     cdef long long start = 0
+    cdef const floating *packed_x = NULL
+    if fc.fused_input:
+        packed_x = <floating *>fc.w_packed[d] + fc.ih_offset
     if fc.H > 0:
-        job_wait(&fc.pack_done[d], <int>(fc.pack_pieces * (2 if fc.projected else 1)), fc.spin_ns)
+        job_wait(&fc.pack_done[d], <int>(fc.pack_pieces * (1 + fc.projected + fc.fused_input)),
+                 fc.spin_ns)
     for s in range(T):
         t = T - 1 - s if d == 1 else s
         piece = t // fc.piece_steps
@@ -245,7 +284,7 @@ cdef void _recurrence_rows(const ForwardCall *fc, floating *like, Py_ssize_t d,
             last_piece = piece
         m = _group_rows(fc.steps.sizes[t], g, groups)
         _add_recurrent_products(fc, like, d, s, t, g, groups, m, 0, 4 * fc.H,
-                                <floating *>fc.w_packed[d])
+                                <floating *>fc.w_packed[d], packed_x)
         _cells(fc, like, d, t, g, groups, 0, fc.H)
         if fc.projected:
             _project_h(fc, like, d, t, g, groups, m)
@@ -260,22 +299,31 @@ cdef void _unit_step(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssi
     cdef Py_ssize_t H = fc.H
     cdef Py_ssize_t T = fc.steps.T
     cdef Py_ssize_t t = T - 1 - s if d == 1 else s
-    cdef Py_ssize_t u0, u1, w, q, plen
+    cdef Py_ssize_t I = fc.I
+    cdef Py_ssize_t u0, u1, w, q, plen, plen_x
     cdef long long start
     cdef floating *packed
+    cdef floating *packed_x = NULL
     job_wait(&fc.piece_done[t // fc.piece_steps], 1, fc.spin_ns)
     start = trace_start(&fc.trace)
     unit_range(H, fc.groups, u, &u0, &u1)
     w = u1 - u0
     packed = <floating *>fc.w_packed[d] + units_packed_offset(H, fc.groups, u, 4, H, like)
     plen = packed_len(w, H, like)
+    plen_x = packed_len(w, I, like)
+    if fc.fused_input:
+        packed_x = (<floating *>fc.w_packed[d] + fc.ih_offset
+                    + units_packed_offset(H, fc.groups, u, 4, I, like))
     if s == 0 and w > 0 and H > 0:
         for q in range(4):
             pack(<floating *>fc.w_hh[d], H, True, H, q * H + u0, w, packed + q * plen)
+            if fc.fused_input:
+                pack(<floating *>fc.w_ih[d], I, True, I, q * H + u0, w, packed_x + q * plen_x)
     if w > 0:
         for q in range(4):
             _add_recurrent_products(fc, like, d, s, t, 0, 1, fc.steps.sizes[t], q * H + u0, w,
-                                    packed + q * plen)
+                                    packed + q * plen,
+                                    packed_x + q * plen_x if fc.fused_input else NULL)
         _cells(fc, like, d, t, 0, 1, u0, w)
         if s == T - 1:
             _final_h(fc, like, d, 0, 1, u0, w)

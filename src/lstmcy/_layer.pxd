@@ -103,8 +103,11 @@ cdef struct ForwardCall:
     char *gates[2]                  # workspace [N, 4H]: pre-activations
     char *r_rows[2]                 # workspace [N, H]: o * tanh(c_t) (projected)
     char *x_packed                  # workspace [N, I]
-    char *w_packed[2]               # workspace: packed w_hh^T, then w_hr^T (projected)
+    char *w_packed[2]               # workspace: packed w_hh^T, then w_hr^T (projected),
+                                    # then w_ih^T (fused_input)
     Py_ssize_t hr_offset            # where w_hr^T starts in w_packed
+    Py_ssize_t ih_offset            # where w_ih^T starts in w_packed (fused_input)
+    bint fused_input                # x @ w_ih^T in the recurrence's product, not projected
     # schedule (a function of the shape, but for groups and split: of the thread count)
     Split split
     Py_ssize_t groups               # row groups or unit parts per direction

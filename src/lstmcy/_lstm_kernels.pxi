@@ -37,8 +37,8 @@ from lstmcy._layer cimport (
     TASK_DX, TASK_FINISH, TASK_GATHER, TASK_PACK, TASK_PROJECT, TASK_RECURRENCE,
     TASK_UNIT_STEP, TASK_WEIGHTS, TRACE_FIELDS, UnitsCall, row_of, trace_start, trace_task,
     unit_range, units_packed_offset)
-from lstmcy._packed_gemm cimport (gemm_tn, pack, packed_gemm, packed_len, panel_width,
-                                  pg_d_packed_len, pg_s_packed_len)
+from lstmcy._packed_gemm cimport (gemm_tn, pack, packed_gemm, packed_gemm2, packed_len,
+                                  panel_width, pg_d_packed_len, pg_s_packed_len)
 from lstmcy._sync cimport (claim, compare_exchange, event_add, event_get, event_set,
                            load_acquire, lstmcy_event, store_release, take_next)
 from lstmcy._threadpool cimport job_fn, job_wait, run_job, wait_spin_ns
@@ -208,15 +208,34 @@ cdef Py_ssize_t _packed(Py_ssize_t n, Py_ssize_t k, bint is_double) noexcept:
     return pg_d_packed_len(n, k) if is_double else pg_s_packed_len(n, k)
 
 
-def forward_packed_len(Py_ssize_t H, Py_ssize_t P, bint projected, int split, Py_ssize_t groups,
-                       bint is_double):
-    """Elements of one direction's packed weights in a forward: w_hh^T for the rows split
-    (then w_hr^T with a projection), or each of ``groups`` unit parts' columns."""
+cdef Py_ssize_t _units_packed(Py_ssize_t H, Py_ssize_t parts, Py_ssize_t K,
+                              bint is_double) noexcept:
+    """Elements of the four gates' columns of a [K, 4H] matrix packed part by part."""
+    if is_double:
+        return units_packed_offset(H, parts, parts, 4, K, <double *>NULL)
+    return units_packed_offset(H, parts, parts, 4, K, <float *>NULL)
+
+
+cdef Py_ssize_t _forward_ih_offset(Py_ssize_t H, Py_ssize_t P, bint projected, int split,
+                                   Py_ssize_t groups, bint is_double) noexcept:
+    """Where w_ih^T's panels start in one direction's packed weights of a forward (after
+    w_hh^T's, and w_hr^T's with a projection)."""
     if split == SPLIT_ROWS:
         return _packed(4 * H, P, is_double) + (_packed(P, H, is_double) if projected else 0)
-    if is_double:
-        return units_packed_offset(H, groups, groups, 4, H, <double *>NULL)
-    return units_packed_offset(H, groups, groups, 4, H, <float *>NULL)
+    return _units_packed(H, groups, H, is_double)
+
+
+def forward_packed_len(Py_ssize_t H, Py_ssize_t P, Py_ssize_t I, bint projected, int split,
+                       Py_ssize_t groups, bint fused_input, bint is_double):
+    """Elements of one direction's packed weights in a forward: w_hh^T for the rows split
+    (then w_hr^T with a projection), or each of ``groups`` unit parts' columns; then with
+    ``fused_input`` w_ih^T (``I`` input features) in the same way."""
+    cdef Py_ssize_t n = _forward_ih_offset(H, P, projected, split, groups, is_double)
+    if not fused_input:
+        return n
+    if split == SPLIT_ROWS:
+        return n + _packed(4 * H, I, is_double)
+    return n + _units_packed(H, groups, I, is_double)
 
 
 def backward_packed_len(Py_ssize_t H, Py_ssize_t P, bint projected, int split,
@@ -284,7 +303,7 @@ def forward_layer(
         Workspace of ``D * forward_packed_len(H, P, projected, split, groups)`` elements.
     schedule
         ``split`` (0 rows, 1 units), ``groups`` (row groups or unit parts per direction),
-        ``piece_steps`` (steps per projection piece), ``pack_pieces``.
+        ``piece_steps`` (steps per projection piece), ``pack_pieces``, ``fused_input``.
     n_threads : int
         Threads to run on (at most; the pool may give fewer when others use it).
     flush_denormals : bool
@@ -337,7 +356,8 @@ def forward_layer(
     if not (groups >= 1 and piece_steps >= 1 and pack_pieces >= 1
             and (split == SPLIT_ROWS or (split == SPLIT_UNITS and not projected))):
         raise ValueError(f"bad schedule {schedule!r}")  # formatted only when raised
-    plen = forward_packed_len(H, P, projected, split, groups, floating is double)
+    plen = forward_packed_len(H, P, I, projected, split, groups, schedule.fused_input,
+                              floating is double)
     _need(w_packed.shape[0] >= D * plen, "w_packed is too small")
     memset(&fc, 0, sizeof(fc))
     if training:
@@ -356,6 +376,8 @@ def forward_layer(
     fc.P = P
     fc.projected = projected
     fc.hr_offset = packed_len(4 * H, P, <floating *>NULL)
+    fc.ih_offset = _forward_ih_offset(H, P, projected, split, groups, floating is double)
+    fc.fused_input = schedule.fused_input
     fc.training = training
     _rows(&fc.x, x, x_step_row, x_batch_stride)
     fc.x_rows_packed = x_rows_packed
@@ -381,7 +403,7 @@ def forward_layer(
 
     # The task list: packing (rows split), the projection pieces in the order the
     # recurrences use them (two directions: from both ends), the row groups.
-    n_matrices = 2 if projected else 1  # w_hh, and w_hr
+    n_matrices = 1 + projected + fc.fused_input  # w_hh, w_hr, w_ih
     n_tasks = D * pack_pieces * n_matrices + n_pieces + D * groups
     cdef Task *tasks = <Task *>calloc(n_tasks, sizeof(Task))
     cdef lstmcy_event *events = <lstmcy_event *>calloc(n_pieces + 6, sizeof(lstmcy_event))
@@ -394,7 +416,9 @@ def forward_layer(
     n_tasks = 0
     if split == SPLIT_ROWS and H > 0:
         for d in range(D):
-            for which in range(n_matrices):
+            for which in range(3):
+                if (which == 1 and not projected) or (which == 2 and not fc.fused_input):
+                    continue
                 for q in range(pack_pieces):
                     _add_task(tasks, &n_tasks, TASK_PACK, d, q, which)
     for j in range(n_pieces):
@@ -707,6 +731,26 @@ def _packed_matmul(const floating[:, ::1] a, const floating[:, ::1] w, bint tran
         pack(&w[0, 0], w.shape[1], trans, K, n0, n, &packed[0])
         packed_gemm(a.shape[0], n, K, &a[0, 0], a.shape[1], &packed[0], &c[0, 0], c.shape[1],
                     accumulate)
+
+
+def _packed_matmul2(const floating[:, ::1] a, const floating[:, ::1] w,
+                    const floating[:, ::1] a2, const floating[:, ::1] w2, floating[:, ::1] c):
+    """Probe of the sum of two packed products (tests): ``c = a @ w.T + a2 @ w2.T`` through
+    ``pack`` and ``packed_gemm2``."""
+    cdef Py_ssize_t M = a.shape[0], n = w.shape[0], K = a.shape[1], K2 = a2.shape[1]
+    if (w.shape[1] != K or w2.shape[1] != K2 or a2.shape[0] != M or w2.shape[0] != n
+            or c.shape[0] != M or c.shape[1] != n):
+        raise ValueError("shapes do not match")
+    if M == 0 or n == 0 or K == 0 or K2 == 0:
+        raise ValueError("empty products are not handled by the packed GEMM")
+    dtype = np.float32 if floating is float else np.float64
+    cdef floating[::1] packed = np.empty(packed_len(n, K, &c[0, 0]), dtype=dtype)
+    cdef floating[::1] packed2 = np.empty(packed_len(n, K2, &c[0, 0]), dtype=dtype)
+    with nogil:
+        pack(&w[0, 0], K, True, K, 0, n, &packed[0])
+        pack(&w2[0, 0], K2, True, K2, 0, n, &packed2[0])
+        packed_gemm2(M, n, K, &a[0, 0], K, &packed[0], K2, &a2[0, 0], K2, &packed2[0],
+                     &c[0, 0], n)
 
 
 def _gemm_tn(const floating[:, ::1] a, const floating[:, ::1] b, floating[:, ::1] c,

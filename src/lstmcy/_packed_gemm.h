@@ -1,6 +1,7 @@
 /* GEMM against a matrix packed once: the per-step recurrent products of the LSTM
-   (gates += h @ W_hh^T forward, dh = dgates @ W_hh backward), and the weight gradients
-   (dW += dgates^T [x | h] over a chunk of rows).
+   (gates += h @ W_hh^T forward, or gates = x @ W_ih^T + h @ W_hh^T in one product;
+   dh = dgates @ W_hh backward), and the weight gradients (dW += dgates^T [x | h] over a
+   chunk of rows).
 
    OpenBLAS packs both operands on every call; for these GEMMs (few rows, W_hh of up to
    megabytes, T calls in a row) the packing costs as much as the multiply. Here W_hh is
@@ -12,8 +13,9 @@
    identical results; the portable build (no FMA) rounds each product separately (setup.py
    compiles with -ffp-contract=off, which keeps the compiler from fusing acc + a * b).
 
-   Three functions per type (pg_s_* float, pg_d_* double): pack, gemm and gemm_tn, plus
-   packed_len(n, K), the elements a packed n-column matrix takes. */
+   Functions per type (pg_s_* float, pg_d_* double): pack, gemm, gemm2 (the sum of two
+   products) and gemm_tn, plus packed_len(n, K), the elements a packed n-column matrix
+   takes. */
 #ifndef LSTMCY_PACKED_GEMM_H
 #define LSTMCY_PACKED_GEMM_H
 #include <stddef.h>

@@ -11,6 +11,12 @@ cdef extern from "_packed_gemm.h" nogil:
                    const float *packed, float *c, Py_ssize_t ldc, int accumulate)
     void pg_d_gemm(Py_ssize_t M, Py_ssize_t n, Py_ssize_t K, const double *a, Py_ssize_t lda,
                    const double *packed, double *c, Py_ssize_t ldc, int accumulate)
+    void pg_s_gemm2(Py_ssize_t M, Py_ssize_t n, Py_ssize_t K, const float *a, Py_ssize_t lda,
+                    const float *packed, Py_ssize_t K2, const float *a2, Py_ssize_t lda2,
+                    const float *packed2, float *c, Py_ssize_t ldc, int accumulate)
+    void pg_d_gemm2(Py_ssize_t M, Py_ssize_t n, Py_ssize_t K, const double *a, Py_ssize_t lda,
+                    const double *packed, Py_ssize_t K2, const double *a2, Py_ssize_t lda2,
+                    const double *packed2, double *c, Py_ssize_t ldc, int accumulate)
     void pg_s_gemm_tn(Py_ssize_t M, Py_ssize_t n, Py_ssize_t K, const float *a, Py_ssize_t lda,
                       const float *packed, float *c, Py_ssize_t ldc, int accumulate)
     void pg_d_gemm_tn(Py_ssize_t M, Py_ssize_t n, Py_ssize_t K, const double *a, Py_ssize_t lda,
@@ -41,6 +47,19 @@ cdef inline void packed_gemm(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k, const flo
         pg_s_gemm(m, n, k, a, lda, packed, c, ldc, accumulate)
     else:
         pg_d_gemm(m, n, k, a, lda, packed, c, ldc, accumulate)
+
+
+cdef inline void packed_gemm2(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k, const floating *a,
+                              Py_ssize_t lda, const floating *packed, Py_ssize_t k2,
+                              const floating *a2, Py_ssize_t lda2, const floating *packed2,
+                              floating *c, Py_ssize_t ldc) noexcept nogil:
+    """``C[m, n] = A[m, k] @ P[k, n] + A2[m, k2] @ P2[k2, n]``, both packed by ``pack``:
+    each element one running sum over the first product's terms, then the second's. As
+    :func:`packed_gemm`, calls may split the rows or the columns any way."""
+    if floating is float:
+        pg_s_gemm2(m, n, k, a, lda, packed, k2, a2, lda2, packed2, c, ldc, False)
+    else:
+        pg_d_gemm2(m, n, k, a, lda, packed, k2, a2, lda2, packed2, c, ldc, False)
 
 
 cdef inline void gemm_tn(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k, const floating *a,

@@ -79,20 +79,30 @@ PG_NAME(block)(const int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const PG
     PG_NAME(put_rows)(mr, acc0, acc1, c, ldc, ncols, accumulate);
 }
 
-/* One row against np (2 to 4) full panels at once: 2 * np accumulators instead of
-   block's 2 for a single row, so that the multiply-adds do not wait on each other's
-   latency (a single row has no other rows to interleave). Each element gets the same
-   terms in the same order as in block: the same bits. */
+/* block of the sum of two products: c[r, :ncols] (+)= sum_k a[r, k] * panel[k, :ncols]
+   + sum_k a2[r, k] * panel2[k, :ncols], one running sum over the first product's terms,
+   then the second's. Apart from block, whose loop then keeps no second operand live. */
 static inline __attribute__((always_inline)) void
-PG_NAME(row_panels)(const int np, ptrdiff_t K, const PG_T *a, const PG_T *panels,
-                    PG_T *c, int accumulate)
+PG_NAME(block2)(const int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const PG_T *panel,
+                ptrdiff_t K2, const PG_T *a2, ptrdiff_t lda2, const PG_T *panel2,
+                PG_T *c, ptrdiff_t ldc, int ncols, int accumulate)
 {
-    PG_VEC acc0[4], acc1[4];
-    const ptrdiff_t stride = K * PG_NR;  /* elements of one panel */
-    for (int q = 0; q < np; q++) {
-        acc0[q] = PG_ZERO();
-        acc1[q] = PG_ZERO();
+    PG_VEC acc0[PG_MR], acc1[PG_MR];
+    for (int r = 0; r < mr; r++) {
+        acc0[r] = PG_ZERO();
+        acc1[r] = PG_ZERO();
     }
+    PG_NAME(terms)(mr, K, a, lda, 1, panel, acc0, acc1);
+    PG_NAME(terms)(mr, K2, a2, lda2, 1, panel2, acc0, acc1);
+    PG_NAME(put_rows)(mr, acc0, acc1, c, ldc, ncols, accumulate);
+}
+
+/* acc[q] += sum_k a[k] * panels[q][k, :PG_NR] for q < np, in increasing k. */
+static inline __attribute__((always_inline)) void
+PG_NAME(row_terms)(const int np, ptrdiff_t K, const PG_T *a, const PG_T *panels,
+                   PG_VEC *acc0, PG_VEC *acc1)
+{
+    const ptrdiff_t stride = K * PG_NR;  /* elements of one panel */
     for (ptrdiff_t k = 0; k < K; k++) {
         PG_VEC av = PG_SET1(a[k]);
         for (int q = 0; q < np; q++) {
@@ -101,6 +111,25 @@ PG_NAME(row_panels)(const int np, ptrdiff_t K, const PG_T *a, const PG_T *panels
             acc1[q] = PG_MULADD(acc1[q], av, PG_LOAD(b + PG_VL));
         }
     }
+}
+
+/* One row against np (2 to 4) full panels at once (and against those of the second
+   product, K2 > 0): 2 * np accumulators instead of block's 2 for a single row, so that
+   the multiply-adds do not wait on each other's latency (a single row has no other rows
+   to interleave). Each element gets the same terms in the same order as in block and
+   block2: the same bits. */
+static inline __attribute__((always_inline)) void
+PG_NAME(row_panels)(const int np, ptrdiff_t K, const PG_T *a, const PG_T *panels,
+                    ptrdiff_t K2, const PG_T *a2, const PG_T *panels2, PG_T *c, int accumulate)
+{
+    PG_VEC acc0[4], acc1[4];
+    for (int q = 0; q < np; q++) {
+        acc0[q] = PG_ZERO();
+        acc1[q] = PG_ZERO();
+    }
+    PG_NAME(row_terms)(np, K, a, panels, acc0, acc1);
+    if (K2 > 0)
+        PG_NAME(row_terms)(np, K2, a2, panels2, acc0, acc1);
     for (int q = 0; q < np; q++)
         PG_NAME(put)(c + q * PG_NR, acc0[q], acc1[q], accumulate);
 }
@@ -133,15 +162,25 @@ PG_NAME(tblock)(const int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const P
     PG_NAME(put_rows)(mr, acc0, acc1, c, ldc, ncols, 0);
 }
 
-/* block (tn = 0: a[r, k] at a[r * lda + k]) or tblock (tn = 1: a[k, r] at a[k * lda + r])
-   with a constant block height mr. */
+/* block (tn = 0: a[r, k] at a[r * lda + k]), with K2 > 0 block2 (and the second product),
+   or tblock (tn = 1: a[k, r] at a[k * lda + r]) with a constant block height mr. */
 static void
 PG_NAME(rows)(int tn, int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const PG_T *panel,
+              ptrdiff_t K2, const PG_T *a2, ptrdiff_t lda2, const PG_T *panel2,
               PG_T *c, ptrdiff_t ldc, int ncols, int accumulate)
 {
     if (tn) {
         switch (mr) {
 #define PG_CASE(n) case n: PG_NAME(tblock)(n, K, a, lda, panel, c, ldc, ncols, accumulate); break;
+        PG_EVERY_MR(PG_CASE)
+#undef PG_CASE
+        }
+        return;
+    }
+    if (K2 > 0) {
+        switch (mr) {
+#define PG_CASE(n) case n: PG_NAME(block2)(n, K, a, lda, panel, K2, a2, lda2, panel2, c, ldc, \
+                                           ncols, accumulate); break;
         PG_EVERY_MR(PG_CASE)
 #undef PG_CASE
         }
@@ -187,13 +226,17 @@ PG_NAME(pack)(const PG_T *w, ptrdiff_t ldw, int trans, ptrdiff_t K, ptrdiff_t n0
     }
 }
 
-/* c[M, n] = a[M, K] @ packed[K, n] (accumulate: c += ...). Panel-outer, so one panel
-   (K x PG_NR) stays in cache while all M rows pass over it. The rows go in as few blocks
-   as PG_MR allows, of even sizes (16 rows: 8 + 8, not 12 + 4, whose 4-row block loads
-   almost as much as it computes); a row's result does not depend on its block. */
+/* c[M, n] = a[M, K] @ packed[K, n] + a2[M, K2] @ packed2[K2, n] (accumulate: c += ...;
+   K2 = 0: the first product alone; a2 and packed2 are then not read), each element one
+   running sum over the first product's terms, then the second's. Panel-outer, so one panel
+   (K x PG_NR, and K2 x PG_NR) stays in cache while all M rows pass over it. The rows go in
+   as few blocks as PG_MR allows, of even sizes (16 rows: 8 + 8, not 12 + 4, whose 4-row
+   block loads almost as much as it computes); a row's result does not depend on its
+   block. */
 static void
-PG_NAME(gemm)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t lda,
-              const PG_T *packed, PG_T *c, ptrdiff_t ldc, int accumulate)
+PG_NAME(gemm2)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t lda,
+               const PG_T *packed, ptrdiff_t K2, const PG_T *a2, ptrdiff_t lda2,
+               const PG_T *packed2, PG_T *c, ptrdiff_t ldc, int accumulate)
 {
     ptrdiff_t npanel = (n + PG_NR - 1) / PG_NR;
     ptrdiff_t nblock = (M + PG_MR - 1) / PG_MR;
@@ -203,28 +246,39 @@ PG_NAME(gemm)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t ld
         while (full - p >= 2) {
             int np = full - p >= 4 ? 4 : (int)(full - p);
             const PG_T *panels = packed + p * K * PG_NR;
+            const PG_T *panels2 = K2 > 0 ? packed2 + p * K2 * PG_NR : NULL;
             PG_T *cp = c + p * PG_NR;
             if (np == 4)
-                PG_NAME(row_panels)(4, K, a, panels, cp, accumulate);
+                PG_NAME(row_panels)(4, K, a, panels, K2, a2, panels2, cp, accumulate);
             else if (np == 3)
-                PG_NAME(row_panels)(3, K, a, panels, cp, accumulate);
+                PG_NAME(row_panels)(3, K, a, panels, K2, a2, panels2, cp, accumulate);
             else
-                PG_NAME(row_panels)(2, K, a, panels, cp, accumulate);
+                PG_NAME(row_panels)(2, K, a, panels, K2, a2, panels2, cp, accumulate);
             p += np;
         }
     }
     for (; p < npanel; p++) {
         int ncols = (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
         const PG_T *panel = packed + p * K * PG_NR;
+        const PG_T *panel2 = K2 > 0 ? packed2 + p * K2 * PG_NR : NULL;
         ptrdiff_t m0 = 0;
         for (ptrdiff_t b = 0; b < nblock; b++) {
             /* rows left / blocks left: at most PG_MR, since nblock blocks of PG_MR cover M */
             int mr = (int)((M - m0) / (nblock - b));
-            PG_NAME(rows)(0, mr, K, a + m0 * lda, lda, panel, c + m0 * ldc + p * PG_NR, ldc,
-                          ncols, accumulate);
+            PG_NAME(rows)(0, mr, K, a + m0 * lda, lda, panel, K2,
+                          K2 > 0 ? a2 + m0 * lda2 : NULL, lda2, panel2,
+                          c + m0 * ldc + p * PG_NR, ldc, ncols, accumulate);
             m0 += mr;
         }
     }
+}
+
+/* c[M, n] = a[M, K] @ packed[K, n] (accumulate: c += ...). */
+static void
+PG_NAME(gemm)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t lda,
+              const PG_T *packed, PG_T *c, ptrdiff_t ldc, int accumulate)
+{
+    PG_NAME(gemm2)(M, n, K, a, lda, packed, 0, NULL, 0, NULL, c, ldc, accumulate);
 }
 
 /* Steps of k per pass of a block of rows over the panels, when its values of a are copied
@@ -257,8 +311,8 @@ PG_NAME(gemm_tn)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t
             ptrdiff_t m0 = 0;
             for (ptrdiff_t blk = 0; blk < nblock; blk++) {
                 int mr = (int)((M - m0) / (nblock - blk));
-                PG_NAME(rows)(1, mr, K, a + m0, lda, packed + p * K * PG_NR,
-                               c + m0 * ldc + p * PG_NR, ldc, ncols, accumulate);
+                PG_NAME(rows)(1, mr, K, a + m0, lda, packed + p * K * PG_NR, 0, NULL, 0, NULL,
+                              c + m0 * ldc + p * PG_NR, ldc, ncols, accumulate);
                 m0 += mr;
             }
         }
@@ -278,8 +332,8 @@ PG_NAME(gemm_tn)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t
                     apack[k * mr + r] = a[(k0 + k) * lda + m0 + r];
             for (ptrdiff_t p = 0; p < npanel; p++) {
                 int ncols = (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
-                PG_NAME(rows)(1, mr, kc, apack, mr, packed + (p * K + k0) * PG_NR,
-                               c + m0 * ldc + p * PG_NR, ldc, ncols, acc);
+                PG_NAME(rows)(1, mr, kc, apack, mr, packed + (p * K + k0) * PG_NR, 0, NULL,
+                              0, NULL, c + m0 * ldc + p * PG_NR, ldc, ncols, acc);
             }
             m0 += mr;
         }
