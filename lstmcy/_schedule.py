@@ -114,15 +114,17 @@ PANEL_WEIGHTS_COLUMNS = 256
 #: features whose w_ih takes at most FUSED_INPUT_BYTES takes x's product inside the
 #: recurrence (``fused_input``): each step's packed GEMM gives x_t @ w_ih^T + h_{t-1} @
 #: w_hh^T, with w_ih^T packed once beside w_hh^T, instead of a BLAS projection writing every
-#: row's gates to memory for the recurrence to read back. On an AMD EPYC (Zen 4), float32,
-#: the training forward ran 4-8 % faster on one thread at (T, B, I, H) = (32, 16, 32, 64),
-#: (50, 8, 64, 64), (64, 32, 64, 128) and (50, 64, 256, 256), and on two 1-12 % faster
-#: there, 8 % with two bidirectional layers at (50, 32, 64, 128) and 26 % at
-#: (50, 4, 64, 256) (split by units). Below those sizes one BLAS projection of all the
-#: steps costs less: at I = 3 and 16 the extra pass per step is 4 % slower, with one or two
-#: rows a step's product is a matrix-vector one (12 % slower at B = 1); a larger w_ih falls
-#: out of the caches between steps (25 % slower at (35, 20, 650, 650), 4 % at
-#: (25, 32, 512, 512), and in float64 at 2 MiB).
+#: row's gates to memory for the recurrence to read back. On an AMD EPYC (Zen 4) the
+#: training forward ran 6-11 % faster on one thread at (T, B, I, H) = (32, 16, 32, 64),
+#: (50, 8, 64, 64), (50, 32, 64, 128) (float32 and float64), (64, 32, 64, 128),
+#: (100, 64, 125, 320), (50, 64, 256, 256) and with two bidirectional layers at
+#: (50, 32, 64, 128); on two threads 4-10 % there, 22-28 % at (50, 8, 64, 64) and
+#: (50, 4, 64, 256) (benchmarks/forward_input.py; results/forward_input.md). Below those
+#: sizes one BLAS projection of all the steps costs less: at I = 3 and 16 the extra pass
+#: per step is 4 % slower, and with one or two rows a step's product is a matrix-vector one
+#: (3-12 % slower). A larger w_ih was slower at (35, 20, 650, 650) (6.8 MB: 27-33 %), in
+#: float64 at (25, 32, 512, 512) (8 MiB: 21-24 %) and mostly at 1.3-2 MiB (up to 4 %), and
+#: at (25, 32, 512, 512) in float32 (4 MiB) faster or slower by up to 7 % from run to run.
 FUSED_INPUT_ROWS = 4
 FUSED_INPUT_FEATURES = 32
 FUSED_INPUT_BYTES = 1 << 20
