@@ -25,6 +25,9 @@ CONFIGS = [
     (6, 16, 3, 32, 8, 2, False, False, "time_major"),
     (4, 1, 2, 12, 4, 1, True, True, "packed"),
     (9, 12, 6, 20, 7, 3, True, True, "packed"),
+    # layer 0 takes its input's product inside the recurrence (_schedule.fused_input)
+    (6, 5, 40, 24, 6, 2, True, True, "batch_first"),
+    (8, 6, 33, 20, 5, 1, False, True, "packed"),
 ]
 IDS = [f"T{c[0]}-B{c[1]}-H{c[3]}-P{c[4]}-L{c[5]}{'-bi' if c[6] else ''}{'' if c[7] else '-nobias'}-{c[8]}"
        for c in CONFIGS]
