@@ -63,29 +63,16 @@ PG_NAME(terms)(const int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t row, ptrdiff_
     }
 }
 
-/* c[r, :ncols] (+)= sum_k a[r, k] * panel[k, :ncols] for r < mr. Inlined with a constant
-   mr, so the 2 * mr accumulators stay in registers. Each element is summed over k in
-   increasing order whatever the vector width. */
+/* c[r, :ncols] (+)= sum_k a[r, k] * panel[k, :ncols] + sum_k a2[r, k] * panel2[k, :ncols]
+   for r < mr, one running sum over the first product's terms, then the second's (K2 = 0:
+   the first product alone). Inlined with a constant mr, so the 2 * mr accumulators stay in
+   registers; called with a literal K2 = 0 the second loop compiles away and keeps no
+   operand of it live. Each element is summed over k in increasing order whatever the
+   vector width. */
 static inline __attribute__((always_inline)) void
 PG_NAME(block)(const int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const PG_T *panel,
+               ptrdiff_t K2, const PG_T *a2, ptrdiff_t lda2, const PG_T *panel2,
                PG_T *c, ptrdiff_t ldc, int ncols, int accumulate)
-{
-    PG_VEC acc0[PG_MR], acc1[PG_MR];
-    for (int r = 0; r < mr; r++) {
-        acc0[r] = PG_ZERO();
-        acc1[r] = PG_ZERO();
-    }
-    PG_NAME(terms)(mr, K, a, lda, 1, panel, acc0, acc1);
-    PG_NAME(put_rows)(mr, acc0, acc1, c, ldc, ncols, accumulate);
-}
-
-/* block of the sum of two products: c[r, :ncols] (+)= sum_k a[r, k] * panel[k, :ncols]
-   + sum_k a2[r, k] * panel2[k, :ncols], one running sum over the first product's terms,
-   then the second's. Apart from block, whose loop then keeps no second operand live. */
-static inline __attribute__((always_inline)) void
-PG_NAME(block2)(const int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const PG_T *panel,
-                ptrdiff_t K2, const PG_T *a2, ptrdiff_t lda2, const PG_T *panel2,
-                PG_T *c, ptrdiff_t ldc, int ncols, int accumulate)
 {
     PG_VEC acc0[PG_MR], acc1[PG_MR];
     for (int r = 0; r < mr; r++) {
@@ -116,8 +103,8 @@ PG_NAME(row_terms)(const int np, ptrdiff_t K, const PG_T *a, const PG_T *panels,
 /* One row against np (2 to 4) full panels at once (and against those of the second
    product, K2 > 0): 2 * np accumulators instead of block's 2 for a single row, so that
    the multiply-adds do not wait on each other's latency (a single row has no other rows
-   to interleave). Each element gets the same terms in the same order as in block and
-   block2: the same bits. */
+   to interleave). Each element gets the same terms in the same order as in block: the
+   same bits. */
 static inline __attribute__((always_inline)) void
 PG_NAME(row_panels)(const int np, ptrdiff_t K, const PG_T *a, const PG_T *panels,
                     ptrdiff_t K2, const PG_T *a2, const PG_T *panels2, PG_T *c, int accumulate)
@@ -162,8 +149,8 @@ PG_NAME(tblock)(const int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const P
     PG_NAME(put_rows)(mr, acc0, acc1, c, ldc, ncols, 0);
 }
 
-/* block (tn = 0: a[r, k] at a[r * lda + k]), with K2 > 0 block2 (and the second product),
-   or tblock (tn = 1: a[k, r] at a[k * lda + r]) with a constant block height mr. */
+/* block (tn = 0: a[r, k] at a[r * lda + k], and with K2 > 0 the second product) or tblock
+   (tn = 1: a[k, r] at a[k * lda + r]) with a constant block height mr. */
 static void
 PG_NAME(rows)(int tn, int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const PG_T *panel,
               ptrdiff_t K2, const PG_T *a2, ptrdiff_t lda2, const PG_T *panel2,
@@ -179,15 +166,16 @@ PG_NAME(rows)(int tn, int mr, ptrdiff_t K, const PG_T *a, ptrdiff_t lda, const P
     }
     if (K2 > 0) {
         switch (mr) {
-#define PG_CASE(n) case n: PG_NAME(block2)(n, K, a, lda, panel, K2, a2, lda2, panel2, c, ldc, \
-                                           ncols, accumulate); break;
+#define PG_CASE(n) case n: PG_NAME(block)(n, K, a, lda, panel, K2, a2, lda2, panel2, c, ldc, \
+                                          ncols, accumulate); break;
         PG_EVERY_MR(PG_CASE)
 #undef PG_CASE
         }
         return;
     }
-    switch (mr) {
-#define PG_CASE(n) case n: PG_NAME(block)(n, K, a, lda, panel, c, ldc, ncols, accumulate); break;
+    switch (mr) {  /* one product: the literal K2 = 0 leaves block's second loop out */
+#define PG_CASE(n) case n: PG_NAME(block)(n, K, a, lda, panel, 0, NULL, 0, NULL, c, ldc, ncols, \
+                                          accumulate); break;
     PG_EVERY_MR(PG_CASE)
 #undef PG_CASE
     }
