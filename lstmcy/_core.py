@@ -507,8 +507,7 @@ class LSTMPlan:
         y = alloc(p.output_shape(), dtype=cdt)
         y_rows = _as_rows(y)
         # The kernels write the final states (c in place, from c0); h_n starts as h0 for
-        # calls without steps. One request for both (the row groups of the threads write
-        # interleaved rows, from a cache line on).
+        # calls without steps. One request for both.
         states = self._results.empty((p.h0.size + p.c0.size,), dtype=cdt)
         h_n = states[:p.h0.size].reshape(p.h0.shape)
         c_n = states[p.h0.size:].reshape(p.c0.shape)

@@ -2,7 +2,8 @@
 #
 # First the listed tasks (BackwardCall.tasks), in order:
 #   1. TASK_PACK: pieces of w_hh packed for the per-step products dh = dgates @ w_hh.
-#   2. TASK_RECURRENCE (split by rows): a group of batch rows (g, g + groups, ...) runs
+#   2. TASK_RECURRENCE (split by rows): a group of batch rows (a block of consecutive rows,
+#      BackwardCall.row_start) runs
 #      every step alone, in reverse processing order: the cell's backward writes the four
 #      gate gradients of its rows to dgates and updates dc, then a packed GEMM gives dh for
 #      the step before. A row's recurrence never reads another row. Each group publishes
@@ -113,8 +114,8 @@ cdef void _pack_piece_bwd(const BackwardCall *bc, floating *like, Py_ssize_t d,
 
 
 cdef void _cells_bwd(const BackwardCall *bc, floating *like, Py_ssize_t d, Py_ssize_t t,
-                     Py_ssize_t g, Py_ssize_t groups, Py_ssize_t u0, Py_ssize_t w) noexcept nogil:
-    """The cells' backward of units [u0, u0 + w) of the active rows g, g + groups, ... at
+                     Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t u0, Py_ssize_t w) noexcept nogil:
+    """The cells' backward of units [u0, u0 + w) of the active rows of [r0, r1) at
     step t: their gate gradients to dgates, dc_state from dc_t to dc_{t-1}. What reaches
     o * tanh(c_t) is dh_t = dy_t + dh_state (kept in dh_state), or with a projection the
     row of dr_rows."""
@@ -122,7 +123,7 @@ cdef void _cells_bwd(const BackwardCall *bc, floating *like, Py_ssize_t d, Py_ss
     cdef Py_ssize_t P = bc.P
     cdef Py_ssize_t B = bc.steps.B
     cdef Py_ssize_t n0 = bc.steps.start[t]
-    cdef Py_ssize_t nb = bc.steps.sizes[t]
+    cdef Py_ssize_t nb = bc.steps.sizes[t] if bc.steps.sizes[t] < r1 else r1
     cdef const Saved *sv = &bc.saved[d]
     cdef floating *dh_state = <floating *>bc.dh_state[d]
     cdef Py_ssize_t b, r, j, prev_t
@@ -130,8 +131,7 @@ cdef void _cells_bwd(const BackwardCall *bc, floating *like, Py_ssize_t d, Py_ss
     cdef const floating *dy_row
     cdef const floating *cell_in
     cdef floating *dh_t
-    b = g
-    while b < nb:
+    for b in range(r0, nb):
         r = (t * B + b) * H + u0
         if bc.projected:
             cell_in = <floating *>bc.dr_rows[d] + (n0 + b) * H + u0
@@ -148,12 +148,11 @@ cdef void _cells_bwd(const BackwardCall *bc, floating *like, Py_ssize_t d, Py_ss
                       <floating *>sv.g + r, <floating *>sv.o + r, <floating *>sv.tanhc + r,
                       <floating *>bc.dc_state[d] + b * H + u0,
                       <floating *>bc.dgates[d] + (n0 + b) * 4 * H + u0)
-        b += groups
 
 
 cdef void _recurrence_rows_bwd(const BackwardCall *bc, floating *like, Py_ssize_t d,
                                Py_ssize_t g, int worker, int order) noexcept nogil:
-    """TASK_RECURRENCE: every step of the rows g, g + groups, ... of direction d: dh_t = dy_t
+    """TASK_RECURRENCE: every step of row group g of direction d: dh_t = dy_t
     + the gradient from step t+1 (with a projection kept in dh_rows, and dh_t @ w_hr, the
     gradient of o * tanh(c_t), in dr_rows), the cell's backward, then dh for the step
     before, dgates_t @ w_hh."""
@@ -161,7 +160,8 @@ cdef void _recurrence_rows_bwd(const BackwardCall *bc, floating *like, Py_ssize_
     cdef Py_ssize_t H = bc.H
     cdef Py_ssize_t P = bc.P
     cdef Py_ssize_t G4 = 4 * H
-    cdef Py_ssize_t groups = bc.groups
+    cdef Py_ssize_t r0 = bc.row_start[g]
+    cdef Py_ssize_t r1 = bc.row_start[g + 1]
     cdef floating *dgates = <floating *>bc.dgates[d]
     cdef floating *dh_state = <floating *>bc.dh_state[d]
     cdef floating *dh_rows = <floating *>bc.dh_rows[d]
@@ -177,23 +177,23 @@ cdef void _recurrence_rows_bwd(const BackwardCall *bc, floating *like, Py_ssize_
     for s in range(T):
         t = s if d == 1 else T - 1 - s
         n0 = bc.steps.start[t]
-        m = _group_rows(bc.steps.sizes[t], g, groups)
+        m = _rows_below(bc.steps.sizes[t], r0, r1)
         if H > 0 and m > 0:
             if bc.projected:
                 for k in range(m):
-                    b = g + k * groups
+                    b = r0 + k
                     dy_row = row_of(<floating *>bc.dy.data, &bc.dy, t, b) + d * P
                     dh_t = dh_rows + (n0 + b) * P
                     for j in range(P):
                         dh_t[j] = dy_row[j] + dh_state[b * P + j]
-                packed_gemm(m, H, P, dh_rows + (n0 + g) * P, groups * P,
+                packed_gemm(m, H, P, dh_rows + (n0 + r0) * P, P,
                             <floating *>bc.w_packed[d] + bc.hr_offset,
-                            <floating *>bc.dr_rows[d] + (n0 + g) * H, groups * H, False)
-            _cells_bwd(bc, like, d, t, g, groups, 0, H)
+                            <floating *>bc.dr_rows[d] + (n0 + r0) * H, H, False)
+            _cells_bwd(bc, like, d, t, r0, r1, 0, H)
             # dh for the step before: dgates_t @ w_hh over the group's rows.
-            packed_gemm(m, P, G4, dgates + (n0 + g) * G4, groups * G4,
-                        <floating *>bc.w_packed[d], dh_state + g * P, groups * P, False)
-        event_set(&bc.progress[d * groups + g], <int>(s + 1))
+            packed_gemm(m, P, G4, dgates + (n0 + r0) * G4, G4,
+                        <floating *>bc.w_packed[d], dh_state + r0 * P, P, False)
+        event_set(&bc.progress[d * bc.groups + g], <int>(s + 1))
         if s + 1 == c_end:
             trace_task(&bc.trace, TASK_RECURRENCE, d, g, c, worker, start, order)
             start = trace_start(&bc.trace)
@@ -226,7 +226,7 @@ cdef void _unit_step_bwd(const BackwardCall *bc, floating *like, Py_ssize_t d, P
                         <floating *>bc.dgates[d] + bc.steps.start[t_prev] * G4, G4, packed,
                         <floating *>bc.dh_state[d] + u0, H, False)
         if s < T:
-            _cells_bwd(bc, like, d, s if d == 1 else T - 1 - s, 0, 1, u0, w)
+            _cells_bwd(bc, like, d, s if d == 1 else T - 1 - s, 0, bc.steps.B, u0, w)
     if s < T:
         event_set(&bc.progress[d * bc.groups + u], <int>(s + 1))
     event_add(&bc.step_done[d], 1)

@@ -7,8 +7,8 @@
 #      GEMM each), in the order the recurrences need them (two directions: from both ends).
 #      With fused_input it only gathers the piece's x rows where they are not in packed
 #      order (x_packed).
-#   3. TASK_RECURRENCE (split by rows): a group of batch rows (g, g + groups, ...) runs
-#      every step alone: a packed GEMM adds h_{t-1} @ w_hh^T to its rows' gates (with
+#   3. TASK_RECURRENCE (split by rows): a group of batch rows (a block of consecutive rows,
+#      ForwardCall.row_start) runs every step alone: a packed GEMM adds h_{t-1} @ w_hh^T to its rows' gates (with
 #      fused_input: gates = x_t @ w_ih^T + h_{t-1} @ w_hh^T, one packed product), then
 #      the cell. A row never reads another row, so groups never wait for each other, only
 #      for their steps' projection pieces.
@@ -66,17 +66,19 @@ cdef inline void _step_product(Py_ssize_t m, Py_ssize_t nc, Py_ssize_t I, const 
         packed_gemm(m, nc, P, h, ldh, packed, out, ldo, True)
 
 
-cdef inline Py_ssize_t _group_rows(Py_ssize_t n_active, Py_ssize_t g, Py_ssize_t groups) noexcept nogil:
-    """How many of the rows g, g + groups, ... are below ``n_active``."""
-    return (n_active - g + groups - 1) // groups if n_active > g else 0
+cdef inline Py_ssize_t _rows_below(Py_ssize_t n_active, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
+    """How many of the rows [r0, r1) are below ``n_active``."""
+    if n_active > r1:
+        n_active = r1
+    return n_active - r0 if n_active > r0 else 0
 
 
 cdef void _add_recurrent_products(const ForwardCall *fc, floating *like, Py_ssize_t d,
-                                  Py_ssize_t s, Py_ssize_t t, Py_ssize_t g, Py_ssize_t groups,
+                                  Py_ssize_t s, Py_ssize_t t, Py_ssize_t r0, Py_ssize_t r1,
                                   Py_ssize_t m, Py_ssize_t c0, Py_ssize_t nc,
                                   const floating *packed, const floating *packed_x) noexcept nogil:
     """gates[rows, c0:c0+nc] += h_{t-1}[rows] @ op(w_hh)[:, c0:c0+nc] for the ``m`` active
-    rows g, g + groups, ... of step t (step ``s`` in processing order); ``packed`` holds
+    rows of [r0, r1) at step t (step ``s`` in processing order); ``packed`` holds
     those columns. With ``packed_x`` (those columns of w_ih^T packed: fused_input) the
     gates are x_t[rows] @ w_ih^T + h_{t-1}[rows] @ w_hh^T instead. Rows active at the
     previous step read its h, the others h0."""
@@ -86,34 +88,33 @@ cdef void _add_recurrent_products(const ForwardCall *fc, floating *like, Py_ssiz
     cdef Py_ssize_t m_prev = 0
     cdef Py_ssize_t t_prev, stride, ldx
     cdef const floating *src
-    cdef const floating *x = _x_rows(fc, like, n0 + g, &ldx)
-    cdef floating *out = <floating *>fc.gates[d] + (n0 + g) * G4 + c0
+    cdef const floating *x = _x_rows(fc, like, n0 + r0, &ldx)
+    cdef floating *out = <floating *>fc.gates[d] + (n0 + r0) * G4 + c0
     if m == 0 or nc == 0 or P == 0:
         return
     if s > 0:
         t_prev = t + 1 if d == 1 else t - 1
-        m_prev = _group_rows(fc.steps.sizes[t_prev], g, groups)
+        m_prev = _rows_below(fc.steps.sizes[t_prev], r0, r1)
         m_prev = m if m_prev > m else m_prev
     if m_prev > 0:
-        src = _h_source(fc, like, d, t_prev, g, &stride)
-        _step_product(m_prev, nc, fc.I, x, groups * ldx, packed_x, P, src, groups * stride,
-                      packed, out, groups * G4)
+        src = _h_source(fc, like, d, t_prev, r0, &stride)
+        _step_product(m_prev, nc, fc.I, x, ldx, packed_x, P, src, stride, packed, out, G4)
     if m > m_prev:
-        src = <floating *>fc.h0[d] + (g + m_prev * groups) * P
-        _step_product(m - m_prev, nc, fc.I, x + m_prev * groups * ldx, groups * ldx, packed_x,
-                      P, src, groups * P, packed, out + m_prev * groups * G4, groups * G4)
+        src = <floating *>fc.h0[d] + (r0 + m_prev) * P
+        _step_product(m - m_prev, nc, fc.I, x + m_prev * ldx, ldx, packed_x, P, src, P, packed,
+                      out + m_prev * G4, G4)
 
 
 cdef void _cells(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t t,
-                 Py_ssize_t g, Py_ssize_t groups, Py_ssize_t u0, Py_ssize_t w) noexcept nogil:
-    """The cells of units [u0, u0 + w) of the active rows g, g + groups, ... at step t. Their
+                 Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t u0, Py_ssize_t w) noexcept nogil:
+    """The cells of units [u0, u0 + w) of the active rows of [r0, r1) at step t. Their
     o * tanh(c) is h (saved and copied to y, or y alone in inference), or with a projection
     r (to r_rows, for _project_h)."""
     cdef Py_ssize_t H = fc.H
     cdef Py_ssize_t P = fc.P
     cdef Py_ssize_t B = fc.steps.B
     cdef Py_ssize_t n0 = fc.steps.start[t]
-    cdef Py_ssize_t nb = fc.steps.sizes[t]
+    cdef Py_ssize_t nb = fc.steps.sizes[t] if fc.steps.sizes[t] < r1 else r1
     cdef const floating *bias = <floating *>fc.bias[d] + u0
     cdef floating *c_state = <floating *>fc.c_state[d]
     cdef floating *gates = <floating *>fc.gates[d]
@@ -124,8 +125,7 @@ cdef void _cells(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t
     cdef const Saved *sv = &fc.saved[d]
     if w == 0:
         return
-    b = g
-    while b < nb:
+    for b in range(r0, nb):
         act = gates + (n0 + b) * 4 * H + u0
         y_row = row_of(<floating *>fc.y.data, &fc.y, t, b) + d * P + u0
         if fc.projected:
@@ -144,12 +144,11 @@ cdef void _cells(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t
                     y_row[j] = out_row[j]
         else:
             forward_cell_inference(w, H, act, bias, c_state + b * H + u0, out_row)
-        b += groups
 
 
 cdef void _project_h(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t t,
-                     Py_ssize_t g, Py_ssize_t groups, Py_ssize_t m) noexcept nogil:
-    """With a projection: h = r @ w_hr^T for the m active rows g, g + groups, ... of step t,
+                     Py_ssize_t r0, Py_ssize_t m) noexcept nogil:
+    """With a projection: h = r @ w_hr^T for the m active rows r0, r0 + 1, ... of step t,
     into the saved h (then copied to y) or y."""
     cdef Py_ssize_t H = fc.H
     cdef Py_ssize_t P = fc.P
@@ -159,25 +158,25 @@ cdef void _project_h(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssi
     cdef floating *y_row
     if m == 0 or P == 0:
         return
-    h_out = _h_source(fc, like, d, t, g, &stride)
+    h_out = _h_source(fc, like, d, t, r0, &stride)
     if H > 0:
-        packed_gemm(m, P, H, <floating *>fc.r_rows[d] + (n0 + g) * H, groups * H,
-                    <floating *>fc.w_packed[d] + fc.hr_offset, h_out, groups * stride, False)
+        packed_gemm(m, P, H, <floating *>fc.r_rows[d] + (n0 + r0) * H, H,
+                    <floating *>fc.w_packed[d] + fc.hr_offset, h_out, stride, False)
     else:
         for k in range(m):
             for j in range(P):
-                h_out[k * groups * stride + j] = 0
+                h_out[k * stride + j] = 0
     if fc.training:
         for k in range(m):
-            b = g + k * groups
+            b = r0 + k
             y_row = row_of(<floating *>fc.y.data, &fc.y, t, b) + d * P
             for j in range(P):
-                y_row[j] = h_out[k * groups * stride + j]
+                y_row[j] = h_out[k * stride + j]
 
 
-cdef void _final_h(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t g,
-                   Py_ssize_t groups, Py_ssize_t u0, Py_ssize_t w) noexcept nogil:
-    """h_n[b, u0:u0+w] = h at row b's last step, for rows g, g + groups, ... (in reverse
+cdef void _final_h(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t r0,
+                   Py_ssize_t r1, Py_ssize_t u0, Py_ssize_t w) noexcept nogil:
+    """h_n[b, u0:u0+w] = h at row b's last step, for the rows b of [r0, r1) (in reverse
     direction every row ends at step 0; in time order at its own last step)."""
     cdef Py_ssize_t T = fc.steps.T
     cdef Py_ssize_t t = T - 1
@@ -186,8 +185,7 @@ cdef void _final_h(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize
     cdef floating *dst
     if T == 0:
         return
-    b = g
-    while b < fc.steps.B:
+    for b in range(r0, r1):
         if d == 1:
             t = 0
         else:
@@ -197,7 +195,6 @@ cdef void _final_h(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize
         dst = <floating *>fc.h_n[d] + b * fc.P + u0
         for j in range(w):
             dst[j] = src[j]
-        b += groups
 
 
 cdef inline void _step_range(Py_ssize_t piece, Py_ssize_t piece_steps, Py_ssize_t T,
@@ -260,9 +257,10 @@ cdef void _pack_piece(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ss
 
 cdef void _recurrence_rows(const ForwardCall *fc, floating *like, Py_ssize_t d,
                            Py_ssize_t g, int worker, int order) noexcept nogil:
-    """TASK_RECURRENCE: every step of the rows g, g + groups, ... of direction d."""
+    """TASK_RECURRENCE: every step of row group g of direction d."""
     cdef Py_ssize_t T = fc.steps.T
-    cdef Py_ssize_t groups = fc.groups
+    cdef Py_ssize_t r0 = fc.row_start[g]
+    cdef Py_ssize_t r1 = fc.row_start[g + 1]
     cdef Py_ssize_t s, t, m, piece
     cdef Py_ssize_t last_piece = -1
     cdef long long start = 0
@@ -282,13 +280,13 @@ cdef void _recurrence_rows(const ForwardCall *fc, floating *like, Py_ssize_t d,
             job_wait(&fc.piece_done[piece], 1, fc.spin_ns)
             start = trace_start(&fc.trace)
             last_piece = piece
-        m = _group_rows(fc.steps.sizes[t], g, groups)
-        _add_recurrent_products(fc, like, d, s, t, g, groups, m, 0, 4 * fc.H,
+        m = _rows_below(fc.steps.sizes[t], r0, r1)
+        _add_recurrent_products(fc, like, d, s, t, r0, r1, m, 0, 4 * fc.H,
                                 <floating *>fc.w_packed[d], packed_x)
-        _cells(fc, like, d, t, g, groups, 0, fc.H)
+        _cells(fc, like, d, t, r0, r1, 0, fc.H)
         if fc.projected:
-            _project_h(fc, like, d, t, g, groups, m)
-    _final_h(fc, like, d, g, groups, 0, fc.P)
+            _project_h(fc, like, d, t, r0, m)
+    _final_h(fc, like, d, r0, r1, 0, fc.P)
     if last_piece >= 0:
         trace_task(&fc.trace, TASK_RECURRENCE, d, g, last_piece, worker, start, order)
 
@@ -321,12 +319,12 @@ cdef void _unit_step(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssi
                 pack(<floating *>fc.w_ih[d], I, True, I, q * H + u0, w, packed_x + q * plen_x)
     if w > 0:
         for q in range(4):
-            _add_recurrent_products(fc, like, d, s, t, 0, 1, fc.steps.sizes[t], q * H + u0, w,
-                                    packed + q * plen,
+            _add_recurrent_products(fc, like, d, s, t, 0, fc.steps.B, fc.steps.sizes[t],
+                                    q * H + u0, w, packed + q * plen,
                                     packed_x + q * plen_x if fc.fused_input else NULL)
-        _cells(fc, like, d, t, 0, 1, u0, w)
+        _cells(fc, like, d, t, 0, fc.steps.B, u0, w)
         if s == T - 1:
-            _final_h(fc, like, d, 0, 1, u0, w)
+            _final_h(fc, like, d, 0, fc.steps.B, u0, w)
     event_add(&fc.step_done[d], 1)
     trace_task(&fc.trace, TASK_UNIT_STEP, d, s, u, worker, start, -1)
 

@@ -111,6 +111,8 @@ cdef struct ForwardCall:
     # schedule (a function of the shape, but for groups and split: of the thread count)
     Split split
     Py_ssize_t groups               # row groups or unit parts per direction
+    Py_ssize_t *row_start           # [groups + 1]: row group g is the rows [row_start[g],
+                                    # row_start[g + 1]) (rows split)
     Py_ssize_t piece_steps          # steps per projection piece
     Py_ssize_t n_pieces
     Py_ssize_t pack_pieces          # pieces of the packing of w_hh per direction (rows split)
@@ -168,6 +170,8 @@ cdef struct BackwardCall:
     # `groups` row groups (or unit parts) per direction
     Split split
     Py_ssize_t groups
+    Py_ssize_t *row_start           # [groups + 1]: row group g is the rows [row_start[g],
+                                    # row_start[g + 1]) (rows split)
     Py_ssize_t first, chunk, n_chunks
     Py_ssize_t block_rows, n_blocks  # n_blocks: per direction, dW's and then dW_hr's
     Py_ssize_t n_gate_blocks         # dW's blocks (the others are dW_hr's)
