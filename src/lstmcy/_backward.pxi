@@ -3,10 +3,9 @@
 # First the listed tasks (BackwardCall.tasks), in order:
 #   1. TASK_PACK: pieces of w_hh packed for the per-step products dh = dgates @ w_hh.
 #   2. TASK_RECURRENCE (split by rows): a group of batch rows (a block of consecutive rows,
-#      BackwardCall.row_start) runs
-#      every step alone, in reverse processing order: the cell's backward writes the four
-#      gate gradients of its rows to dgates and updates dc, then a packed GEMM gives dh for
-#      the step before. A row's recurrence never reads another row. Each group publishes
+#      BackwardCall.row_start) runs every step alone, in reverse processing order: the
+#      cell's backward writes the four gate gradients of its rows to dgates and updates
+#      dc, then a packed GEMM gives dh for the step before. A row's recurrence never reads another row. Each group publishes
 #      the steps it has done (BackwardCall.progress).
 #   TASK_UNIT_STEP (split by units, for batches too thin for row groups; not listed, see
 #      _units.pxi): at each step a part first computes dh of its units, dgates @ w_hh[:,

@@ -8,10 +8,10 @@
 #      With fused_input it only gathers the piece's x rows where they are not in packed
 #      order (x_packed).
 #   3. TASK_RECURRENCE (split by rows): a group of batch rows (a block of consecutive rows,
-#      ForwardCall.row_start) runs every step alone: a packed GEMM adds h_{t-1} @ w_hh^T to its rows' gates (with
-#      fused_input: gates = x_t @ w_ih^T + h_{t-1} @ w_hh^T, one packed product), then
-#      the cell. A row never reads another row, so groups never wait for each other, only
-#      for their steps' projection pieces.
+#      ForwardCall.row_start) runs every step alone: a packed GEMM adds h_{t-1} @ w_hh^T to
+#      its rows' gates (with fused_input: gates = x_t @ w_ih^T + h_{t-1} @ w_hh^T, one
+#      packed product), then the cell. A row never reads another row, so groups never wait
+#      for each other, only for their steps' projection pieces.
 #   TASK_UNIT_STEP (split by units, for a few rows): per step, each part adds the products
 #      of its hidden units' columns and runs their cells; a step starts once every part of
 #      the previous one is done. A thread takes its own part of each step first, so its
