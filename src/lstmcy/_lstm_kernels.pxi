@@ -324,7 +324,8 @@ def forward_layer(
     x_packed : ndarray [N, I]
         Workspace, when not ``x_rows_packed`` (else ``[0, I]``).
     w_packed : ndarray
-        Workspace of ``D * forward_packed_len(H, P, projected, split, groups)`` elements.
+        Workspace of ``D * forward_packed_len(H, P, I, projected, split, groups,
+        fused_input)`` elements.
     schedule
         ``split`` (0 rows, 1 units), ``groups`` (row groups or unit parts per direction),
         ``piece_steps`` (steps per projection piece), ``pack_pieces``, ``fused_input``.
