@@ -182,8 +182,8 @@ def _packed_weights_len(kind, H, P, I, projected, schedule, dtype):
     if kind == "forward":
         return _lstm.forward_packed_len(H, P, I, projected, schedule.split, schedule.groups,
                                         schedule.fused_input, is_double)
-    return _lstm.backward_packed_len(H, P, projected, schedule.split, schedule.groups,
-                                     is_double)
+    return _lstm.backward_packed_len(H, P, I, projected, schedule.split, schedule.groups,
+                                     schedule.packed_dx, is_double)
 
 
 def _draw_masks(problem, dropout, rng):
@@ -302,12 +302,14 @@ class LSTMPlan:
         if projected:
             elements += D * N * H  # r = o * tanh(c) of every row (forward), dh @ w_hr (backward)
         # The recurrent weights packed: by rows, or by units in up to H / 16 parts (each
-        # part's panels padded apart); the backward's packing.
+        # part's panels padded apart), with w_ih (the forward's fused_input, the
+        # backward's packed_dx); the backward's packing.
         parts = max(1, H // 16)
         packed = max(
             [_lstm.forward_packed_len(H, P, width, projected, split, groups, True, is_double)
              for split, groups in [(0, 1), (1, parts)]]
-            + [_lstm.backward_packed_len(H, P, projected, split, groups, is_double)
+            + [_lstm.backward_packed_len(H, P, width, projected, split, groups, True,
+                                         is_double)
                for split, groups in [(0, 1), (1, parts)] if backward])
         elements += D * packed
         extra_bytes = 9 * (ALIGN - 1)  # room to align each of the (at most 9) named buffers
@@ -375,7 +377,7 @@ class LSTMPlan:
         # Each lane of the weight gradients sums its own dW (shape only); [x | h_{t-1}]
         # rows are gathered as rows, or in panels for lstmcy's own product.
         shape_only = backward_schedule(T, B, in_size, H, D, 1, projected,
-                                       small_gemms=blas_small_gemms())
+                                       small_gemms=blas_small_gemms(), itemsize=cdt.itemsize)
         lanes = shape_only.lanes
         if shape_only.panel_weights:
             z_width = _lstm.packed_elements(in_size + P, 1, cdt == np.float64)
@@ -408,7 +410,8 @@ class LSTMPlan:
                                         itemsize=cdt.itemsize)
         else:
             schedule = backward_schedule(p.T, p.B, setup.in_size, H, D, cpus, p.projected,
-                                         small_gemms=blas_small_gemms())
+                                         small_gemms=blas_small_gemms(),
+                                         itemsize=cdt.itemsize)
         w_packed = self._take(
             "w_packed",
             (D * _packed_weights_len(kind, H, P, setup.in_size, p.projected, schedule, cdt),),

@@ -109,6 +109,22 @@ LANE_BYTES = 32 << 20
 #: layers keep OpenBLAS: a panel is 32 columns wide (AVX-512, float32), and a last panel of
 #: a few columns would cost a whole panel's work.
 PANEL_WEIGHTS_COLUMNS = 256
+#: A backward layer of at least PACKED_DX_FEATURES input features and PACKED_DX_UNITS
+#: units whose gate-gradient rows (4H values) are not a multiple of ALIASED_ROW_BYTES long
+#: takes dx = dgates @ w_ih with lstmcy's own product (``packed_dx``): w_ih is packed once
+#: per call, by the first thread to reach a dx piece, and every piece multiplies it from
+#: there, where each OpenBLAS call packs it anew. The product reads the gate gradients in
+#: place, a block of rows at a time; rows a multiple of 4 KiB apart fall in the same few
+#: cache sets, and there it was no faster than OpenBLAS. On an AMD EPYC (Zen 4) the
+#: backward ran 3-7 % faster at (T, B, I, H) = (100, 64, 125, 320) (float32 and float64, one
+#: and two threads), (50, 64, 256, 320), (35, 20, 650, 650) and (50, 32, 64, 128); with
+#: 4 KiB rows, at (25, 32, 512, 512) and (50, 64, 256, 256), within a few percent either
+#: way from run to run; with fewer features or units, at (20, 1, 16, 32), (32, 16, 32, 64)
+#: and (50, 8, 64, 64), up to 6 % slower (benchmarks/backward_dx.py;
+#: results/backward_dx.md).
+PACKED_DX_FEATURES = 64
+PACKED_DX_UNITS = 128
+ALIASED_ROW_BYTES = 4096
 
 #: A forward layer of at least FUSED_INPUT_ROWS sequences and FUSED_INPUT_FEATURES input
 #: features whose w_ih takes at most FUSED_INPUT_BYTES takes x's product inside the
@@ -147,8 +163,8 @@ fused_input : x's product inside the recurrence's packed GEMM, not a BLAS projec
 """
 BackwardSchedule = namedtuple(
     "BackwardSchedule",
-    "split groups first chunk block_rows lanes dx_steps pack_pieces panel_weights",
-    defaults=(False,))
+    "split groups first chunk block_rows lanes dx_steps pack_pieces panel_weights packed_dx",
+    defaults=(False, False))
 BackwardSchedule.__doc__ = """The schedule of one backward layer call.
 
 split : SPLIT_ROWS or SPLIT_UNITS
@@ -160,6 +176,8 @@ dx_steps : steps per dx piece (shape only)
 pack_pieces : pieces of the packing of w_hh per direction
 panel_weights : the weight gradients by lstmcy's own product from chunks laid out in
     panels, not by OpenBLAS (shape only; see PANEL_WEIGHTS_COLUMNS)
+packed_dx : dx by lstmcy's own product from w_ih packed once, not by OpenBLAS (shape only;
+    see PACKED_DX_FEATURES)
 """
 
 
@@ -258,9 +276,10 @@ def backward_lanes(T, B, I, H, small_gemms=False):
 
 
 @functools.lru_cache(maxsize=512)
-def backward_schedule(T, B, I, H, D, n_threads, projected=False, small_gemms=False):
+def backward_schedule(T, B, I, H, D, n_threads, projected=False, small_gemms=False, itemsize=4):
     """The :class:`BackwardSchedule` of a layer of input size ``I`` on ``n_threads``
-    threads (``small_gemms``: the BLAS has a path for small products, see SMALL_GEMM). The
+    threads (``small_gemms``: the BLAS has a path for small products, see SMALL_GEMM;
+    ``itemsize``: bytes of the computed floats). The
     first chunk is short with one direction, so that the weight gradients can start early
     on threads the recurrence leaves free."""
     chunk = chunk_steps(T, B, I, H, small_gemms)
@@ -275,10 +294,17 @@ def backward_schedule(T, B, I, H, D, n_threads, projected=False, small_gemms=Fal
     pack_pieces = _pack_pieces(H, n_threads) if split == SPLIT_ROWS else 1
     return BackwardSchedule(split, groups, first, chunk, block_rows,
                             backward_lanes(T, B, I, H, small_gemms), dx_steps, pack_pieces,
-                            panel_weights(I, H, projected))
+                            panel_weights(I, H, projected), packed_dx(I, H, itemsize))
 
 
 def panel_weights(I, P, projected=False):
     """Whether a backward layer of ``I`` input features and h of size ``P`` adds its weight
     gradients with lstmcy's own product (shape only; see PANEL_WEIGHTS_COLUMNS)."""
     return not projected and I + P >= PANEL_WEIGHTS_COLUMNS
+
+
+def packed_dx(I, H, itemsize=4):
+    """Whether a backward layer of ``I`` input features and ``H`` units takes dx with
+    lstmcy's own product from w_ih packed once (shape only; see PACKED_DX_FEATURES)."""
+    return (I >= PACKED_DX_FEATURES and H >= PACKED_DX_UNITS
+            and (4 * H * itemsize) % ALIASED_ROW_BYTES != 0)

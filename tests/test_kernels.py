@@ -453,6 +453,30 @@ def test_required_workspace_bounds_the_fused_input_product(dtype):
     assert 0 < plan.workspace_size <= needed
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_packed_input_gradient_fits_the_workspace_and_matches_the_reference(dtype):
+    # Layers whose backward packs w_ih for dx (_schedule.packed_dx), both layers: 70 input
+    # features, 2 * 130 into the second layer.
+    T, B, I, H = 5, 6, 70, 130
+    from lstmcy import _schedule
+    itemsize = np.dtype(dtype).itemsize
+    assert _schedule.packed_dx(I, H, itemsize) and _schedule.packed_dx(2 * H, H, itemsize)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((T, B, I)).astype(dtype)
+    params = [(0.3 * rng.standard_normal(shape)).astype(dtype) for layer_in in (I, 2 * H)
+              for _ in range(2) for shape in ((4 * H, layer_in), (4 * H, H), (4 * H,), (4 * H,))]
+    kwargs = dict(num_layers=2, bidirectional=True)
+    plan = lstmcy.LSTMPlan()
+    y, h_n, c_n, cache = plan.forward(x, None, params, **kwargs)
+    dy = rng.standard_normal(y.shape).astype(dtype)
+    got = plan.backward(x, None, params, dy, h_n, c_n, *cache.saved(), **kwargs)
+    needed = lstmcy.LSTMPlan.required_workspace(T, B, I, H, dtype=dtype, backward=True, **kwargs)
+    assert 0 < plan.workspace_size <= needed
+    want = reference.lstm_backward(x, None, params, dy, h_n, c_n, *cache.saved(), **kwargs)
+    rtol = 2e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got[0], want[0], rtol=0, atol=rtol * np.abs(want[0]).max())
+
+
 def _kernel_args(kind, monkeypatch, **kwargs):
     """The kernel ``kind``'s arguments in the last layer call of a small forward and
     backward (and the kernel itself)."""

@@ -25,12 +25,13 @@ CONFIGS = {
                                        layout="padded_3d", dtype=np.dtype(np.float64),
                                        lengths_seed=2),
 }
-# (first, chunk, block_rows, lanes, dx_steps): the policy never has first > chunk, but the
-# kernels take any positive values (a block of 1000 rows is the whole of dW; more lanes
-# than chunks leave some lanes empty).
-BACKWARD = [(1, 1, 16, 1, 1), (1, 3, 64, 2, 2), (2, 5, 32, 3, 1), (3, 3, 1000, 4, 3),
-            (1000, 1000, 16, 2, 1), (4, 4, 48, 1, 100), (2, 7, 64, 5, 2), (6, 1, 16, 7, 5),
-            (5, 2, 80, 2, 1), (1, 1, 1000, 30, 1)]
+# (first, chunk, block_rows, lanes, dx_steps, packed_dx): the policy never has first >
+# chunk, but the kernels take any positive values (a block of 1000 rows is the whole of dW;
+# more lanes than chunks leave some lanes empty).
+BACKWARD = [(1, 1, 16, 1, 1, False), (1, 3, 64, 2, 2, True), (2, 5, 32, 3, 1, False),
+            (3, 3, 1000, 4, 3, True), (1000, 1000, 16, 2, 1, True), (4, 4, 48, 1, 100, False),
+            (2, 7, 64, 5, 2, True), (6, 1, 16, 7, 5, True), (5, 2, 80, 2, 1, False),
+            (1, 1, 1000, 30, 1, False)]
 # (split, piece_steps, fused_input) of the forward; the backward's recurrence is split the
 # same way
 FORWARD = [(_schedule.SPLIT_ROWS, 1, False), (_schedule.SPLIT_ROWS, 5, True),
@@ -42,7 +43,7 @@ def schedules(backward, forward):
     """Schedule functions with the bit-fixing fields forced; the split between threads
     (``forward``'s, for both) still follows the thread count (a group or part per thread,
     down to one row or to empty parts)."""
-    first, chunk, block_rows, lanes, dx_steps = backward
+    first, chunk, block_rows, lanes, dx_steps, packed_dx = backward
     split, piece_steps, fused_input = forward
 
     def split_of(B, D, n_threads, projected):
@@ -55,9 +56,10 @@ def schedules(backward, forward):
         return _schedule.ForwardSchedule(*split_of(B, D, n_threads, projected), piece_steps,
                                          n_threads, fused_input)
 
-    def bwd(T, B, I, H, D, n_threads, projected=False, small_gemms=False):
+    def bwd(T, B, I, H, D, n_threads, projected=False, small_gemms=False, itemsize=4):
         return _schedule.BackwardSchedule(*split_of(B, D, n_threads, projected), first, chunk,
-                                          block_rows, lanes, dx_steps, n_threads)
+                                          block_rows, lanes, dx_steps, n_threads,
+                                          packed_dx=packed_dx)
 
     return fwd, bwd
 
@@ -92,8 +94,9 @@ FORWARD_IDS = [f"{'units' if s else 'rows'}-piece{p}{'-fused' if f else ''}" for
 
 
 @pytest.mark.parametrize("forward", FORWARD, ids=FORWARD_IDS)
-@pytest.mark.parametrize("backward", BACKWARD, ids=[f"first{f}-chunk{c}-block{b}-lanes{n}-dx{d}"
-                                                    for f, c, b, n, d in BACKWARD])
+@pytest.mark.parametrize("backward", BACKWARD,
+                         ids=[f"first{f}-chunk{c}-block{b}-lanes{n}-dx{d}{'-packed' if p else ''}"
+                              for f, c, b, n, d, p in BACKWARD])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_schedule_matches_reference_and_is_thread_independent(name, backward, forward, calls,
                                                               monkeypatch):
@@ -108,11 +111,12 @@ def test_bit_fixing_fields_are_a_function_of_the_shape():
             forward = {n: _schedule.forward_schedule(*shape, n, itemsize=itemsize)
                        for n in (1, 2, 3, 8, 64)}
             assert len({(s.piece_steps, s.fused_input) for s in forward.values()}) == 1
-        for small_gemms in (False, True):
-            backward = {n: _schedule.backward_schedule(*shape, n, small_gemms=small_gemms)
+        for small_gemms, itemsize in [(False, 4), (True, 4), (False, 8)]:
+            backward = {n: _schedule.backward_schedule(*shape, n, small_gemms=small_gemms,
+                                                       itemsize=itemsize)
                         for n in (1, 2, 3, 8, 64)}
-            assert len({(s.first, s.chunk, s.block_rows, s.lanes, s.dx_steps)
-                        for s in backward.values()}) == 1
+            assert len({(s.first, s.chunk, s.block_rows, s.lanes, s.dx_steps, s.panel_weights,
+                         s.packed_dx) for s in backward.values()}) == 1
             assert backward[1].lanes == _schedule.backward_lanes(*shape[:4], small_gemms)
         for n, s in backward.items():
             assert 1 <= s.first <= s.chunk and s.block_rows >= 16 and s.dx_steps >= 1
@@ -237,7 +241,7 @@ import numpy as np
 from lstmcy import _core, _schedule
 from hostile import Config, make_call, run_with_threads
 
-def backward(T, B, I, H, D, n_threads, projected=False, small_gemms=False):
+def backward(T, B, I, H, D, n_threads, projected=False, small_gemms=False, itemsize=4):
     return _schedule.BackwardSchedule(_schedule.SPLIT_ROWS, max(1, min(n_threads // D, B)), 1, 1,
                                       16, 4, 1, n_threads)
 
@@ -294,3 +298,17 @@ def test_threads_without_a_unit_part_give_the_same_bits(name, calls, monkeypatch
     force_schedules(monkeypatch, two_parts(_schedule.forward_schedule),
                     two_parts(_schedule.backward_schedule))
     check_thread_counts(calls[name], (3, 5, 8))
+
+
+def test_the_packed_dx_rule():
+    # lstmcy's product for dx where w_ih is wide enough and the gate-gradient rows are not
+    # a multiple of 4 KiB apart (there OpenBLAS is as fast); a function of the shape.
+    rule = _schedule.packed_dx
+    assert rule(125, 320) and rule(125, 320, itemsize=8)       # 5120 and 10240 bytes a row
+    assert rule(64, 128) and not rule(64, 128, itemsize=8)      # 2 KiB; 4 KiB
+    assert not rule(256, 256) and not rule(512, 512)            # 4 KiB, 8 KiB
+    assert not rule(32, 320) and not rule(64, 64)               # too few features, units
+    assert rule(650, 650) and not rule(125, 0)
+    for n_threads in (1, 2, 8):
+        assert _schedule.backward_schedule(100, 64, 125, 320, 1, n_threads).packed_dx
+        assert not _schedule.backward_schedule(50, 64, 256, 256, 1, n_threads).packed_dx

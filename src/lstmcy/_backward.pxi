@@ -15,7 +15,8 @@
 # Then each thread turns to the gradients the recurrences make ready (_gradients_worker),
 # as they become ready, while the recurrences still run on other threads:
 #   * TASK_DX: a piece of steps, dx = sum over directions of dgates @ w_ih (taken first:
-#     large and independent);
+#     large and independent): OpenBLAS's, or with packed_dx the packed GEMM from w_ih
+#     packed once, by the first thread to reach a dx piece (the others wait for it);
 #   * TASK_WEIGHTS: the next chunk of a chain: a lane (chunks l, l + lanes, ...) of a block
 #     of gate rows, [dW_ih | dW_hh] += dgates^T [x | h_{t-1}] (one GEMM: OpenBLAS's, or
 #     with panel_weights gemm_tn) and db += sum(dgates) over the chunk's rows into the
@@ -396,10 +397,25 @@ cdef void _finish_block(const BackwardCall *bc, floating *like, Py_ssize_t d,
         _add_lanes(<floating *>bc.dw_hh[d] + q * P, acc + I, P, lanes, G4 * K)
 
 
+cdef void _pack_w_ih(const BackwardCall *bc, floating *like) noexcept nogil:
+    """With packed_dx: w_ih of every direction packed (its I columns, K = 4H) by the first
+    thread to get here; a thread that gets here meanwhile waits until it is done (the
+    packer waits for nothing). Threads that have other work do it first (_dx_ready)."""
+    cdef Py_ssize_t d
+    if claim(bc.ih_pack_claim):
+        for d in range(bc.D):
+            pack(<floating *>bc.w_ih[d], bc.I, False, 4 * bc.H, 0, bc.I,
+                 <floating *>bc.w_packed[d] + bc.ih_offset)
+        event_set(bc.ih_packed, 1)
+    else:
+        job_wait(bc.ih_packed, 1, bc.spin_ns)
+
+
 cdef long long _dx_piece(const BackwardCall *bc, floating *like, Py_ssize_t q) noexcept nogil:
     """TASK_DX: dx[rows of piece q] = sum over directions of dgates[d] @ w_ih[d], written
     into dx directly when its rows are packed, else through dx_packed. The recurrences
-    have done its steps. Returns when the work started."""
+    have done its steps. Returns when the work started (with packed_dx, the packing of
+    w_ih that the first piece does counts as its work)."""
     cdef Py_ssize_t I = bc.I
     cdef Py_ssize_t G4 = 4 * bc.H
     cdef Py_ssize_t t_lo, t_hi, r0, r1, d, t, b, j, ld
@@ -416,10 +432,16 @@ cdef long long _dx_piece(const BackwardCall *bc, floating *like, Py_ssize_t q) n
     else:
         target = <floating *>bc.dx_packed + r0 * I
         ld = I
-    for d in range(bc.D):
-        gemm(NoTrans, NoTrans, <int>(r1 - r0), <int>I, <int>G4, <floating>1,
-             <floating *>bc.dgates[d] + r0 * G4, <int>G4, <floating *>bc.w_ih[d], <int>I,
-             <floating>(0 if d == 0 else 1), target, <int>ld)
+    if bc.packed_dx:
+        _pack_w_ih(bc, like)
+        for d in range(bc.D):
+            packed_gemm(r1 - r0, I, G4, <floating *>bc.dgates[d] + r0 * G4, G4,
+                        <floating *>bc.w_packed[d] + bc.ih_offset, target, ld, d > 0)
+    else:
+        for d in range(bc.D):
+            gemm(NoTrans, NoTrans, <int>(r1 - r0), <int>I, <int>G4, <floating>1,
+                 <floating *>bc.dgates[d] + r0 * G4, <int>G4, <floating *>bc.w_ih[d], <int>I,
+                 <floating>(0 if d == 0 else 1), target, <int>ld)
     if not bc.x_rows_packed:
         for t in range(t_lo, t_hi):
             for b in range(bc.steps.sizes[t]):
@@ -446,12 +468,19 @@ cdef inline Py_ssize_t _dx_steps_needed(const BackwardCall *bc, Py_ssize_t d, Py
     return bc.steps.T - t_lo if d == 0 else t_hi
 
 
+cdef inline bint _packing_w_ih(const BackwardCall *bc) noexcept nogil:
+    """Whether a thread is packing w_ih for the dx pieces (packed_dx) and has not done."""
+    return load_acquire(bc.ih_pack_claim) != 0 and event_get(bc.ih_packed) == 0
+
+
 cdef inline bint _dx_ready(const BackwardCall *bc) noexcept nogil:
     """Whether the next dx piece can run."""
     cdef int next_piece = load_acquire(bc.dx_next)
     cdef Py_ssize_t d
     if next_piece >= bc.n_dx_pieces:
         return False
+    if bc.packed_dx and _packing_w_ih(bc):
+        return False  # other work first, rather than a wait for the packer
     for d in range(bc.D):
         if not _steps_done(bc, d, _dx_steps_needed(bc, d, bc.dx_order[next_piece])):
             return False
@@ -579,6 +608,8 @@ cdef void _gradients_worker(BackwardCall *bc, floating *like, int worker) noexce
                     break
             if waited:
                 break
+        if not waited and bc.want_dx and bc.packed_dx and _packing_w_ih(bc):
+            job_wait(bc.ih_packed, 1, bc.spin_ns)  # nothing else to do meanwhile
 
 
 cdef void _backward_worker(BackwardCall *bc, floating *like, int worker) noexcept nogil:

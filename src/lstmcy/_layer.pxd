@@ -162,8 +162,11 @@ cdef struct BackwardCall:
     double *db_acc[2]               # workspace [lanes, 4H]: db per lane, in float64
     char *dw_hr_acc[2]              # workspace [lanes, P, H]: dW_hr per lane (projected)
     char *dx_packed                 # workspace [N, I]: dx in packed row order (if not packed)
-    char *w_packed[2]               # workspace: packed w_hh, then w_hr (projected)
+    char *w_packed[2]               # workspace: packed w_hh, then w_hr (projected), then
+                                    # w_ih (packed_dx)
     Py_ssize_t hr_offset            # where w_hr starts in w_packed
+    Py_ssize_t ih_offset            # where w_ih starts in w_packed (packed_dx)
+    bint packed_dx                  # dx by packed_gemm from w_ih packed once (else OpenBLAS)
     # schedule: chunks of processing steps (the first `first` long, then `chunk`), dW in
     # blocks of `block_rows` gate rows (then dW_hr in blocks of as many of its P rows) and
     # `lanes` lanes of chunks, dx in pieces of `dx_steps` time steps, the recurrence in
@@ -192,6 +195,8 @@ cdef struct BackwardCall:
     int *block_busy                 # [2, lanes, n_blocks]: whether a thread holds the chain
     int *lanes_done                 # [2, n_blocks]: lanes of each block finished
     int *dx_next                    # how many dx pieces are taken
+    int *ih_pack_claim              # whether a thread has taken the packing of w_ih
+    lstmcy_event *ih_packed         # set once w_ih is packed (packed_dx)
     const int *dx_order             # [n_dx_pieces]: the pieces in the order they get ready
     long long spin_ns
     Trace trace

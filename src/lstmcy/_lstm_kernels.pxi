@@ -262,16 +262,24 @@ def forward_packed_len(Py_ssize_t H, Py_ssize_t P, Py_ssize_t I, bint projected,
     return n + _units_packed(H, groups, I, is_double)
 
 
-def backward_packed_len(Py_ssize_t H, Py_ssize_t P, bint projected, int split,
-                        Py_ssize_t groups, bint is_double):
-    """Elements of one direction's packed weights in a backward: w_hh (its P columns, K =
-    4H; split by units, each of ``groups`` parts' columns), then w_hr (its H columns, K =
-    P) with a projection."""
+cdef Py_ssize_t _backward_ih_offset(Py_ssize_t H, Py_ssize_t P, bint projected, int split,
+                                    Py_ssize_t groups, bint is_double) noexcept:
+    """Where w_ih's panels start in one direction's packed weights of a backward (after
+    w_hh's, and w_hr's with a projection)."""
     if split == SPLIT_ROWS:
         return _packed(P, 4 * H, is_double) + (_packed(H, P, is_double) if projected else 0)
     if is_double:
         return units_packed_offset(H, groups, groups, 1, 4 * H, <double *>NULL)
     return units_packed_offset(H, groups, groups, 1, 4 * H, <float *>NULL)
+
+
+def backward_packed_len(Py_ssize_t H, Py_ssize_t P, Py_ssize_t I, bint projected, int split,
+                        Py_ssize_t groups, bint packed_dx, bint is_double):
+    """Elements of one direction's packed weights in a backward: w_hh (its P columns, K =
+    4H; split by units, each of ``groups`` parts' columns), then w_hr (its H columns, K =
+    P) with a projection, then with ``packed_dx`` w_ih (its ``I`` columns, K = 4H)."""
+    cdef Py_ssize_t n = _backward_ih_offset(H, P, projected, split, groups, is_double)
+    return n + (_packed(I, 4 * H, is_double) if packed_dx else 0)
 
 
 def packed_elements(Py_ssize_t n, Py_ssize_t k, bint is_double):
@@ -536,13 +544,15 @@ def backward_layer(
     dx_packed : ndarray [N, I]
         Workspace: dx in packed row order (``want_dx`` and not ``x_rows_packed``).
     w_packed : ndarray
-        Workspace of ``D * backward_packed_len(H, P, projected, split, groups)`` elements.
+        Workspace of ``D * backward_packed_len(H, P, I, projected, split, groups, packed_dx)``
+        elements.
     schedule
         ``split`` (0 rows, 1 units: not with a projection), ``groups`` (row groups or unit
         parts per direction), ``first`` and ``chunk`` (steps of the first
         chunk and of the others), ``block_rows`` (gate rows per block of dW, and rows of
         the projection's per block of dW_hr), ``lanes`` (chunk c adds to lane
-        ``c % lanes``'s sums), ``dx_steps`` (steps per dx piece), ``pack_pieces``.
+        ``c % lanes``'s sums), ``dx_steps`` (steps per dx piece), ``pack_pieces``,
+        ``panel_weights``, ``packed_dx`` (dx by the packed product from w_ih packed once).
     n_threads, flush_denormals, trace
         As for :func:`forward_layer`.
 
@@ -570,6 +580,7 @@ def backward_layer(
     cdef Py_ssize_t dx_steps = schedule.dx_steps
     cdef Py_ssize_t pack_pieces = schedule.pack_pieces
     cdef bint panel_weights = schedule.panel_weights
+    cdef bint packed_dx = schedule.packed_dx
     cdef Py_ssize_t n_chunks, n_blocks, n_dx, n_tasks, d, g, q, c, k, plen, which
     cdef job_fn job
     cdef int n_workers
@@ -610,7 +621,7 @@ def backward_layer(
     _need(not projected or (_dims(&dh_rows.shape[0], D, N, P)
                             and _dims(&dr_rows.shape[0], D, N, H)),
           "dh_rows and dr_rows must be [D, N, P] and [D, N, H]")
-    plen = backward_packed_len(H, P, projected, split, groups, floating is double)
+    plen = backward_packed_len(H, P, I, projected, split, groups, packed_dx, floating is double)
     _need(w_packed.shape[0] >= D * plen, "w_packed is too small")
     memset(&bc, 0, sizeof(bc))
     _set_saved(bc.saved, saved, D, T * B, H, P, <floating *>NULL)
@@ -637,6 +648,8 @@ def backward_layer(
     bc.z_width = Z
     bc.panel_weights = panel_weights
     bc.hr_offset = packed_len(P, G4, <floating *>NULL)
+    bc.ih_offset = _backward_ih_offset(H, P, projected, split, groups, floating is double)
+    bc.packed_dx = packed_dx
     _rows(&bc.x, x, x_step_row, x_batch_stride)
     bc.x_rows_packed = x_rows_packed
     _rows(&bc.dy, dy, dy_step_row, dy_batch_stride)
@@ -682,16 +695,17 @@ def backward_layer(
 
     n_tasks = D * pack_pieces * (2 if projected else 1) + D * groups
     cdef Task *tasks = <Task *>calloc(n_tasks, sizeof(Task))
-    # next_task, pack_done[2], step_done[2], progress[D*groups], gathered[D*n_chunks], the
-    # trace's count
-    cdef Py_ssize_t n_events = 6 + D * groups + D * n_chunks
+    # next_task, pack_done[2], step_done[2], progress[D*groups], gathered[D*n_chunks],
+    # ih_packed, the trace's count
+    cdef Py_ssize_t n_events = 7 + D * groups + D * n_chunks
     cdef lstmcy_event *events = <lstmcy_event *>calloc(n_events, sizeof(lstmcy_event))
     # gather claims [D*n_chunks], block_next and block_busy [D*lanes*n_blocks], lanes_done
-    # [D*n_blocks], dx_next, dx_order, unit claims [D*(T+1)*groups] (units split)
+    # [D*n_blocks], dx_next, dx_order, unit claims [D*(T+1)*groups] (units split),
+    # ih_pack_claim
     cdef Py_ssize_t n_chains = D * lanes * n_blocks
     cdef Py_ssize_t n_unit_claims = D * (T + 1) * groups if split == SPLIT_UNITS else 0
     cdef int *flags = <int *>calloc(D * n_chunks + 2 * n_chains + D * n_blocks + 1 + n_dx
-                                    + n_unit_claims, sizeof(int))
+                                    + n_unit_claims + 1, sizeof(int))
     cdef Py_ssize_t *row_start = <Py_ssize_t *>calloc(groups + 1, sizeof(Py_ssize_t))
     if tasks == NULL or events == NULL or flags == NULL or row_start == NULL:
         free(tasks)
@@ -706,6 +720,7 @@ def backward_layer(
     bc.step_done = &events[3]
     bc.progress = &events[5]
     bc.gathered = &events[5 + D * groups]
+    bc.ih_packed = &events[n_events - 2]
     bc.trace = _trace_of(trace, &events[n_events - 1].value)
     bc.gather_claims = flags
     bc.block_next = flags + D * n_chunks
@@ -714,6 +729,7 @@ def backward_layer(
     bc.dx_next = bc.lanes_done + D * n_blocks
     _order_dx_pieces(&bc, bc.dx_next + 1)
     bc.unit_claims = bc.dx_next + 1 + n_dx
+    bc.ih_pack_claim = bc.unit_claims + n_unit_claims
     if not want_dx:
         bc.n_dx_pieces = 0
 

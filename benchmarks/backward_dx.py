@@ -1,0 +1,122 @@
+"""The backward's input gradient by lstmcy's packed product against OpenBLAS, beside
+PyTorch's backward.
+
+lstmcy's backward takes ``dx = dgates @ w_ih`` in pieces of steps one of two ways (the
+shape decides, ``lstmcy._schedule.packed_dx``): one OpenBLAS GEMM per piece, which packs
+``w_ih`` anew each time, or lstmcy's packed GEMM from ``w_ih`` packed once per call
+(``packed_dx``). For each case and thread count this script times lstmcy's backward both
+ways (through two ``LSTMPlan``, one with ``packed_dx`` forced off, one forced on) and
+PyTorch's backward (``torch.autograd.grad`` on a recorded forward, as ``run.py`` times
+it), in rounds whose order rotates (PyTorch's OpenMP workers spin on after its calls), and
+prints the medians, the ratio of the two ways, each round's ratio (median and quartiles),
+and which way the shape's rule takes (for the first layer).
+
+Cases are ``run.py``'s by name, or ``T,B,I,H[,L[,bi]][,f64]`` (padded input).
+
+Usage (the OpenBLAS variables unset in this command only)::
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/backward_dx.py \\
+        --shapes "braun;large-256;50,64,256,320" --threads 1,2
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from _env import reexec_without_openblas_overrides  # noqa: E402
+
+if __name__ == "__main__":
+    reexec_without_openblas_overrides()
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import lstmcy  # noqa: E402
+from cases import backward_flops, lstm_kwargs, make_inputs  # noqa: E402
+from forward_input import parse_cases  # noqa: E402
+from lstmcy import _core, _schedule  # noqa: E402
+from machine import machine_label  # noqa: E402
+
+
+def _plan(packed, n_threads, case, inputs):
+    """A plan whose backward schedules take ``packed_dx`` as given (its layer setups keep
+    the schedule from the calls made here), and its backward's arguments."""
+    own = _core.backward_schedule
+    _core.backward_schedule = lambda *a, **k: own(*a, **k)._replace(packed_dx=packed)
+    hx = (inputs["h0"], inputs["c0"])
+    try:
+        plan = lstmcy.LSTMPlan(n_threads=n_threads)
+        for _ in range(3):  # a buffer's first growth drops the setups made before it
+            _, _, _, cache = plan.forward(inputs["x"], hx, inputs["params"], train=True,
+                                          **lstm_kwargs(case))
+            args = (inputs["x"], hx, inputs["params"], inputs["dy"], inputs["dh"],
+                    inputs["dc"], *cache.saved())
+            plan.backward(*args, **lstm_kwargs(case))
+    finally:
+        _core.backward_schedule = own
+    return plan, args
+
+
+def measure(case, n_threads, rounds):
+    """Median ms of lstmcy's backward with OpenBLAS's dx (``False``) and with
+    ``packed_dx`` (``True``), of PyTorch's (``"torch"``), and the rounds' ratios
+    packed / OpenBLAS."""
+    import torch
+    from run import torch_setup
+
+    if case.packed:
+        raise SystemExit(f"{case.name}: packed cases are not supported here")
+    inputs = make_inputs(case)
+    torch.set_num_threads(n_threads)
+    _, torch_backward = torch_setup(case, inputs, packed=False)
+    plans = {packed: _plan(packed, n_threads, case, inputs) for packed in (False, True)}
+
+    def run(plan, args):
+        return lambda: plan.backward(*args, **lstm_kwargs(case))
+
+    calls = {False: run(*plans[False]), True: run(*plans[True]), "torch": torch_backward}
+    # Enough calls per round for about 20 ms of work at 10 GF/s.
+    repeats = max(1, min(50, int(2e8 / max(backward_flops(case), 1))))
+    times = {key: [] for key in calls}
+    order = list(calls)
+    for round_ in range(rounds + 1):
+        for key in order[round_ % 3:] + order[:round_ % 3]:
+            calls[key]()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                calls[key]()
+            if round_:  # the first round warms up
+                times[key].append((time.perf_counter() - start) / repeats * 1e3)
+    ratios = sorted(on / off for on, off in zip(times[True], times[False]))
+    return {key: statistics.median(values) for key, values in times.items()}, ratios
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="small-50x32;braun;large-256;deepbench-512",
+                        help="';'-separated case names of run.py or T,B,I,H[,L][,bi][,f64]")
+    parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    parser.add_argument("--rounds", type=int, default=21, help="timed rounds (default 21)")
+    args = parser.parse_args(argv)
+    print(f"{machine_label()}; load average {os.getloadavg()[0]:.2f} at the start; "
+          f"medians of {args.rounds} rotating rounds; backward, ms")
+    print(f"{'case':<22} {'T,B,I,H,L':<18} {'dtype':<7} {'thr':>3} | {'OpenBLAS':>10} "
+          f"{'packed':>8} {'packed/BLAS':>11} {'rounds [25%, 75%]':>24} | {'torch':>8} "
+          f"{'torch/best':>10} | rule (layer 0)")
+    for case in parse_cases(args.shapes):
+        itemsize = 8 if case.dtype == "float64" else 4
+        rule = "packed" if _schedule.packed_dx(case.I, case.H, itemsize) else "OpenBLAS"
+        shape = f"{case.T},{case.B},{case.I},{case.H},{case.L}" + (" bi" if case.bidirectional else "")
+        for n_threads in (int(n) for n in args.threads.split(",")):
+            medians, ratios = measure(case, n_threads, args.rounds)
+            off, on, torch_ms = medians[False], medians[True], medians["torch"]
+            quartiles = f"{statistics.median(ratios):.3f} [{ratios[len(ratios) // 4]:.3f}, " \
+                        f"{ratios[(3 * len(ratios)) // 4]:.3f}]"
+            print(f"{case.name:<22} {shape:<18} {'f' + case.dtype[5:]:<7} {n_threads:>3} | "
+                  f"{off:>10.3f} {on:>8.3f} {on / off:>11.3f} {quartiles:>24} | "
+                  f"{torch_ms:>8.3f} {torch_ms / min(on, off):>10.3f} | {rule}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
