@@ -116,7 +116,7 @@ PANEL_WEIGHTS_COLUMNS = 256
 #: there, where each OpenBLAS call packs it anew. The product reads the gate gradients in
 #: place, a block of rows at a time; rows a multiple of 4 KiB apart fall in the same few
 #: cache sets, and there it was no faster than OpenBLAS. On an AMD EPYC (Zen 4) the
-#: backward ran 3-7 % faster at (T, B, I, H) = (100, 64, 125, 320) (float32 and float64, one
+#: backward ran 1-8 % faster at (T, B, I, H) = (100, 64, 125, 320) (float32 and float64, one
 #: and two threads), (50, 64, 256, 320), (35, 20, 650, 650) and (50, 32, 64, 128); with
 #: 4 KiB rows, at (25, 32, 512, 512) and (50, 64, 256, 256), within a few percent either
 #: way from run to run; with fewer features or units, at (20, 1, 16, 32), (32, 16, 32, 64)
