@@ -28,6 +28,8 @@ CONFIGS = [
     # layer 0 takes its input's product inside the recurrence (_schedule.fused_input)
     (6, 5, 40, 24, 6, 2, True, True, "batch_first"),
     (8, 6, 33, 20, 5, 1, False, True, "packed"),
+    # layer 0's backward takes dx with the packed product (_schedule.packed_dx)
+    (5, 4, 70, 130, 10, 2, True, True, "batch_first"),
 ]
 IDS = [f"T{c[0]}-B{c[1]}-H{c[3]}-P{c[4]}-L{c[5]}{'-bi' if c[6] else ''}{'' if c[7] else '-nobias'}-{c[8]}"
        for c in CONFIGS]
