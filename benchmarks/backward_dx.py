@@ -1,15 +1,18 @@
-"""The backward's input gradient by lstmcy's packed product against OpenBLAS, beside
-PyTorch's backward.
+"""The backward's input gradient by lstmcy's packed product against OpenBLAS, and its gate
+gradients' padded rows against rows of 4H, beside PyTorch's backward.
 
 lstmcy's backward takes ``dx = dgates @ w_ih`` in pieces of steps one of two ways (the
 shape decides, ``lstmcy._schedule.packed_dx``): one OpenBLAS GEMM per piece, which packs
 ``w_ih`` anew each time, or lstmcy's packed GEMM from ``w_ih`` packed once per call
-(``packed_dx``). For each case and thread count this script times lstmcy's backward both
-ways (through two ``LSTMPlan``, one with ``packed_dx`` forced off, one forced on) and
+(``packed_dx``). The gate gradients' rows are padded by a cache line where 4H values would
+be a multiple of 4 KiB (``lstmcy._core._gradient_row_stride``). For each case and thread
+count this script times lstmcy's backward three ways (through three ``LSTMPlan``): rows of
+4H and OpenBLAS's dx, lstmcy's rows and OpenBLAS's dx, lstmcy's rows and the packed dx; and
 PyTorch's backward (``torch.autograd.grad`` on a recorded forward, as ``run.py`` times
-it), in rounds whose order rotates (PyTorch's OpenMP workers spin on after its calls), and
-prints the medians, the ratio of the two ways, each round's ratio (median and quartiles),
-and which way the shape's rule takes (for the first layer).
+it), in rounds whose order rotates (PyTorch's OpenMP workers spin on after its calls). It
+prints the medians, the ratios packed / OpenBLAS and padded / 4H rows (1.000 where the rows
+need no padding), each round's packed / OpenBLAS ratio (median and quartiles), and which
+way the shape's rule takes (for the first layer).
 
 Cases are ``run.py``'s by name, or ``T,B,I,H[,L[,bi]][,f64]`` (padded input).
 
@@ -39,11 +42,16 @@ from lstmcy import _core, _schedule  # noqa: E402
 from machine import machine_label  # noqa: E402
 
 
-def _plan(packed, n_threads, case, inputs):
-    """A plan whose backward schedules take ``packed_dx`` as given (its layer setups keep
-    the schedule from the calls made here), and its backward's arguments."""
+def _plan(variant, n_threads, case, inputs):
+    """A plan whose backward schedules take ``packed_dx`` as ``variant`` says ("packed" or
+    not) and whose gate gradients have rows of 4H ("4H rows") or lstmcy's (its layer setups
+    keep what the calls made here chose), and its backward's arguments."""
     own = _core.backward_schedule
-    _core.backward_schedule = lambda *a, **k: own(*a, **k)._replace(packed_dx=packed)
+    own_stride = _core._gradient_row_stride
+    _core.backward_schedule = lambda *a, **k: own(*a, **k)._replace(
+        packed_dx=variant == "packed")
+    if variant == "4H rows":
+        _core._gradient_row_stride = lambda H, dtype: 4 * H
     hx = (inputs["h0"], inputs["c0"])
     try:
         plan = lstmcy.LSTMPlan(n_threads=n_threads)
@@ -55,13 +63,16 @@ def _plan(packed, n_threads, case, inputs):
             plan.backward(*args, **lstm_kwargs(case))
     finally:
         _core.backward_schedule = own
+        _core._gradient_row_stride = own_stride
     return plan, args
 
 
+VARIANTS = ("4H rows", "OpenBLAS", "packed")
+
+
 def measure(case, n_threads, rounds):
-    """Median ms of lstmcy's backward with OpenBLAS's dx (``False``) and with
-    ``packed_dx`` (``True``), of PyTorch's (``"torch"``), and the rounds' ratios
-    packed / OpenBLAS."""
+    """Median ms of lstmcy's backward in each of VARIANTS and of PyTorch's (``"torch"``),
+    and the rounds' ratios packed / OpenBLAS."""
     import torch
     from run import torch_setup
 
@@ -70,25 +81,26 @@ def measure(case, n_threads, rounds):
     inputs = make_inputs(case)
     torch.set_num_threads(n_threads)
     _, torch_backward = torch_setup(case, inputs, packed=False)
-    plans = {packed: _plan(packed, n_threads, case, inputs) for packed in (False, True)}
+    plans = {variant: _plan(variant, n_threads, case, inputs) for variant in VARIANTS}
 
     def run(plan, args):
         return lambda: plan.backward(*args, **lstm_kwargs(case))
 
-    calls = {False: run(*plans[False]), True: run(*plans[True]), "torch": torch_backward}
+    calls = {variant: run(*plans[variant]) for variant in VARIANTS}
+    calls["torch"] = torch_backward
     # Enough calls per round for about 20 ms of work at 10 GF/s.
     repeats = max(1, min(50, int(2e8 / max(backward_flops(case), 1))))
     times = {key: [] for key in calls}
     order = list(calls)
     for round_ in range(rounds + 1):
-        for key in order[round_ % 3:] + order[:round_ % 3]:
+        for key in order[round_ % len(order):] + order[:round_ % len(order)]:
             calls[key]()
             start = time.perf_counter()
             for _ in range(repeats):
                 calls[key]()
             if round_:  # the first round warms up
                 times[key].append((time.perf_counter() - start) / repeats * 1e3)
-    ratios = sorted(on / off for on, off in zip(times[True], times[False]))
+    ratios = sorted(on / off for on, off in zip(times["packed"], times["OpenBLAS"]))
     return {key: statistics.median(values) for key, values in times.items()}, ratios
 
 
@@ -101,21 +113,22 @@ def main(argv=None):
     args = parser.parse_args(argv)
     print(f"{machine_label()}; load average {os.getloadavg()[0]:.2f} at the start; "
           f"medians of {args.rounds} rotating rounds; backward, ms")
-    print(f"{'case':<22} {'T,B,I,H,L':<18} {'dtype':<7} {'thr':>3} | {'OpenBLAS':>10} "
-          f"{'packed':>8} {'packed/BLAS':>11} {'rounds [25%, 75%]':>24} | {'torch':>8} "
-          f"{'torch/best':>10} | rule (layer 0)")
+    print(f"{'case':<18} {'T,B,I,H,L':<18} {'dtype':<5} {'thr':>3} | {'4H rows':>8} "
+          f"{'OpenBLAS':>8} {'packed':>8} {'pad/4H':>6} {'packed/BLAS':>11} "
+          f"{'rounds [25%, 75%]':>24} | {'torch':>8} {'torch/best':>10} | rule")
     for case in parse_cases(args.shapes):
-        itemsize = 8 if case.dtype == "float64" else 4
-        rule = "packed" if _schedule.packed_dx(case.I, case.H, itemsize) else "OpenBLAS"
+        rule = "packed" if _schedule.packed_dx(case.I, case.H) else "OpenBLAS"
         shape = f"{case.T},{case.B},{case.I},{case.H},{case.L}" + (" bi" if case.bidirectional else "")
         for n_threads in (int(n) for n in args.threads.split(",")):
             medians, ratios = measure(case, n_threads, args.rounds)
-            off, on, torch_ms = medians[False], medians[True], medians["torch"]
+            plain, off, on = (medians[v] for v in VARIANTS)
+            torch_ms = medians["torch"]
             quartiles = f"{statistics.median(ratios):.3f} [{ratios[len(ratios) // 4]:.3f}, " \
                         f"{ratios[(3 * len(ratios)) // 4]:.3f}]"
-            print(f"{case.name:<22} {shape:<18} {'f' + case.dtype[5:]:<7} {n_threads:>3} | "
-                  f"{off:>10.3f} {on:>8.3f} {on / off:>11.3f} {quartiles:>24} | "
-                  f"{torch_ms:>8.3f} {torch_ms / min(on, off):>10.3f} | {rule}", flush=True)
+            print(f"{case.name:<18} {shape:<18} {'f' + case.dtype[5:]:<5} {n_threads:>3} | "
+                  f"{plain:>8.3f} {off:>8.3f} {on:>8.3f} {off / plain:>6.3f} {on / off:>11.3f} "
+                  f"{quartiles:>24} | {torch_ms:>8.3f} {torch_ms / min(on, off):>10.3f} | "
+                  f"{rule}", flush=True)
 
 
 if __name__ == "__main__":

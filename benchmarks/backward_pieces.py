@@ -87,11 +87,9 @@ def _one_call_gflops(case, inputs, repeats=5):
 _OPENBLAS_WEIGHTS = [False]  # whether the plan being called adds dW with OpenBLAS
 
 
-def _schedule_with_weights_choice(T, B, I, H, D, n_threads, projected=False, small_gemms=False,
-                                  itemsize=4):
+def _schedule_with_weights_choice(T, B, I, H, D, n_threads, projected=False, small_gemms=False):
     """lstmcy's backward schedule, with the weight gradients by OpenBLAS when asked."""
-    schedule = _schedule.backward_schedule(T, B, I, H, D, n_threads, projected, small_gemms,
-                                           itemsize)
+    schedule = _schedule.backward_schedule(T, B, I, H, D, n_threads, projected, small_gemms)
     return schedule._replace(panel_weights=False) if _OPENBLAS_WEIGHTS[0] else schedule
 
 

@@ -66,9 +66,8 @@ def traced_calls(case, inputs, n_model, n_run, repeats, units=False):
     saved = (_core.forward_schedule, _core.backward_schedule)
     _core.forward_schedule = lambda T, B, I, H, D, n, projected=False, itemsize=4: forward(
         T, B, I, H, D, n_model, projected, itemsize)
-    _core.backward_schedule = lambda T, B, I, H, D, n, projected=False, small_gemms=False, \
-        itemsize=4: backward(T, B, I, H, D, n_model, projected, small_gemms=small_gemms,
-                             itemsize=itemsize)
+    _core.backward_schedule = lambda T, B, I, H, D, n, projected=False, small_gemms=False: backward(
+        T, B, I, H, D, n_model, projected, small_gemms=small_gemms)
     try:
         plan = lstmcy.LSTMPlan(n_threads=n_run)
         kw = lstm_kwargs(case)

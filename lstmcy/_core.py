@@ -18,8 +18,9 @@ from lstmcy import _fpmode
 from lstmcy._dispatch import kernels as _lstm
 from lstmcy._cache import LSTMCache
 from lstmcy._pool import ALIGN, ResultPool, aligned_empty, aligned_offset
-from lstmcy._schedule import (SINGLE_THREADED_GEMM, SPLIT_UNITS, TUNED_STEP_FLOPS, backward_lanes,
-                              backward_schedule, forward_schedule)
+from lstmcy._schedule import (ALIASED_ROW_BYTES, SINGLE_THREADED_GEMM, SPLIT_UNITS,
+                              TUNED_STEP_FLOPS, backward_lanes, backward_schedule,
+                              forward_schedule)
 from lstmcy._threads import (ThreadTuner, _check_count, _process_cpus, blas_single_threaded,
                              blas_small_gemms, is_automatic, threads_for)
 from lstmcy._validation import (SAVED_NAMES, _cached, _check_batch_sizes, _read_only,
@@ -175,6 +176,17 @@ def _packed_len(n, k, dtype):
 
 
 @functools.lru_cache(maxsize=256)
+def _gradient_row_stride(H, dtype):
+    """Elements between two rows of the backward's gate gradients: 4H, and one cache line
+    more where 4H values are a multiple of ALIASED_ROW_BYTES long (rows that far apart fall
+    in the same few cache sets, and the packed products read a block of rows at once)."""
+    itemsize = np.dtype(dtype).itemsize
+    if H > 0 and (4 * H * itemsize) % ALIASED_ROW_BYTES == 0:
+        return 4 * H + ALIGN // itemsize
+    return 4 * H
+
+
+@functools.lru_cache(maxsize=256)
 def _packed_weights_len(kind, H, P, I, projected, schedule, dtype):
     """Elements of one direction's packed weights in a ``kind`` ("forward" or "backward")
     layer call of that schedule (``I`` input features)."""
@@ -298,7 +310,9 @@ class LSTMPlan:
         width = max(input_size, D * P) if num_layers > 1 else input_size
         itemsize = max(np.dtype(dtype).itemsize, 4)  # float16/bfloat16 compute in float32
         is_double = itemsize == 8
-        elements = D * N * 4 * H + N * width  # gates, packed rows
+        # gates (the backward's rows maybe padded), packed rows
+        elements = D * N * _gradient_row_stride(H, np.float64 if is_double else np.float32) \
+            + N * width
         if projected:
             elements += D * N * H  # r = o * tanh(c) of every row (forward), dh @ w_hr (backward)
         # The recurrent weights packed: by rows, or by units in up to H / 16 parts (each
@@ -377,7 +391,7 @@ class LSTMPlan:
         # Each lane of the weight gradients sums its own dW (shape only); [x | h_{t-1}]
         # rows are gathered as rows, or in panels for lstmcy's own product.
         shape_only = backward_schedule(T, B, in_size, H, D, 1, projected,
-                                       small_gemms=blas_small_gemms(), itemsize=cdt.itemsize)
+                                       small_gemms=blas_small_gemms())
         lanes = shape_only.lanes
         if shape_only.panel_weights:
             z_width = _lstm.packed_elements(in_size + P, 1, cdt == np.float64)
@@ -385,7 +399,7 @@ class LSTMPlan:
             z_width = in_size + P + (H if projected else 0)
         grad_rows = lanes * 4 * H if want_dparams else 0
         workspaces = (
-            self._take("gates", (D, N, 4 * H), cdt),
+            self._take("gates", (D, N, _gradient_row_stride(H, cdt)), cdt),
             self._take("dh_rows", (D, rows, P), cdt),
             self._take("r_rows", (D, rows, H), cdt),
             self._take("z", (D, N if want_dparams else 0, z_width), cdt),
@@ -410,8 +424,7 @@ class LSTMPlan:
                                         itemsize=cdt.itemsize)
         else:
             schedule = backward_schedule(p.T, p.B, setup.in_size, H, D, cpus, p.projected,
-                                         small_gemms=blas_small_gemms(),
-                                         itemsize=cdt.itemsize)
+                                         small_gemms=blas_small_gemms())
         w_packed = self._take(
             "w_packed",
             (D * _packed_weights_len(kind, H, P, setup.in_size, p.projected, schedule, cdt),),

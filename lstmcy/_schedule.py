@@ -110,20 +110,19 @@ LANE_BYTES = 32 << 20
 #: a few columns would cost a whole panel's work.
 PANEL_WEIGHTS_COLUMNS = 256
 #: A backward layer of at least PACKED_DX_FEATURES input features and PACKED_DX_UNITS
-#: units whose gate-gradient rows (4H values) are not a multiple of ALIASED_ROW_BYTES long
-#: takes dx = dgates @ w_ih with lstmcy's own product (``packed_dx``): w_ih is packed once
-#: per call, by the first thread to reach a dx piece, and every piece multiplies it from
-#: there, where each OpenBLAS call packs it anew. The product reads the gate gradients in
-#: place, a block of rows at a time; rows a multiple of 4 KiB apart fall in the same few
-#: cache sets, and there it was no faster than OpenBLAS. On an AMD EPYC (Zen 4) the
-#: backward ran 1-8 % faster at (T, B, I, H) = (100, 64, 125, 320) (float32 and float64, one
-#: and two threads), (50, 64, 256, 320), (35, 20, 650, 650) and (50, 32, 64, 128); with
-#: 4 KiB rows, at (25, 32, 512, 512) and (50, 64, 256, 256), within a few percent either
-#: way from run to run; with fewer features or units, at (20, 1, 16, 32), (32, 16, 32, 64)
-#: and (50, 8, 64, 64), up to 6 % slower (benchmarks/backward_dx.py;
+#: units takes dx = dgates @ w_ih with lstmcy's own product (``packed_dx``): w_ih is packed
+#: once per call, by the first thread to reach a dx piece, and every piece multiplies it
+#: from there, where each OpenBLAS call packs it anew. On an AMD EPYC (Zen 4) the backward
+#: ran 3-8 % faster on the suite's shapes it applies to, one and two threads, float32 and
+#: float64; with fewer features or units, at (T, B, I, H) = (20, 1, 16, 32), (32, 16, 32,
+#: 64) and (50, 8, 64, 64), it was up to 6 % slower (benchmarks/backward_dx.py;
 #: results/backward_dx.md).
 PACKED_DX_FEATURES = 64
 PACKED_DX_UNITS = 128
+#: Rows this many bytes apart (or a multiple) fall in the same few sets of a core's L1
+#: cache. The packed products read a block of rows at once, so the backward's gate
+#: gradients get one cache line of padding per row where 4H values would be that long
+#: (lstmcy._core._gradient_row_stride).
 ALIASED_ROW_BYTES = 4096
 
 #: A forward layer of at least FUSED_INPUT_ROWS sequences and FUSED_INPUT_FEATURES input
@@ -276,10 +275,9 @@ def backward_lanes(T, B, I, H, small_gemms=False):
 
 
 @functools.lru_cache(maxsize=512)
-def backward_schedule(T, B, I, H, D, n_threads, projected=False, small_gemms=False, itemsize=4):
+def backward_schedule(T, B, I, H, D, n_threads, projected=False, small_gemms=False):
     """The :class:`BackwardSchedule` of a layer of input size ``I`` on ``n_threads``
-    threads (``small_gemms``: the BLAS has a path for small products, see SMALL_GEMM;
-    ``itemsize``: bytes of the computed floats). The
+    threads (``small_gemms``: the BLAS has a path for small products, see SMALL_GEMM). The
     first chunk is short with one direction, so that the weight gradients can start early
     on threads the recurrence leaves free."""
     chunk = chunk_steps(T, B, I, H, small_gemms)
@@ -294,7 +292,7 @@ def backward_schedule(T, B, I, H, D, n_threads, projected=False, small_gemms=Fal
     pack_pieces = _pack_pieces(H, n_threads) if split == SPLIT_ROWS else 1
     return BackwardSchedule(split, groups, first, chunk, block_rows,
                             backward_lanes(T, B, I, H, small_gemms), dx_steps, pack_pieces,
-                            panel_weights(I, H, projected), packed_dx(I, H, itemsize))
+                            panel_weights(I, H, projected), packed_dx(I, H))
 
 
 def panel_weights(I, P, projected=False):
@@ -303,8 +301,7 @@ def panel_weights(I, P, projected=False):
     return not projected and I + P >= PANEL_WEIGHTS_COLUMNS
 
 
-def packed_dx(I, H, itemsize=4):
+def packed_dx(I, H):
     """Whether a backward layer of ``I`` input features and ``H`` units takes dx with
     lstmcy's own product from w_ih packed once (shape only; see PACKED_DX_FEATURES)."""
-    return (I >= PACKED_DX_FEATURES and H >= PACKED_DX_UNITS
-            and (4 * H * itemsize) % ALIASED_ROW_BYTES != 0)
+    return I >= PACKED_DX_FEATURES and H >= PACKED_DX_UNITS

@@ -188,9 +188,8 @@ def most_split(monkeypatch, split="rows"):
         own = _schedule.forward_schedule(T, B, I, H, D, n_threads, projected, itemsize)
         return finest(own, B, D, n_threads, projected)
 
-    def backward(T, B, I, H, D, n_threads, projected=False, small_gemms=False, itemsize=4):
-        own = _schedule.backward_schedule(T, B, I, H, D, n_threads, projected, small_gemms,
-                                          itemsize)
+    def backward(T, B, I, H, D, n_threads, projected=False, small_gemms=False):
+        own = _schedule.backward_schedule(T, B, I, H, D, n_threads, projected, small_gemms)
         return finest(own, B, D, n_threads, projected)
 
     force_schedules(monkeypatch, forward, backward)

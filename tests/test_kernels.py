@@ -459,8 +459,7 @@ def test_packed_input_gradient_fits_the_workspace_and_matches_the_reference(dtyp
     # features, 2 * 130 into the second layer.
     T, B, I, H = 5, 6, 70, 130
     from lstmcy import _schedule
-    itemsize = np.dtype(dtype).itemsize
-    assert _schedule.packed_dx(I, H, itemsize) and _schedule.packed_dx(2 * H, H, itemsize)
+    assert _schedule.packed_dx(I, H) and _schedule.packed_dx(2 * H, H)
     rng = np.random.default_rng(4)
     x = rng.standard_normal((T, B, I)).astype(dtype)
     params = [(0.3 * rng.standard_normal(shape)).astype(dtype) for layer_in in (I, 2 * H)
@@ -475,6 +474,36 @@ def test_packed_input_gradient_fits_the_workspace_and_matches_the_reference(dtyp
     want = reference.lstm_backward(x, None, params, dy, h_n, c_n, *cache.saved(), **kwargs)
     rtol = 2e-5 if dtype == np.float32 else 1e-12
     np.testing.assert_allclose(got[0], want[0], rtol=0, atol=rtol * np.abs(want[0]).max())
+
+
+@pytest.mark.parametrize("dtype,H", [(np.float32, 256), (np.float64, 128)])
+def test_padded_gate_gradient_rows_change_no_bit(dtype, H, monkeypatch):
+    # 4H values a row are 4 KiB: the backward's gate gradients get a padded row stride
+    # (lstmcy._core._gradient_row_stride), which every product reads; the results are
+    # bitwise those of unpadded rows, on one thread and several.
+    from lstmcy import _core
+    assert _core._gradient_row_stride(H, np.dtype(dtype)) > 4 * H
+    assert _core._gradient_row_stride(H + 1, np.dtype(dtype)) == 4 * (H + 1)
+    T, B, I = 4, 5, 70
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((T, B, I)).astype(dtype)
+    params = [(rng.standard_normal(shape) / np.sqrt(H)).astype(dtype) for _ in range(2)
+              for shape in ((4 * H, I), (4 * H, H), (4 * H,), (4 * H,))]
+
+    def grads(n_threads):
+        plan = lstmcy.LSTMPlan(n_threads=n_threads)
+        y, h_n, c_n, cache = plan.forward(x, None, params, bidirectional=True)
+        dy = np.cos(np.arange(y.size)).reshape(y.shape).astype(dtype)
+        dx, dh0, dc0, dparams = plan.backward(x, None, params, dy, h_n, c_n, *cache.saved(),
+                                              bidirectional=True)
+        return [dx, dh0, dc0, *dparams]
+
+    padded = {n: grads(n) for n in (1, 2, 3)}
+    monkeypatch.setattr(_core, "_gradient_row_stride", lambda H, dtype: 4 * H)
+    plain = grads(1)
+    for n, got in padded.items():
+        for k, (a, b) in enumerate(zip(got, plain)):
+            assert a.tobytes() == b.tobytes(), f"output {k} on {n} threads"
 
 
 def _kernel_args(kind, monkeypatch, **kwargs):

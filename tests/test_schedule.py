@@ -56,7 +56,7 @@ def schedules(backward, forward):
         return _schedule.ForwardSchedule(*split_of(B, D, n_threads, projected), piece_steps,
                                          n_threads, fused_input)
 
-    def bwd(T, B, I, H, D, n_threads, projected=False, small_gemms=False, itemsize=4):
+    def bwd(T, B, I, H, D, n_threads, projected=False, small_gemms=False):
         return _schedule.BackwardSchedule(*split_of(B, D, n_threads, projected), first, chunk,
                                           block_rows, lanes, dx_steps, n_threads,
                                           packed_dx=packed_dx)
@@ -111,9 +111,8 @@ def test_bit_fixing_fields_are_a_function_of_the_shape():
             forward = {n: _schedule.forward_schedule(*shape, n, itemsize=itemsize)
                        for n in (1, 2, 3, 8, 64)}
             assert len({(s.piece_steps, s.fused_input) for s in forward.values()}) == 1
-        for small_gemms, itemsize in [(False, 4), (True, 4), (False, 8)]:
-            backward = {n: _schedule.backward_schedule(*shape, n, small_gemms=small_gemms,
-                                                       itemsize=itemsize)
+        for small_gemms in (False, True):
+            backward = {n: _schedule.backward_schedule(*shape, n, small_gemms=small_gemms)
                         for n in (1, 2, 3, 8, 64)}
             assert len({(s.first, s.chunk, s.block_rows, s.lanes, s.dx_steps, s.panel_weights,
                          s.packed_dx) for s in backward.values()}) == 1
@@ -241,7 +240,7 @@ import numpy as np
 from lstmcy import _core, _schedule
 from hostile import Config, make_call, run_with_threads
 
-def backward(T, B, I, H, D, n_threads, projected=False, small_gemms=False, itemsize=4):
+def backward(T, B, I, H, D, n_threads, projected=False, small_gemms=False):
     return _schedule.BackwardSchedule(_schedule.SPLIT_ROWS, max(1, min(n_threads // D, B)), 1, 1,
                                       16, 4, 1, n_threads)
 
@@ -301,14 +300,11 @@ def test_threads_without_a_unit_part_give_the_same_bits(name, calls, monkeypatch
 
 
 def test_the_packed_dx_rule():
-    # lstmcy's product for dx where w_ih is wide enough and the gate-gradient rows are not
-    # a multiple of 4 KiB apart (there OpenBLAS is as fast); a function of the shape.
+    # lstmcy's product for dx where w_ih and the layer are wide enough; a function of the
+    # shape.
     rule = _schedule.packed_dx
-    assert rule(125, 320) and rule(125, 320, itemsize=8)       # 5120 and 10240 bytes a row
-    assert rule(64, 128) and not rule(64, 128, itemsize=8)      # 2 KiB; 4 KiB
-    assert not rule(256, 256) and not rule(512, 512)            # 4 KiB, 8 KiB
-    assert not rule(32, 320) and not rule(64, 64)               # too few features, units
-    assert rule(650, 650) and not rule(125, 0)
+    assert rule(125, 320) and rule(64, 128) and rule(512, 512) and rule(650, 650)
+    assert not rule(32, 320) and not rule(64, 64) and not rule(125, 0)
     for n_threads in (1, 2, 8):
         assert _schedule.backward_schedule(100, 64, 125, 320, 1, n_threads).packed_dx
-        assert not _schedule.backward_schedule(50, 64, 256, 256, 1, n_threads).packed_dx
+        assert not _schedule.backward_schedule(50, 8, 64, 64, 1, n_threads).packed_dx

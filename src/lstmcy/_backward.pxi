@@ -147,7 +147,7 @@ cdef void _cells_bwd(const BackwardCall *bc, floating *like, Py_ssize_t d, Py_ss
         backward_cell(w, H, cell_in, c_prev, <floating *>sv.i + r, <floating *>sv.f + r,
                       <floating *>sv.g + r, <floating *>sv.o + r, <floating *>sv.tanhc + r,
                       <floating *>bc.dc_state[d] + b * H + u0,
-                      <floating *>bc.dgates[d] + (n0 + b) * 4 * H + u0)
+                      <floating *>bc.dgates[d] + (n0 + b) * bc.ldg + u0)
 
 
 cdef void _recurrence_rows_bwd(const BackwardCall *bc, floating *like, Py_ssize_t d,
@@ -191,7 +191,7 @@ cdef void _recurrence_rows_bwd(const BackwardCall *bc, floating *like, Py_ssize_
                             <floating *>bc.dr_rows[d] + (n0 + r0) * H, H, False)
             _cells_bwd(bc, like, d, t, r0, r1, 0, H)
             # dh for the step before: dgates_t @ w_hh over the group's rows.
-            packed_gemm(m, P, G4, dgates + (n0 + r0) * G4, G4,
+            packed_gemm(m, P, G4, dgates + (n0 + r0) * bc.ldg, bc.ldg,
                         <floating *>bc.w_packed[d], dh_state + r0 * P, P, False)
         event_set(&bc.progress[d * bc.groups + g], <int>(s + 1))
         if s + 1 == c_end:
@@ -223,7 +223,7 @@ cdef void _unit_step_bwd(const BackwardCall *bc, floating *like, Py_ssize_t d, P
         else:
             t_prev = s - 1 if d == 1 else T - s
             packed_gemm(bc.steps.sizes[t_prev], w, G4,
-                        <floating *>bc.dgates[d] + bc.steps.start[t_prev] * G4, G4, packed,
+                        <floating *>bc.dgates[d] + bc.steps.start[t_prev] * bc.ldg, bc.ldg, packed,
                         <floating *>bc.dh_state[d] + u0, H, False)
         if s < T:
             _cells_bwd(bc, like, d, s if d == 1 else T - 1 - s, 0, bc.steps.B, u0, w)
@@ -322,6 +322,7 @@ cdef long long _weights(const BackwardCall *bc, floating *like, Py_ssize_t d, Py
     cdef Py_ssize_t K = bc.I + P
     cdef Py_ssize_t Z = bc.z_width
     cdef Py_ssize_t G4 = 4 * H
+    cdef Py_ssize_t ldg = bc.ldg
     cdef Py_ssize_t k0, kb, t_lo, t_hi, r0, r1, n, j
     cdef const floating *dg = <floating *>bc.dgates[d]
     cdef const floating *z = <floating *>bc.z[d]
@@ -338,11 +339,11 @@ cdef long long _weights(const BackwardCall *bc, floating *like, Py_ssize_t d, Py
              <floating *>bc.dw_hr_acc[d] + (lane * P + k0) * H, <int>H)
         return start
     if bc.panel_weights:
-        gemm_tn(kb, K, r1 - r0, dg + r0 * G4 + k0, G4, z + r0 * Z,
+        gemm_tn(kb, K, r1 - r0, dg + r0 * ldg + k0, ldg, z + r0 * Z,
                 <floating *>bc.dw[d] + (lane * G4 + k0) * K, K, c >= bc.lanes)
     else:
-        gemm(Trans, NoTrans, <int>kb, <int>K, <int>(r1 - r0), <floating>1, dg + r0 * G4 + k0,
-             <int>G4, z + r0 * Z, <int>Z, beta, <floating *>bc.dw[d] + (lane * G4 + k0) * K,
+        gemm(Trans, NoTrans, <int>kb, <int>K, <int>(r1 - r0), <floating>1, dg + r0 * ldg + k0,
+             <int>ldg, z + r0 * Z, <int>Z, beta, <floating *>bc.dw[d] + (lane * G4 + k0) * K,
              <int>K)
     db_acc = bc.db_acc[d] + lane * G4 + k0
     if c < bc.lanes:
@@ -350,7 +351,7 @@ cdef long long _weights(const BackwardCall *bc, floating *like, Py_ssize_t d, Py
             db_acc[j] = 0
     for n in range(r0, r1):  # in row order: the same sum whichever thread adds it
         for j in range(kb):
-            db_acc[j] += dg[n * G4 + k0 + j]
+            db_acc[j] += dg[n * ldg + k0 + j]
     return start
 
 
@@ -435,12 +436,13 @@ cdef long long _dx_piece(const BackwardCall *bc, floating *like, Py_ssize_t q) n
     if bc.packed_dx:
         _pack_w_ih(bc, like)
         for d in range(bc.D):
-            packed_gemm(r1 - r0, I, G4, <floating *>bc.dgates[d] + r0 * G4, G4,
+            packed_gemm(r1 - r0, I, G4, <floating *>bc.dgates[d] + r0 * bc.ldg, bc.ldg,
                         <floating *>bc.w_packed[d] + bc.ih_offset, target, ld, d > 0)
     else:
         for d in range(bc.D):
             gemm(NoTrans, NoTrans, <int>(r1 - r0), <int>I, <int>G4, <floating>1,
-                 <floating *>bc.dgates[d] + r0 * G4, <int>G4, <floating *>bc.w_ih[d], <int>I,
+                 <floating *>bc.dgates[d] + r0 * bc.ldg, <int>bc.ldg, <floating *>bc.w_ih[d],
+                 <int>I,
                  <floating>(0 if d == 0 else 1), target, <int>ld)
     if not bc.x_rows_packed:
         for t in range(t_lo, t_hi):

@@ -150,7 +150,8 @@ cdef struct BackwardCall:
     char *dw_hh[2]                  # [4H, P]
     char *dw_hr[2]                  # [P, H] (projected)
     char *db[2]                     # [4H]
-    char *dgates[2]                 # workspace [N, 4H]: gate gradients
+    char *dgates[2]                 # workspace [N, ldg]: gate gradients (4H of each row)
+    Py_ssize_t ldg                  # elements between rows of dgates (4H, or padded)
     char *dh_rows[2]                # workspace [N, P]: dh_t of every row (projected)
     char *dr_rows[2]                # workspace [N, H]: dh_t @ w_hr (projected)
     char *z[2]                      # workspace [N, z_width]: [x | h_{t-1} (| r_t)] rows,

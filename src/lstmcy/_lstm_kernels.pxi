@@ -526,8 +526,9 @@ def backward_layer(
     dw_ih, dw_hh, db, dw_hr : ndarray [D, 4H, I], [D, 4H, P], [D, 4H], [D, P, H]
         Parameter gradients, written when ``want_dparams`` (else ``[D, 0, .]``; dw_hr
         ``[D, 0, H]`` without a projection).
-    dgates : ndarray [D, N, 4H]
-        Workspace: the gate gradients.
+    dgates : ndarray [D, N, ldg]
+        Workspace: the gate gradients, 4H of each row of ``ldg >= 4H`` (padded where rows
+        of 4H would fall in the same cache sets).
     dh_rows, dr_rows : ndarray [D, N, P], [D, N, H]
         Workspaces with a projection: dh_t of every row and dh_t @ w_hr (else ``[D, 0, .]``).
     z : ndarray [D, N, I + P] (with a projection [D, N, I + P + H])
@@ -595,7 +596,7 @@ def backward_layer(
     _need(packed_start.shape[0] == T and x_step_row.shape[0] == T and dy_step_row.shape[0] == T,
           "batch_sizes, packed_start and the step rows must have T entries")
     _need(N == (packed_start[T - 1] + batch_sizes[T - 1] if T > 0 else 0) and dgates.shape[0] >= D
-          and dgates.shape[2] == G4, "dgates must be [D, N, 4H]")
+          and dgates.shape[2] >= G4, "dgates must be [D, N, ldg], ldg >= 4H")
     _check_row_tables(batch_sizes, packed_start, B, N, x_step_row, x_batch_stride, x.shape[0],
                       x_rows_packed, dy_step_row, dy_batch_stride, dy.shape[0], "dy")
     if not (groups >= 1 and first >= 1 and chunk >= 1 and block_rows >= 1 and lanes >= 1
@@ -649,6 +650,7 @@ def backward_layer(
     bc.panel_weights = panel_weights
     bc.hr_offset = packed_len(P, G4, <floating *>NULL)
     bc.ih_offset = _backward_ih_offset(H, P, projected, split, groups, floating is double)
+    bc.ldg = dgates.shape[2]
     bc.packed_dx = packed_dx
     _rows(&bc.x, x, x_step_row, x_batch_stride)
     bc.x_rows_packed = x_rows_packed
