@@ -5,7 +5,7 @@ lstmcy's backward takes ``dx = dgates @ w_ih`` in pieces of steps one of two way
 shape decides, ``lstmcy._schedule.packed_dx``): one OpenBLAS GEMM per piece, which packs
 ``w_ih`` anew each time, or lstmcy's packed GEMM from ``w_ih`` packed once per call
 (``packed_dx``). The gate gradients' rows are padded by a cache line where 4H values would
-be a multiple of 4 KiB (``lstmcy._core._gradient_row_stride``). For each case and thread
+be a multiple of 4 KiB (``lstmcy._core._gate_row_stride``). For each case and thread
 count this script times lstmcy's backward three ways (through three ``LSTMPlan``): rows of
 4H and OpenBLAS's dx, lstmcy's rows and OpenBLAS's dx, lstmcy's rows and the packed dx; and
 PyTorch's backward (``torch.autograd.grad`` on a recorded forward, as ``run.py`` times
@@ -47,11 +47,11 @@ def _plan(variant, n_threads, case, inputs):
     not) and whose gate gradients have rows of 4H ("4H rows") or lstmcy's (its layer setups
     keep what the calls made here chose), and its backward's arguments."""
     own = _core.backward_schedule
-    own_stride = _core._gradient_row_stride
+    own_stride = _core._gate_row_stride
     _core.backward_schedule = lambda *a, **k: own(*a, **k)._replace(
         packed_dx=variant == "packed")
     if variant == "4H rows":
-        _core._gradient_row_stride = lambda H, dtype: 4 * H
+        _core._gate_row_stride = lambda H, dtype: 4 * H
     hx = (inputs["h0"], inputs["c0"])
     try:
         plan = lstmcy.LSTMPlan(n_threads=n_threads)
@@ -63,7 +63,7 @@ def _plan(variant, n_threads, case, inputs):
             plan.backward(*args, **lstm_kwargs(case))
     finally:
         _core.backward_schedule = own
-        _core._gradient_row_stride = own_stride
+        _core._gate_row_stride = own_stride
     return plan, args
 
 

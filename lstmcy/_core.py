@@ -176,10 +176,11 @@ def _packed_len(n, k, dtype):
 
 
 @functools.lru_cache(maxsize=256)
-def _gradient_row_stride(H, dtype):
-    """Elements between two rows of the backward's gate gradients: 4H, and one cache line
-    more where 4H values are a multiple of ALIASED_ROW_BYTES long (rows that far apart fall
-    in the same few cache sets, and the packed products read a block of rows at once)."""
+def _gate_row_stride(H, dtype):
+    """Elements between two rows of the gates (forward) or gate gradients (backward): 4H,
+    and one cache line more where 4H values are a multiple of ALIASED_ROW_BYTES long (rows
+    that far apart fall in the same few cache sets, and the packed products read or write
+    a block of rows at once)."""
     itemsize = np.dtype(dtype).itemsize
     if H > 0 and (4 * H * itemsize) % ALIASED_ROW_BYTES == 0:
         return 4 * H + ALIGN // itemsize
@@ -310,8 +311,8 @@ class LSTMPlan:
         width = max(input_size, D * P) if num_layers > 1 else input_size
         itemsize = max(np.dtype(dtype).itemsize, 4)  # float16/bfloat16 compute in float32
         is_double = itemsize == 8
-        # gates (the backward's rows maybe padded), packed rows
-        elements = D * N * _gradient_row_stride(H, np.float64 if is_double else np.float32) \
+        # gates (their rows maybe padded), packed rows
+        elements = D * N * _gate_row_stride(H, np.float64 if is_double else np.float32) \
             + N * width
         if projected:
             elements += D * N * H  # r = o * tanh(c) of every row (forward), dh @ w_hr (backward)
@@ -371,7 +372,7 @@ class LSTMPlan:
         """The :class:`_LayerSetup` of a forward layer call with ``in_size`` input features
         (``in_packed``: its input rows are in packed order)."""
         D, N, H, P, cdt = p.D, p.N, p.H, p.P, p.compute_dtype
-        workspaces = (self._take("gates", (D, N, 4 * H), cdt),
+        workspaces = (self._take("gates", (D, N, _gate_row_stride(H, cdt)), cdt),
                       self._take("r_rows", (D, N if p.projected else 0, H), cdt),
                       self._take("packed_rows", (0 if in_packed else N, in_size), cdt))
         flops_per_row = 8.0 * D * H * (in_size + P) + (2.0 * D * H * P if p.projected else 0)
@@ -399,7 +400,7 @@ class LSTMPlan:
             z_width = in_size + P + (H if projected else 0)
         grad_rows = lanes * 4 * H if want_dparams else 0
         workspaces = (
-            self._take("gates", (D, N, _gradient_row_stride(H, cdt)), cdt),
+            self._take("gates", (D, N, _gate_row_stride(H, cdt)), cdt),
             self._take("dh_rows", (D, rows, P), cdt),
             self._take("r_rows", (D, rows, H), cdt),
             self._take("z", (D, N if want_dparams else 0, z_width), cdt),

@@ -120,9 +120,9 @@ PANEL_WEIGHTS_COLUMNS = 256
 PACKED_DX_FEATURES = 64
 PACKED_DX_UNITS = 128
 #: Rows this many bytes apart (or a multiple) fall in the same few sets of a core's L1
-#: cache. The packed products read a block of rows at once, so the backward's gate
-#: gradients get one cache line of padding per row where 4H values would be that long
-#: (lstmcy._core._gradient_row_stride).
+#: cache. The packed products read or write a block of rows at once, so the gates and the
+#: gate gradients get one cache line of padding per row where 4H values would be that long
+#: (lstmcy._core._gate_row_stride).
 ALIASED_ROW_BYTES = 4096
 
 #: A forward layer of at least FUSED_INPUT_ROWS sequences and FUSED_INPUT_FEATURES input

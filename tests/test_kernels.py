@@ -477,13 +477,13 @@ def test_packed_input_gradient_fits_the_workspace_and_matches_the_reference(dtyp
 
 
 @pytest.mark.parametrize("dtype,H", [(np.float32, 256), (np.float64, 128)])
-def test_padded_gate_gradient_rows_change_no_bit(dtype, H, monkeypatch):
-    # 4H values a row are 4 KiB: the backward's gate gradients get a padded row stride
-    # (lstmcy._core._gradient_row_stride), which every product reads; the results are
-    # bitwise those of unpadded rows, on one thread and several.
+def test_padded_gate_rows_change_no_bit(dtype, H, monkeypatch):
+    # 4H values a row are 4 KiB: the gates (forward) and gate gradients (backward) get a
+    # padded row stride (lstmcy._core._gate_row_stride), which every product reads or
+    # writes; the results are bitwise those of unpadded rows, on one thread and several.
     from lstmcy import _core
-    assert _core._gradient_row_stride(H, np.dtype(dtype)) > 4 * H
-    assert _core._gradient_row_stride(H + 1, np.dtype(dtype)) == 4 * (H + 1)
+    assert _core._gate_row_stride(H, np.dtype(dtype)) > 4 * H
+    assert _core._gate_row_stride(H + 1, np.dtype(dtype)) == 4 * (H + 1)
     T, B, I = 4, 5, 70
     rng = np.random.default_rng(6)
     x = rng.standard_normal((T, B, I)).astype(dtype)
@@ -496,10 +496,10 @@ def test_padded_gate_gradient_rows_change_no_bit(dtype, H, monkeypatch):
         dy = np.cos(np.arange(y.size)).reshape(y.shape).astype(dtype)
         dx, dh0, dc0, dparams = plan.backward(x, None, params, dy, h_n, c_n, *cache.saved(),
                                               bidirectional=True)
-        return [dx, dh0, dc0, *dparams]
+        return [y, h_n, c_n, dx, dh0, dc0, *dparams]
 
     padded = {n: grads(n) for n in (1, 2, 3)}
-    monkeypatch.setattr(_core, "_gradient_row_stride", lambda H, dtype: 4 * H)
+    monkeypatch.setattr(_core, "_gate_row_stride", lambda H, dtype: 4 * H)
     plain = grads(1)
     for n, got in padded.items():
         for k, (a, b) in enumerate(zip(got, plain)):

@@ -83,13 +83,13 @@ cdef void _add_recurrent_products(const ForwardCall *fc, floating *like, Py_ssiz
     gates are x_t[rows] @ w_ih^T + h_{t-1}[rows] @ w_hh^T instead. Rows active at the
     previous step read its h, the others h0."""
     cdef Py_ssize_t P = fc.P
-    cdef Py_ssize_t G4 = 4 * fc.H
     cdef Py_ssize_t n0 = fc.steps.start[t]
     cdef Py_ssize_t m_prev = 0
     cdef Py_ssize_t t_prev, stride, ldx
     cdef const floating *src
     cdef const floating *x = _x_rows(fc, like, n0 + r0, &ldx)
-    cdef floating *out = <floating *>fc.gates[d] + (n0 + r0) * G4 + c0
+    cdef Py_ssize_t ldg = fc.ldg
+    cdef floating *out = <floating *>fc.gates[d] + (n0 + r0) * ldg + c0
     if m == 0 or nc == 0 or P == 0:
         return
     if s > 0:
@@ -98,11 +98,11 @@ cdef void _add_recurrent_products(const ForwardCall *fc, floating *like, Py_ssiz
         m_prev = m if m_prev > m else m_prev
     if m_prev > 0:
         src = _h_source(fc, like, d, t_prev, r0, &stride)
-        _step_product(m_prev, nc, fc.I, x, ldx, packed_x, P, src, stride, packed, out, G4)
+        _step_product(m_prev, nc, fc.I, x, ldx, packed_x, P, src, stride, packed, out, ldg)
     if m > m_prev:
         src = <floating *>fc.h0[d] + (r0 + m_prev) * P
         _step_product(m - m_prev, nc, fc.I, x + m_prev * ldx, ldx, packed_x, P, src, P, packed,
-                      out + m_prev * G4, G4)
+                      out + m_prev * ldg, ldg)
 
 
 cdef void _cells(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t t,
@@ -126,7 +126,7 @@ cdef void _cells(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t
     if w == 0:
         return
     for b in range(r0, nb):
-        act = gates + (n0 + b) * 4 * H + u0
+        act = gates + (n0 + b) * fc.ldg + u0
         y_row = row_of(<floating *>fc.y.data, &fc.y, t, b) + d * P + u0
         if fc.projected:
             out_row = <floating *>fc.r_rows[d] + (n0 + b) * H + u0
@@ -230,7 +230,7 @@ cdef void _project(const ForwardCall *fc, floating *like, Py_ssize_t piece) noex
     for d in range(fc.D):
         gemm(NoTrans, Trans, <int>(r1 - r0), <int>G4, <int>I, <floating>1, a, <int>lda,
              <floating *>fc.w_ih[d], <int>I, <floating>0,
-             <floating *>fc.gates[d] + r0 * G4, <int>G4)
+             <floating *>fc.gates[d] + r0 * fc.ldg, <int>fc.ldg)
 
 
 cdef void _pack_piece(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t piece,

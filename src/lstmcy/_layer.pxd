@@ -100,7 +100,8 @@ cdef struct ForwardCall:
     char *h_n[2]                    # [B, P]: the final state (written at the end)
     char *c_state[2]                # [B, H]: in c0, out c_n
     Saved saved[2]
-    char *gates[2]                  # workspace [N, 4H]: pre-activations
+    char *gates[2]                  # workspace [N, ldg]: pre-activations (4H of each row)
+    Py_ssize_t ldg                  # elements between rows of gates (4H, or padded)
     char *r_rows[2]                 # workspace [N, H]: o * tanh(c_t) (projected)
     char *x_packed                  # workspace [N, I]
     char *w_packed[2]               # workspace: packed w_hh^T, then w_hr^T (projected),

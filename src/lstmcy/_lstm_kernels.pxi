@@ -325,7 +325,7 @@ def forward_layer(
     saved : tuple of 7 ndarray [D, T*B, H] (h: [D, T*B, P])
         The activations in ``SAVED_ORDER``, written when ``training`` (else ``[D, 0, .]``).
     training : bool
-    gates : ndarray [D, N, 4H]
+    gates : ndarray [D, N, ldg]
         Workspace (N: packed rows).
     r_rows : ndarray [D, N, H]
         Workspace with a projection (else ``[D, 0, H]``).
@@ -381,7 +381,7 @@ def forward_layer(
     _need(packed_start.shape[0] == T and x_step_row.shape[0] == T and y_step_row.shape[0] == T,
           "batch_sizes, packed_start and the step rows must have T entries")
     _need(N == (packed_start[T - 1] + batch_sizes[T - 1] if T > 0 else 0) and gates.shape[0] >= D
-          and gates.shape[2] == 4 * H, "gates must be [D, N, 4H]")
+          and gates.shape[2] >= 4 * H, "gates must be [D, N, ldg], ldg >= 4H")
     _check_row_tables(batch_sizes, packed_start, B, N, x_step_row, x_batch_stride, x.shape[0],
                       x_rows_packed, y_step_row, y_batch_stride, y.shape[0], "y")
     _need(x_rows_packed or (x_packed.shape[0] >= N and x_packed.shape[1] == I),
@@ -427,6 +427,7 @@ def forward_layer(
         fc.r_rows[d] = _data3(r_rows, d) if d < D and projected else NULL
         fc.w_packed[d] = <char *>&w_packed[d * plen] if d < D and plen > 0 else NULL
     fc.x_packed = _data2(x_packed) if not x_rows_packed else NULL
+    fc.ldg = gates.shape[2]
     fc.split = <Split>split
     fc.groups = groups
     fc.piece_steps = piece_steps
