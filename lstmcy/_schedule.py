@@ -113,9 +113,9 @@ PANEL_WEIGHTS_COLUMNS = 256
 #: units takes dx = dgates @ w_ih with lstmcy's own product (``packed_dx``): w_ih is packed
 #: once per call, by the first thread to reach a dx piece, and every piece multiplies it
 #: from there, where each OpenBLAS call packs it anew. On an AMD EPYC (Zen 4) the backward
-#: ran 3-8 % faster on the suite's shapes it applies to, one and two threads, float32 and
+#: ran 2-8 % faster on the suite's shapes it applies to, one and two threads, float32 and
 #: float64; with fewer features or units, at (T, B, I, H) = (20, 1, 16, 32), (32, 16, 32,
-#: 64) and (50, 8, 64, 64), it was up to 6 % slower (benchmarks/backward_dx.py;
+#: 64) and (50, 8, 64, 64), within the noise or up to 6 % slower (benchmarks/backward_dx.py;
 #: results/backward_dx.md).
 PACKED_DX_FEATURES = 64
 PACKED_DX_UNITS = 128
