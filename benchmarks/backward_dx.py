@@ -33,13 +33,13 @@ if __name__ == "__main__":
 
 import argparse  # noqa: E402
 import statistics  # noqa: E402
-import time  # noqa: E402
 
 import lstmcy  # noqa: E402
 from cases import backward_flops, lstm_kwargs, make_inputs  # noqa: E402
 from forward_input import parse_cases  # noqa: E402
 from lstmcy import _core, _schedule  # noqa: E402
 from machine import machine_label  # noqa: E402
+from timing import rotating_rounds, spread  # noqa: E402
 
 
 def _plan(variant, n_threads, case, inputs):
@@ -90,17 +90,8 @@ def measure(case, n_threads, rounds):
     calls["torch"] = torch_backward
     # Enough calls per round for about 20 ms of work at 10 GF/s.
     repeats = max(1, min(50, int(2e8 / max(backward_flops(case), 1))))
-    times = {key: [] for key in calls}
-    order = list(calls)
-    for round_ in range(rounds + 1):
-        for key in order[round_ % len(order):] + order[:round_ % len(order)]:
-            calls[key]()
-            start = time.perf_counter()
-            for _ in range(repeats):
-                calls[key]()
-            if round_:  # the first round warms up
-                times[key].append((time.perf_counter() - start) / repeats * 1e3)
-    ratios = sorted(on / off for on, off in zip(times["packed"], times["OpenBLAS"]))
+    times = rotating_rounds(calls, rounds, repeats)
+    ratios = [on / off for on, off in zip(times["packed"], times["OpenBLAS"])]
     return {key: statistics.median(values) for key, values in times.items()}, ratios
 
 
@@ -123,8 +114,7 @@ def main(argv=None):
             medians, ratios = measure(case, n_threads, args.rounds)
             plain, off, on = (medians[v] for v in VARIANTS)
             torch_ms = medians["torch"]
-            quartiles = f"{statistics.median(ratios):.3f} [{ratios[len(ratios) // 4]:.3f}, " \
-                        f"{ratios[(3 * len(ratios)) // 4]:.3f}]"
+            quartiles = spread(ratios)
             print(f"{case.name:<18} {shape:<18} {'f' + case.dtype[5:]:<5} {n_threads:>3} | "
                   f"{plain:>8.3f} {off:>8.3f} {on:>8.3f} {off / plain:>6.3f} {on / off:>11.3f} "
                   f"{quartiles:>24} | {torch_ms:>8.3f} {torch_ms / min(on, off):>10.3f} | "

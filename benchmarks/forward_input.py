@@ -32,12 +32,12 @@ if __name__ == "__main__":
 
 import argparse  # noqa: E402
 import statistics  # noqa: E402
-import time  # noqa: E402
 
 import lstmcy  # noqa: E402
 from cases import CASES, Case, forward_flops, lstm_kwargs, make_inputs  # noqa: E402
 from lstmcy import _core, _schedule  # noqa: E402
 from machine import machine_label  # noqa: E402
+from timing import rotating_rounds, spread  # noqa: E402
 
 
 def parse_cases(text):
@@ -94,17 +94,8 @@ def measure(case, n_threads, rounds):
     calls = {False: run(plans[False]), True: run(plans[True]), "torch": torch_forward}
     # Enough calls per round for about 20 ms of work at 10 GF/s.
     repeats = max(1, min(50, int(2e8 / max(forward_flops(case), 1))))
-    times = {key: [] for key in calls}
-    order = list(calls)
-    for round_ in range(rounds + 1):
-        for key in order[round_ % 3:] + order[:round_ % 3]:
-            calls[key]()
-            start = time.perf_counter()
-            for _ in range(repeats):
-                calls[key]()
-            if round_:  # the first round warms up
-                times[key].append((time.perf_counter() - start) / repeats * 1e3)
-    ratios = sorted(on / off for on, off in zip(times[True], times[False]))
+    times = rotating_rounds(calls, rounds, repeats)
+    ratios = [on / off for on, off in zip(times[True], times[False])]
     return {key: statistics.median(values) for key, values in times.items()}, ratios
 
 
@@ -127,8 +118,7 @@ def main(argv=None):
         for n_threads in (int(n) for n in args.threads.split(",")):
             medians, ratios = measure(case, n_threads, args.rounds)
             off, on, torch_ms = medians[False], medians[True], medians["torch"]
-            quartiles = f"{statistics.median(ratios):.3f} [{ratios[len(ratios) // 4]:.3f}, " \
-                        f"{ratios[(3 * len(ratios)) // 4]:.3f}]"
+            quartiles = spread(ratios)
             print(f"{case.name:<22} {shape:<18} {'f' + case.dtype[5:]:<7} {n_threads:>3} | "
                   f"{off:>10.3f} {on:>8.3f} {on / off:>10.3f} {quartiles:>24} | "
                   f"{torch_ms:>8.3f} {torch_ms / min(on, off):>10.3f} | {rule}", flush=True)

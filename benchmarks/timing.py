@@ -14,7 +14,31 @@ import math
 import statistics
 import time
 
-__all__ = ["measure", "summarise"]
+__all__ = ["measure", "rotating_rounds", "summarise", "spread"]
+
+
+def rotating_rounds(calls, rounds, repeats):
+    """ms per call of each of ``calls`` (name -> function) in each of ``rounds`` rounds:
+    every round runs each function once untimed, then ``repeats`` times timed, in an order
+    that rotates from round to round; a first round warms up and is not kept."""
+    times = {key: [] for key in calls}
+    order = list(calls)
+    for round_ in range(rounds + 1):
+        for key in order[round_ % len(order):] + order[:round_ % len(order)]:
+            calls[key]()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                calls[key]()
+            if round_:
+                times[key].append((time.perf_counter() - start) / repeats * 1e3)
+    return times
+
+
+def spread(ratios):
+    """``"median [25%, 75%]"`` of a list of ratios."""
+    ratios = sorted(ratios)
+    return (f"{statistics.median(ratios):.3f} [{ratios[len(ratios) // 4]:.3f}, "
+            f"{ratios[(3 * len(ratios)) // 4]:.3f}]")
 
 
 def _run_batch(fn, number):
