@@ -16,7 +16,8 @@
 # as they become ready, while the recurrences still run on other threads:
 #   * TASK_DX: a piece of steps, dx = sum over directions of dgates @ w_ih (taken first:
 #     large and independent): OpenBLAS's, or with packed_dx the packed GEMM from w_ih
-#     packed once, by the first thread to reach a dx piece (the others wait for it);
+#     packed once, by the first thread to reach a dx piece (the others do other work
+#     meanwhile, or wait for it when there is none);
 #   * TASK_WEIGHTS: the next chunk of a chain: a lane (chunks l, l + lanes, ...) of a block
 #     of gate rows, [dW_ih | dW_hh] += dgates^T [x | h_{t-1}] (one GEMM: OpenBLAS's, or
 #     with panel_weights gemm_tn) and db += sum(dgates) over the chunk's rows into the
@@ -442,8 +443,7 @@ cdef long long _dx_piece(const BackwardCall *bc, floating *like, Py_ssize_t q) n
         for d in range(bc.D):
             gemm(NoTrans, NoTrans, <int>(r1 - r0), <int>I, <int>G4, <floating>1,
                  <floating *>bc.dgates[d] + r0 * bc.ldg, <int>bc.ldg, <floating *>bc.w_ih[d],
-                 <int>I,
-                 <floating>(0 if d == 0 else 1), target, <int>ld)
+                 <int>I, <floating>(0 if d == 0 else 1), target, <int>ld)
     if not bc.x_rows_packed:
         for t in range(t_lo, t_hi):
             for b in range(bc.steps.sizes[t]):
