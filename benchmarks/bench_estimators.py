@@ -157,7 +157,8 @@ def skorch_inputs(X, channels_first):
     return {"x": padded, "lengths": lengths}
 
 
-def fit_skorch(X, y, seed, channels_first, plan):
+def skorch_net(input_size, n_classes, plan, seed):
+    """skorch's NeuralNetClassifier of the shared model and settings (not yet initialised)."""
     import torch
     from skorch import NeuralNetClassifier
     from skorch.callbacks import Callback, GradientNormClipping
@@ -205,12 +206,9 @@ def fit_skorch(X, y, seed, channels_first, plan):
             return self.linear(h_n[-1])
 
     torch.manual_seed(seed)
-    inputs = skorch_inputs(X, channels_first)
-    input_size = (inputs["x"] if isinstance(inputs, dict) else inputs).shape[2]
-    classes, codes = np.unique(y, return_inverse=True)
     early_stopping = plan["early_stopping"]
-    net = NeuralNetClassifier(
-        LSTMHead, module__input_size=input_size, module__n_classes=len(classes),
+    return NeuralNetClassifier(
+        LSTMHead, module__input_size=input_size, module__n_classes=n_classes,
         criterion=torch.nn.CrossEntropyLoss, optimizer=torch.optim.Adam, lr=LEARNING_RATE,
         # LSTMClassifier's L2 term: alpha / batch_size * W in the gradient, not on biases
         optimizer__weight_decay=ALPHA / plan["batch_size"],
@@ -222,6 +220,13 @@ def fit_skorch(X, y, seed, channels_first, plan):
                    StopLikeLSTMClassifier("valid_loss" if early_stopping else "train_loss",
                                           restore=early_stopping)],
         verbose=0, device="cpu")
+
+
+def fit_skorch(X, y, seed, channels_first, plan):
+    inputs = skorch_inputs(X, channels_first)
+    input_size = (inputs["x"] if isinstance(inputs, dict) else inputs).shape[2]
+    classes, codes = np.unique(y, return_inverse=True)
+    net = skorch_net(input_size, len(classes), plan, seed)
     start = time.perf_counter()
     net.fit(inputs, codes.astype(np.int64))
     seconds = time.perf_counter() - start

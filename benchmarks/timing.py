@@ -17,15 +17,16 @@ import time
 __all__ = ["measure", "rotating_rounds", "summarise", "spread"]
 
 
-def rotating_rounds(calls, rounds, repeats):
+def rotating_rounds(calls, rounds, repeats, warm_time=0.0):
     """ms per call of each of ``calls`` (name -> function) in each of ``rounds`` rounds:
-    every round runs each function once untimed, then ``repeats`` times timed, in an order
-    that rotates from round to round; a first round warms up and is not kept."""
+    every round runs each function untimed (once, or for ``warm_time`` seconds), then
+    ``repeats`` times timed, in an order that rotates from round to round; a first round
+    warms up and is not kept."""
     times = {key: [] for key in calls}
     order = list(calls)
     for round_ in range(rounds + 1):
         for key in order[round_ % len(order):] + order[:round_ % len(order)]:
-            calls[key]()
+            _warm(calls[key], warm_time)
             start = time.perf_counter()
             for _ in range(repeats):
                 calls[key]()
