@@ -25,12 +25,13 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import lstmcy  # noqa: E402
 from lstmcy import _threads  # noqa: E402
 from cases import CASES, lstm_kwargs, make_inputs  # noqa: E402
-from machine import machine_label  # noqa: E402
+from machine import machine_label, short_commit  # noqa: E402
 
 
 def _spin(stop):
@@ -102,7 +103,8 @@ def main(argv=None):
               f"{r['loaded_auto'] * 1e3:12.3f} {r['loaded_auto'] / r['loaded_one']:6.3f}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(dict(cpus=cpus, load=load, machine=machine_label(), blocks=args.blocks,
+            json.dump(dict(cpus=cpus, load=load, machine=machine_label(), lstmcy=short_commit(ROOT),
+                           blocks=args.blocks,
                            per_block=args.per_block, results=results), fh, indent=1)
 
 

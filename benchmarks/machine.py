@@ -183,6 +183,15 @@ def git_state(path):
     return {"commit": commit, "kernel_changes_uncommitted": dirty.splitlines()}
 
 
+def short_commit(path):
+    """The checkout's commit, abbreviated, with "+" when lstmcy/ or src/ have changes that
+    are not committed (None outside git)."""
+    state = git_state(path)
+    if state is None:
+        return None
+    return state["commit"][:7] + ("+" if state["kernel_changes_uncommitted"] else "")
+
+
 def cpu_snapshot():
     """Jiffies from ``/proc``: all CPUs busy and total, and this process's (all threads)."""
     try:

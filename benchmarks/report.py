@@ -493,8 +493,12 @@ def _machine_lines(meta):
 
 
 def _ran_on(doc):
-    """"Run on <machine>. " for a result file that names its machine, else ""."""
-    return f"Run on {doc['machine']}. " if doc.get("machine") else ""
+    """"Run on <machine> (lstmcy <commit>). " for a result file that names its machine (and
+    commit), else ""."""
+    if not doc.get("machine"):
+        return ""
+    commit = f" (lstmcy {doc['lstmcy']})" if doc.get("lstmcy") else ""
+    return f"Run on {doc['machine']}{commit}. "
 
 
 def scaling_section(doc):

@@ -14,8 +14,9 @@ A units split waits at every step for every part of the step before and reads wh
 other cores wrote: each unit step is counted with the handoff measured for the shape on two
 threads (the units split really run there, less its replay on two workers, per unit step).
 What the model leaves out: the cores' shared caches and memory bandwidth (tasks are timed
-alone on one core), the wake-up of sleeping workers, and frequency changes with the number
-of busy cores. Measured 1 -> 2 thread speed-ups (the same traced calls really run on two
+alone on one core), the wake-up of sleeping workers, frequency changes with the number
+of busy cores, and, with ``packed_dx``, the other dx pieces' wait for the first one's
+packing of w_ih (which its traced time includes). Measured 1 -> 2 thread speed-ups (the same traced calls really run on two
 threads) are printed beside the prediction for N = 2 as a check of the model.
 
 Usage (the OpenBLAS variables unset in this command only)::
@@ -33,12 +34,13 @@ from collections import defaultdict
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import lstmcy  # noqa: E402
 from lstmcy import _core, _schedule, _threads  # noqa: E402
 from cases import CASES, lstm_kwargs, make_inputs  # noqa: E402
-from machine import machine_label  # noqa: E402
+from machine import machine_label, short_commit  # noqa: E402
 
 # Task kinds (src/lstmcy/_layer.pxd, TaskKind)
 PACK, PROJECT, RECURRENCE, UNIT_STEP, GATHER, WEIGHTS, DX, FINISH = range(8)
@@ -65,7 +67,7 @@ def traced_calls(case, inputs, n_model, n_run, repeats, units=False):
         forward, backward = _units_schedule(forward), _units_schedule(backward)
     saved = (_core.forward_schedule, _core.backward_schedule)
     _core.forward_schedule = lambda T, B, I, H, D, n, projected=False, itemsize=4: forward(
-        T, B, I, H, D, n_model, projected, itemsize)
+        T, B, I, H, D, n_model, projected, itemsize=itemsize)
     _core.backward_schedule = lambda T, B, I, H, D, n, projected=False, small_gemms=False: backward(
         T, B, I, H, D, n_model, projected, small_gemms=small_gemms)
     try:
@@ -152,13 +154,13 @@ def graph(call, T):
     for n, e in enumerate(entries):
         kind, d, i, j = (int(e[f]) for f in (KIND, DIRECTION, I, J))
         if kind == RECURRENCE:
-            if call["kind"] == "forward":
+            if (PROJECT, 0, j, 0) in by_key:  # none with fused_input
                 deps[n].append(by_key[(PROJECT, 0, j, 0)])
             if listed[int(e[ORDER])][0] == n:
                 deps[n].extend(packs[d])
         elif kind == UNIT_STEP:
-            if call["kind"] == "forward":
-                t = T - 1 - i if d == 1 else i
+            t = T - 1 - i if d == 1 else i
+            if call["kind"] == "forward" and (PROJECT, 0, t // schedule.piece_steps, 0) in by_key:
                 deps[n].append(by_key[(PROJECT, 0, t // schedule.piece_steps, 0)])
             deps[n].extend(m for m in units if int(entries[m][DIRECTION]) == d
                            and int(entries[m][I]) == i - 1)
@@ -348,7 +350,8 @@ def main(argv=None):
               f"       {r['handoff_us']:.1f}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(dict(load=load, machine=machine_label(), results=results), fh, indent=1)
+            json.dump(dict(load=load, machine=machine_label(), lstmcy=short_commit(ROOT),
+                           results=results), fh, indent=1)
 
 
 if __name__ == "__main__":
