@@ -1,0 +1,68 @@
+"""The scaling model of ``benchmarks/scaling.py`` runs on the kernels' current schedules.
+
+The model rebuilds each call's task graph from its trace, so a new kind of schedule (the
+forward's input product inside the recurrence, dx from a packed w_ih, a units split) must
+not break it. Small cases of each kind go through the model; the predictions must be
+those of a replay of the traced work: N workers take at least 1/N of it (each count is
+traced with its own schedule, so the counts' work differs a little).
+"""
+import json
+import math
+import os
+import sys
+
+import pytest
+
+from lstmcy import _schedule
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+
+import scaling  # noqa: E402
+from cases import Case  # noqa: E402
+
+CASES = {
+    # (T, B, I, H, L): the BLAS projection of a few input features
+    "projection": Case("projection", 6, 8, 3, 16, 1),
+    # x's product inside the recurrence (fused_input), row groups
+    "fused": Case("fused", 5, 16, 32, 64, 1),
+    # dx from a packed w_ih (packed_dx), two layers, both directions
+    "packed-dx": Case("packed-dx", 4, 4, 64, 128, 2, bidirectional=True),
+    # two rows: too thin for row groups, the recurrence split by units
+    "units": Case("units", 4, 2, 16, 384, 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_model_replays_every_kind_of_schedule(name):
+    case = CASES[name]
+    result = scaling.model_case(case, repeats=1)
+    rows = {row["n"]: row for row in result["rows"]}
+    assert sorted(rows) == list(scaling.COUNTS)
+    assert rows[1]["speedup"] == 1.0
+    for n, row in rows.items():
+        assert math.isfinite(row["speedup"]) and row["speedup"] > 0, (n, row)
+        assert row["bound"] in ("span", "work")
+        assert row["predicted_ns"] >= row["work_ns"] / n * (1 - 1e-9), (n, row)
+    assert math.isfinite(result["measured_1_to_2"]) and result["measured_1_to_2"] > 0
+    assert result["handoff_us"] >= 0
+
+
+def test_the_cases_cover_the_schedules_they_name():
+    def forward(case, n):
+        return _schedule.forward_schedule(case.T, case.B, case.I, case.H, case.D, n)
+
+    assert not forward(CASES["projection"], 2).fused_input
+    assert forward(CASES["fused"], 2).fused_input
+    assert _schedule.packed_dx(CASES["packed-dx"].I, CASES["packed-dx"].H)
+    assert forward(CASES["units"], 8).split == _schedule.SPLIT_UNITS
+
+
+def test_the_json_names_the_machine_and_the_commit(tmp_path, monkeypatch):
+    monkeypatch.setattr(scaling, "CASES", [CASES["fused"]])
+    out = tmp_path / "scaling.json"
+    scaling.main(["--shapes", "fused", "--repeats", "1", "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert doc["machine"] and doc["results"][0]["case"] == "fused"
+    assert "lstmcy" in doc  # a commit, or None outside a git checkout
