@@ -9,10 +9,12 @@ be a multiple of 4 KiB (``lstmcy._core._gate_row_stride``). For each case and th
 count this script times lstmcy's backward three ways (through three ``LSTMPlan``): rows of
 4H and OpenBLAS's dx, lstmcy's rows and OpenBLAS's dx, lstmcy's rows and the packed dx; and
 PyTorch's backward (``torch.autograd.grad`` on a recorded forward, as ``run.py`` times
-it), in rounds whose order rotates (PyTorch's OpenMP workers spin on after its calls). It
-prints the medians, the ratios packed / OpenBLAS and padded / 4H rows (1.000 where the rows
-need no padding), each round's packed / OpenBLAS ratio (median and quartiles), and which
-way the shape's rule takes (for the first layer).
+it), in rounds whose order rotates, each call after 50 ms of untimed ones (PyTorch's
+OpenMP workers spin on after its calls). It prints the medians, the ratios packed /
+OpenBLAS and padded / 4H rows (1.000 where the rows need no padding), each round's packed
+/ OpenBLAS ratio (median and quartiles), PyTorch's time over the faster of lstmcy's two
+with its own rows (``torch/best``), and which way the shape's rule takes (for the first
+layer).
 
 Cases are ``run.py``'s by name, or ``T,B,I,H[,L[,bi]][,f64]`` (padded input).
 
@@ -109,7 +111,8 @@ def main(argv=None):
           f"{'rounds [25%, 75%]':>24} | {'torch':>8} {'torch/best':>10} | rule")
     for case in parse_cases(args.shapes):
         rule = "packed" if _schedule.packed_dx(case.I, case.H) else "OpenBLAS"
-        shape = f"{case.T},{case.B},{case.I},{case.H},{case.L}" + (" bi" if case.bidirectional else "")
+        shape = (f"{case.T},{case.B},{case.I},{case.H},{case.L}"
+                 + (" bi" if case.bidirectional else ""))
         for n_threads in (int(n) for n in args.threads.split(",")):
             medians, ratios = measure(case, n_threads, args.rounds)
             plain, off, on = (medians[v] for v in VARIANTS)

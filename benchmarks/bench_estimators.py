@@ -31,7 +31,8 @@ training images); and ``motions-20k``, a synthetic 3-channel, 30-step, 4-class s
 
 Writes ``benchmarks/results/estimators.md`` (or ``--out``): accuracy on the test split
 (mean and spread over seeds), fit time (median over seeds) and the ratio of the medians,
-with the command, versions and the outside load during the fits.
+with the command, versions and the outside load during the fits; and the same run as JSON
+beside it (``estimators.json``), which ``report.py --estimators`` puts in RESULTS.md.
 """
 import os
 import sys
@@ -311,10 +312,14 @@ def git_commit():
         return "unknown"
 
 
-def write_markdown(path, records, datasets, meta):
-    lines = [
-        "## Estimators: LSTMClassifier's defaults against skorch + torch.nn.LSTM",
-        "",
+TITLE = "Estimators: LSTMClassifier's defaults against skorch + torch.nn.LSTM"
+
+
+def estimators_markdown(records, datasets, meta, heading="## " + TITLE):
+    """The run's Markdown: the command, the settings, a table row per dataset and the
+    outside load (``heading`` on top, none when empty)."""
+    lines = [heading, ""] if heading else []
+    lines += [
         f"`{meta['command']}` — {meta['date']}, lstmcy {meta['commit']}, {meta['seeds']} seeds per "
         f"dataset ({meta['large_seeds']} for motions-20k), each fit in its own process. "
         f"{meta['versions']}.",
@@ -355,15 +360,23 @@ def write_markdown(path, records, datasets, meta):
         "",
         f"Outside load: other processes kept {np.median(others):.1f} cores busy during the "
         f"median fit (from {min(others):.1f} to {max(others):.1f}; the machine has "
-        f"{os.cpu_count()}); load average {meta['loadavg_start']:.2f} at the start and "
+        f"{meta.get('cpus', '?')}); load average {meta['loadavg_start']:.2f} at the start and "
         f"{meta['loadavg_end']:.2f} at the end. "
         + ("The machine was under outside load: the times are not a clean measurement, and "
            "a burst hits whichever fit runs at the time." if np.median(others) >= 0.3
            else "The machine was quiet."),
-        "",
     ]
-    with open(path, "w") as fh:
-        fh.write("\n".join(lines))
+    return "\n".join(lines)
+
+
+def write_results(out, records, datasets, meta):
+    """``out`` (Markdown) and, beside it, the same run as JSON (``report.py --estimators``
+    puts it in RESULTS.md)."""
+    with open(out, "w") as fh:
+        fh.write(estimators_markdown(records, datasets, meta) + "\n")
+    with open(os.path.splitext(out)[0] + ".json", "w") as fh:
+        json.dump({"meta": meta, "datasets": datasets, "records": records}, fh, indent=1,
+                  default=float)
 
 
 def parse_args(argv=None):
@@ -396,7 +409,7 @@ def main(argv=None):
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "commit": git_commit(), "versions": versions(args.threads), "seeds": args.seeds,
             "large_seeds": args.large_seeds,
-            "loadavg_start": os.getloadavg()[0], "datasets": {}}
+            "loadavg_start": os.getloadavg()[0], "cpus": os.cpu_count(), "datasets": {}}
     records = []
     for dataset in datasets:
         X_train, y_train, X_test, y_test, channels_first = load_dataset(dataset)
@@ -415,9 +428,7 @@ def main(argv=None):
                       f"outside load {record['others_cores'] or 0:.1f} cores", flush=True)
         # Written after every dataset, so that a long run leaves its finished part behind.
         meta["loadavg_end"] = os.getloadavg()[0]
-        write_markdown(args.out, records, list(meta["datasets"]), meta)
-        with open(os.path.splitext(args.out)[0] + ".json", "w") as fh:
-            json.dump({"meta": meta, "records": records}, fh, indent=1, default=float)
+        write_results(args.out, records, list(meta["datasets"]), meta)
     print(f"wrote {args.out}")
 
 

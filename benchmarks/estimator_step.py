@@ -16,12 +16,13 @@ whose batches of 64 make the fit's time mostly the LSTM's):
   installed), with the settings of ``bench_estimators.py``.
 
 The five run in rounds whose order rotates, each after 50 ms of untimed calls (PyTorch's
-OpenMP workers spin on after its calls), each call on the next batch of a shuffled epoch; the table gives the medians over
-rounds, in ms per batch, and each one's ratio to ``lstmcy batch``. A fit's epoch is about
-its batches times the batch time plus the validation pass, so the ratio of the batch times
-is what the fit's speed-up tends to at many batches per epoch; the LSTM rows show how much
-of each batch is the recurrent layer itself, and the GF/s of its forward and backward
-(``24 T B H (I + H)``: forward 8, backward 16).
+OpenMP workers spin on after its calls), each call on the next batch of a shuffled epoch;
+the table gives the medians over rounds, in ms per batch, and each one's ratio to
+``lstmcy batch``. A fit's epoch is about its batches times the batch time plus the
+validation pass, so the ratio of the batch times is what the fit's speed-up tends to at
+many batches per epoch; the LSTM rows show how much of each batch is the recurrent layer
+itself, and the GF/s of its forward and backward (``8 T B H (2 I + 3 H)``: forward
+``8 T B H (I + H)``, and a backward without dx ``8 T B H (I + 2 H)``).
 
 Usage (the OpenBLAS variables unset in this command only)::
 
@@ -45,14 +46,11 @@ import statistics  # noqa: E402
 import numpy as np  # noqa: E402
 
 import lstmcy  # noqa: E402
-from bench_estimators import (ALPHA, CLIP, HIDDEN, LEARNING_RATE, load_dataset,  # noqa: E402
-                              skorch_inputs, training_plan)
+from bench_estimators import (ALPHA, CLIP, HIDDEN, LEARNING_RATE, _channels_last,  # noqa: E402
+                              load_dataset, skorch_inputs, training_plan)
 from machine import machine_label  # noqa: E402
 from timing import rotating_rounds  # noqa: E402
 
-#: Untimed calls before each timed batch, for this long: PyTorch's OpenMP workers spin
-#: on for a while after its last call and would take a core from whatever runs next.
-WARM_SECONDS = 0.05
 NAMES = ("lstmcy LSTM", "lstmcy batch", "torch LSTM", "torch batch", "skorch batch")
 
 
@@ -157,7 +155,7 @@ def torch_calls(X, y, plan, seed):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="motions-20k",
-                        help="a dataset of bench_estimators.py with series of one length")
+                        help="a dataset of bench_estimators.py whose series have one length")
     parser.add_argument("--threads", default="2", help="comma-separated thread counts")
     parser.add_argument("--rounds", type=int, default=41, help="timed rounds (default 41)")
     parser.add_argument("--repeats", type=int, default=10, help="batches per timed call")
@@ -165,12 +163,15 @@ def main(argv=None):
     import torch
 
     X, y, _, _, channels_first = load_dataset(args.dataset)
-    if channels_first or isinstance(X, list):
-        raise SystemExit(f"{args.dataset}: series of one length, channels last, are needed here")
+    series = _channels_last(X, channels_first)
+    if len({len(s) for s in series}) != 1:
+        raise SystemExit(f"{args.dataset}: its series differ in length; this script needs "
+                         f"series of one length")
+    X = np.stack(series)
     plan = training_plan(y)
     T, I = X.shape[1], X.shape[2]
     B, H = plan["batch_size"], HIDDEN
-    gflop = 24.0 * T * B * H * (I + H) / 1e9
+    gflop = 8.0 * T * B * H * (2 * I + 3 * H) / 1e9
     print(f"{machine_label()}; load average {os.getloadavg()[0]:.2f} at the start; "
           f"{args.dataset}: batches of {B} series of {T} steps, {I} channels, {H} units; "
           f"medians of {args.rounds} rotating rounds of {args.repeats} batches, ms per batch")
@@ -182,7 +183,7 @@ def main(argv=None):
         lstm, step = lstmcy_calls(X, y, plan, seed=0)
         calls = {"lstmcy LSTM": lstm, "lstmcy batch": step, **torch_calls(X, y, plan, seed=0)}
         medians = {name: statistics.median(times) for name, times in
-                   rotating_rounds(calls, args.rounds, args.repeats, WARM_SECONDS).items()}
+                   rotating_rounds(calls, args.rounds, args.repeats).items()}
         base = medians["lstmcy batch"]
         cells = [f"{medians[name]:>6.3f} ({medians[name] / base:.2f}x)" if name in medians
                  else f"{'-':>13}" for name in NAMES]

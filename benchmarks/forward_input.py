@@ -8,8 +8,9 @@ each step's packed GEMM gives ``x_t @ w_ih^T + h_{t-1} @ w_hh^T`` at once from `
 packed beside ``w_hh`` (``fused_input``). For each case and thread count this script
 times lstmcy's training forward both ways (through two ``LSTMPlan``, one with
 ``fused_input`` forced off, one forced on) and PyTorch's training forward (``nn.LSTM``
-recording its graph, as ``run.py`` times it), in rounds whose order rotates (PyTorch's
-OpenMP workers spin on after its calls), and prints the medians, the ratio of the two
+recording its graph, as ``run.py`` times it), in rounds whose order rotates, each call
+after 50 ms of untimed ones (PyTorch's OpenMP workers spin on after its calls), and
+prints the medians, the ratio of the two
 ways, each round's ratio (median and quartiles), and which way the shape's rule takes
 (for the first layer).
 

@@ -8,12 +8,13 @@ into Markdown (as pasted into ``RESULTS.md``)::
     python benchmarks/report.py run1.json run2.json ...   # merge: per case the least disturbed run
 
 ``--results-md`` writes the whole of ``RESULTS.md``: how the suite measures, the headline
-run's tables and targets, and (``--scaling``, ``--contention``) the predicted scaling to
-N threads and the oversubscription and outside-load runs::
+run's tables and targets, and (``--scaling``, ``--contention``, ``--estimators``) the
+predicted scaling to N threads, the oversubscription and outside-load runs and the
+estimators against skorch::
 
     python benchmarks/report.py benchmarks/results/<headline>.json \
         --scaling benchmarks/results/scaling.json --contention benchmarks/results/contention.json \
-        --results-md benchmarks/RESULTS.md
+        --estimators benchmarks/results/estimators.json --results-md benchmarks/RESULTS.md
 """
 import argparse
 import glob
@@ -553,9 +554,17 @@ def contention_section(doc):
         "", _md_table(header, rows)])
 
 
-def results_md(doc, paths, scaling=None, contention=None):
-    """The whole of ``RESULTS.md`` for a headline run (and optional scaling and
-    contention runs); ``paths`` names the files, as cited."""
+def estimators_section(doc):
+    """Markdown of a ``benchmarks/bench_estimators.py`` JSON file (``estimators.json``)."""
+    from bench_estimators import TITLE, estimators_markdown
+
+    return estimators_markdown(doc["records"], doc["datasets"], doc["meta"],
+                               heading=f"## {TITLE} (`benchmarks/bench_estimators.py`)")
+
+
+def results_md(doc, paths, scaling=None, contention=None, estimators=None):
+    """The whole of ``RESULTS.md`` for a headline run (and optional scaling, contention
+    and estimator runs); ``paths`` names the files, as cited."""
     meta = doc["meta"]
     argv = " ".join(meta.get("argv") or ["benchmarks/run.py"])
     parts = ["# Benchmark results", "", METHOD, "",
@@ -568,6 +577,8 @@ def results_md(doc, paths, scaling=None, contention=None):
         parts += ["", scaling_section(scaling), "", f"From `{paths['scaling']}`."]
     if contention is not None:
         parts += ["", contention_section(contention), "", f"From `{paths['contention']}`."]
+    if estimators is not None:
+        parts += ["", estimators_section(estimators), "", f"From `{paths['estimators']}`."]
     others = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "*.md")))
     if others:
         parts += ["", "## Other results", ""]
@@ -594,19 +605,22 @@ def main(argv=None):
                         help="write the whole RESULTS.md here (one headline JSON)")
     parser.add_argument("--scaling", default=None, help="a scaling.py --json file, for --results-md")
     parser.add_argument("--contention", default=None, help="a contention.py --json file, for --results-md")
+    parser.add_argument("--estimators", default=None,
+                        help="a bench_estimators.py JSON file (estimators.json), for --results-md")
     args = parser.parse_args(argv)
     if args.results_md:
         if len(args.json) != 1:
             parser.error("--results-md takes one headline JSON")
         extra = {}
-        for key in ("scaling", "contention"):
+        for key in ("scaling", "contention", "estimators"):
             path = getattr(args, key)
             if path:
                 with open(path) as fh:
                     extra[key] = json.load(fh)
         with open(args.json[0]) as fh:
             doc = json.load(fh)
-        paths = {"headline": args.json[0], "scaling": args.scaling, "contention": args.contention}
+        paths = {"headline": args.json[0], "scaling": args.scaling, "contention": args.contention,
+                 "estimators": args.estimators}
         text = results_md(doc, paths, **extra)
         with open(args.results_md, "w") as fh:
             fh.write(text)

@@ -16,8 +16,9 @@ threads (the units split really run there, less its replay on two workers, per u
 What the model leaves out: the cores' shared caches and memory bandwidth (tasks are timed
 alone on one core), the wake-up of sleeping workers, frequency changes with the number
 of busy cores, and, with ``packed_dx``, the other dx pieces' wait for the first one's
-packing of w_ih (which its traced time includes). Measured 1 -> 2 thread speed-ups (the same traced calls really run on two
-threads) are printed beside the prediction for N = 2 as a check of the model.
+packing of w_ih (which the first piece's traced time includes). Measured 1 -> 2 thread
+speed-ups (the same traced calls really run on two threads) are printed beside the
+prediction for N = 2 as a check of the model.
 
 Usage (the OpenBLAS variables unset in this command only)::
 
@@ -154,13 +155,13 @@ def graph(call, T):
     for n, e in enumerate(entries):
         kind, d, i, j = (int(e[f]) for f in (KIND, DIRECTION, I, J))
         if kind == RECURRENCE:
-            if (PROJECT, 0, j, 0) in by_key:  # none with fused_input
+            if call["kind"] == "forward":
                 deps[n].append(by_key[(PROJECT, 0, j, 0)])
             if listed[int(e[ORDER])][0] == n:
                 deps[n].extend(packs[d])
         elif kind == UNIT_STEP:
-            t = T - 1 - i if d == 1 else i
-            if call["kind"] == "forward" and (PROJECT, 0, t // schedule.piece_steps, 0) in by_key:
+            if call["kind"] == "forward":
+                t = T - 1 - i if d == 1 else i
                 deps[n].append(by_key[(PROJECT, 0, t // schedule.piece_steps, 0)])
             deps[n].extend(m for m in units if int(entries[m][DIRECTION]) == d
                            and int(entries[m][I]) == i - 1)

@@ -17,11 +17,14 @@ import time
 __all__ = ["measure", "rotating_rounds", "summarise", "spread"]
 
 
-def rotating_rounds(calls, rounds, repeats, warm_time=0.0):
+def rotating_rounds(calls, rounds, repeats, warm_time=0.05):
     """ms per call of each of ``calls`` (name -> function) in each of ``rounds`` rounds:
-    every round runs each function untimed (once, or for ``warm_time`` seconds), then
+    every round runs each function untimed for ``warm_time`` seconds (at least once), then
     ``repeats`` times timed, in an order that rotates from round to round; a first round
-    warms up and is not kept."""
+    warms up and is not kept. The warm-up absorbs the hand-over from the function before
+    (PyTorch's OpenMP workers spin on for a while after its last call and would take a
+    core from the next function: the rotation alone puts some function right after
+    PyTorch in most rounds)."""
     times = {key: [] for key in calls}
     order = list(calls)
     for round_ in range(rounds + 1):

@@ -277,11 +277,12 @@ class LSTMPlan:
                            batch_sizes=None, dtype=np.float32, backward=True, proj_size=0):
         """Bytes of work buffers one call needs at most (the analogue of ``GetWorkspaceSize``).
 
-        The workspace is O(T*B*4H) per direction: the gate (gradient) buffer and, where the
-        input is not in packed order, a packed copy of the input (gradient), plus a
+        The workspace is O(T*B*4H) per direction: the gate (gradient) buffer, its rows of 4H
+        values padded by a cache line where they are a multiple of 4 KiB apart, and, where
+        the input is not in packed order, a packed copy of the input (gradient), plus a
         panel-packed copy of ``w_hh`` (and ``w_hr``, and ``w_ih`` where the forward takes
-        x's product in the recurrence) per direction for the recurrent
-        products; the backward adds, per direction, ``[x | h_{t-1} (| r_t)]`` in packed row
+        x's product in the recurrence or the backward takes dx by its packed product) per
+        direction for the recurrent products; the backward adds, per direction, ``[x | h_{t-1} (| r_t)]`` in packed row
         order for the weight gradients, ``lanes`` ``[4H, I + P]`` weight-gradient sums and
         float64 bias ones (see :func:`lstmcy._schedule.backward_lanes`), and with a
         projection the rows of dh and of dh @ w_hr and dW_hr's sums. An upper

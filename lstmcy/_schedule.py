@@ -71,7 +71,8 @@ PROJECTION_ROWS = 256
 CHUNK_ROWS = 64
 MAX_CHUNKS = 8
 #: Rows of one dx piece of the backward (a BLAS GEMM that packs w_ih anew, which costs
-#: about 6 % of its work at this size).
+#: about 6 % of its work at this size; or a piece of lstmcy's product, see
+#: PACKED_DX_FEATURES).
 DX_PIECE_ROWS = 256
 #: Gate rows of one block of dW: a block's GEMM over a chunk re-packs the chunk's
 #: [x | h_{t-1}] rows, so a block has at least MIN_BLOCK_ROWS rows (fewer lose a
@@ -112,11 +113,12 @@ PANEL_WEIGHTS_COLUMNS = 256
 #: A backward layer of at least PACKED_DX_FEATURES input features and PACKED_DX_UNITS
 #: units takes dx = dgates @ w_ih with lstmcy's own product (``packed_dx``): w_ih is packed
 #: once per call, by the first thread to reach a dx piece, and every piece multiplies it
-#: from there, where each OpenBLAS call packs it anew. On an AMD EPYC (Zen 4) the backward
-#: ran 2-8 % faster on the suite's shapes it applies to, one and two threads, float32 and
-#: float64; with fewer features or units, at (T, B, I, H) = (20, 1, 16, 32), (32, 16, 32,
-#: 64) and (50, 8, 64, 64), within the noise or up to 6 % slower (benchmarks/backward_dx.py;
-#: results/backward_dx.md).
+#: from there, where each OpenBLAS call packs it anew. On an AMD EPYC (Zen 4), one thread,
+#: the backward took 0.92-0.98 of the time with OpenBLAS's dx on the suite's shapes it
+#: applies to, float32 and float64 (benchmarks/backward_dx.py; results/backward_dx.md).
+#: Narrower layers keep OpenBLAS: at (T, B, I, H) = (50, 8, 64, 64), the one such shape
+#: measured, the two were within 4 % of each other, and there OpenBLAS multiplies the
+#: pieces without packing them (see SMALL_GEMM).
 PACKED_DX_FEATURES = 64
 PACKED_DX_UNITS = 128
 #: Rows this many bytes apart (or a multiple) fall in the same few sets of a core's L1

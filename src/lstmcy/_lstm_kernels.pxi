@@ -326,14 +326,15 @@ def forward_layer(
         The activations in ``SAVED_ORDER``, written when ``training`` (else ``[D, 0, .]``).
     training : bool
     gates : ndarray [D, N, ldg]
-        Workspace (N: packed rows).
+        Workspace (N: packed rows): the gates, 4H of each row of ``ldg >= 4H`` (padded
+        where rows of 4H would fall in the same cache sets).
     r_rows : ndarray [D, N, H]
         Workspace with a projection (else ``[D, 0, H]``).
     x_packed : ndarray [N, I]
         Workspace, when not ``x_rows_packed`` (else ``[0, I]``).
     w_packed : ndarray
         Workspace of ``D * forward_packed_len(H, P, I, projected, split, groups,
-        fused_input)`` elements.
+        fused_input, is_double)`` elements.
     schedule
         ``split`` (0 rows, 1 units), ``groups`` (row groups or unit parts per direction),
         ``piece_steps`` (steps per projection piece), ``pack_pieces``, ``fused_input``.
@@ -546,8 +547,8 @@ def backward_layer(
     dx_packed : ndarray [N, I]
         Workspace: dx in packed row order (``want_dx`` and not ``x_rows_packed``).
     w_packed : ndarray
-        Workspace of ``D * backward_packed_len(H, P, I, projected, split, groups, packed_dx)``
-        elements.
+        Workspace of ``D * backward_packed_len(H, P, I, projected, split, groups, packed_dx,
+        is_double)`` elements.
     schedule
         ``split`` (0 rows, 1 units: not with a projection), ``groups`` (row groups or unit
         parts per direction), ``first`` and ``chunk`` (steps of the first
