@@ -127,23 +127,23 @@ PACKED_DX_UNITS = 128
 #: (lstmcy._core._gate_row_stride).
 ALIASED_ROW_BYTES = 4096
 
-#: A forward layer of at least FUSED_INPUT_ROWS sequences and FUSED_INPUT_FEATURES input
-#: features whose w_ih takes at most FUSED_INPUT_BYTES takes x's product inside the
-#: recurrence (``fused_input``): each step's packed GEMM gives x_t @ w_ih^T + h_{t-1} @
-#: w_hh^T, with w_ih^T packed once beside w_hh^T, instead of a BLAS projection writing every
-#: row's gates to memory for the recurrence to read back. On an AMD EPYC (Zen 4) the
-#: training forward ran 6-11 % faster on one thread at (T, B, I, H) = (32, 16, 32, 64),
-#: (50, 8, 64, 64), (50, 32, 64, 128) (float32 and float64), (64, 32, 64, 128),
-#: (100, 64, 125, 320), (50, 64, 256, 256) and with two bidirectional layers at
-#: (50, 32, 64, 128); on two threads 4-10 % there, 22-28 % at (50, 8, 64, 64) and
-#: (50, 4, 64, 256) (benchmarks/forward_input.py; results/forward_input.md). Below those
-#: sizes one BLAS projection of all the steps costs less: at I = 3 and 16 the extra pass
-#: per step is 4 % slower, and with one or two rows a step's product is a matrix-vector one
-#: (3-12 % slower). A larger w_ih was slower at (35, 20, 650, 650) (6.8 MB: 27-33 %), in
-#: float64 at (25, 32, 512, 512) (8 MiB: 21-24 %) and mostly at 1.3-2 MiB (up to 4 %), and
-#: at (25, 32, 512, 512) in float32 (4 MiB) faster or slower by up to 7 % from run to run.
+#: A forward layer of at least FUSED_INPUT_ROWS sequences whose w_ih takes at most
+#: FUSED_INPUT_BYTES takes x's product inside the recurrence (``fused_input``): each step's
+#: packed GEMM gives x_t @ w_ih^T + h_{t-1} @ w_hh^T, with w_ih^T packed once beside
+#: w_hh^T, instead of a BLAS projection writing every row's gates to memory for the
+#: recurrence to read back. On an AMD EPYC (Zen 4) the training forward ran 6-11 % faster
+#: on one thread at (T, B, I, H) = (32, 16, 32, 64), (50, 8, 64, 64), (50, 32, 64, 128)
+#: (float32 and float64), (64, 32, 64, 128), (100, 64, 125, 320), (50, 64, 256, 256) and
+#: with two bidirectional layers at (50, 32, 64, 128), and 2-11 % on two threads (21 % at
+#: (50, 4, 64, 256)); with 1 to 16 input features, at (30, 64, 1-16, 64), (50, 32, 3 and
+#: 12, 128), (100, 8, 6, 64), (50, 16, 1, 32), (24, 6, 1, 64) and (150, 5, 1, 64), 2-6 %
+#: faster on one thread and up to 8 % on two, where one shape was within 1 %
+#: (benchmarks/forward_input.py; results/forward_input.md). With one or two rows a step's
+#: product is a matrix-vector one (3-12 % slower on one thread). A larger w_ih was slower
+#: at (35, 20, 650, 650) (6.8 MB: 27-33 %), in float64 at (25, 32, 512, 512) (8 MiB:
+#: 21-24 %) and mostly at 1.3-2 MiB (up to 4 %), and at (25, 32, 512, 512) in float32
+#: (4 MiB) faster or slower by up to 7 % from run to run.
 FUSED_INPUT_ROWS = 4
-FUSED_INPUT_FEATURES = 32
 FUSED_INPUT_BYTES = 1 << 20
 
 # The kernels' split of a forward recurrence (lstmcy._layer.Split).
@@ -160,7 +160,7 @@ groups : row groups (or unit parts) per direction
 piece_steps : steps per projection piece (shape only)
 pack_pieces : pieces of the packing of w_hh per direction
 fused_input : x's product inside the recurrence's packed GEMM, not a BLAS projection
-    (shape only; see FUSED_INPUT_FEATURES)
+    (shape only; see FUSED_INPUT_ROWS)
 """
 BackwardSchedule = namedtuple(
     "BackwardSchedule",
@@ -255,8 +255,7 @@ def forward_schedule(T, B, I, H, D, n_threads, projected=False, itemsize=4):
 def fused_input(B, I, H, itemsize=4):
     """Whether a forward layer of ``B`` sequences, ``I`` input features and ``H`` units
     takes x's product inside the recurrence (shape only; see FUSED_INPUT_ROWS)."""
-    return (B >= FUSED_INPUT_ROWS and I >= FUSED_INPUT_FEATURES
-            and 4 * H * I * itemsize <= FUSED_INPUT_BYTES)
+    return B >= FUSED_INPUT_ROWS and I >= 1 and 4 * H * I * itemsize <= FUSED_INPUT_BYTES
 
 
 def _block_rows(I, H, chunk_rows):
