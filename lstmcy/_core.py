@@ -213,18 +213,21 @@ class _LayerSetup:
 
     ``workspaces``: the kernel's workspace views, in its argument order; ``tuner_key``,
     ``step_flops`` and ``flops``: :meth:`LSTMPlan._call`'s arguments; ``in_size``: the
-    layer's input features; ``by_threads``: the call's ``(schedule, w_packed)`` per thread
-    count (its packed weights' size depends on the schedule).
+    layer's input features; ``want_dx``: a backward computes the layer's input gradient;
+    ``by_threads``: the call's ``(schedule, w_packed)`` per thread count (its packed
+    weights' size depends on the schedule).
     """
 
-    __slots__ = ("workspaces", "tuner_key", "step_flops", "flops", "in_size", "by_threads")
+    __slots__ = ("workspaces", "tuner_key", "step_flops", "flops", "in_size", "want_dx",
+                 "by_threads")
 
-    def __init__(self, workspaces, tuner_key, step_flops, flops, in_size):
+    def __init__(self, workspaces, tuner_key, step_flops, flops, in_size, want_dx=False):
         self.workspaces = workspaces
         self.tuner_key = tuner_key
         self.step_flops = step_flops
         self.flops = flops
         self.in_size = in_size
+        self.want_dx = want_dx
         self.by_threads = {}
 
 
@@ -412,7 +415,7 @@ class LSTMPlan:
         flops_per_row = 16.0 * D * H * (in_size + P) + (6.0 * D * H * P if projected else 0)
         return self._remember(key, _LayerSetup(
             workspaces, ("backward", B, in_size, H, P, D, want_dx, want_dparams, cdt),
-            B * flops_per_row, N * flops_per_row, in_size))
+            B * flops_per_row, N * flops_per_row, in_size, want_dx))
 
     def _threads_setup(self, kind, setup, p, n_threads):
         """``(schedule, w_packed)`` of a ``kind`` ("forward" or "backward") layer call on
@@ -427,6 +430,8 @@ class LSTMPlan:
         else:
             schedule = backward_schedule(p.T, p.B, setup.in_size, H, D, cpus, p.projected,
                                          small_gemms=blas_small_gemms())
+            if not setup.want_dx:  # no dx: no room for a packed w_ih
+                schedule = schedule._replace(packed_dx=False)
         w_packed = self._take(
             "w_packed",
             (D * _packed_weights_len(kind, H, P, setup.in_size, p.projected, schedule, cdt),),

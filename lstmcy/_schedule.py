@@ -178,7 +178,8 @@ pack_pieces : pieces of the packing of w_hh per direction
 panel_weights : the weight gradients by lstmcy's own product from chunks laid out in
     panels, not by OpenBLAS (shape only; see PANEL_WEIGHTS_COLUMNS)
 packed_dx : dx by lstmcy's own product from w_ih packed once, not by OpenBLAS (shape only;
-    see PACKED_DX_FEATURES)
+    see PACKED_DX_FEATURES; lstmcy._core turns it off for a call that computes no dx, whose
+    workspace then has no room for the packed w_ih)
 """
 
 

@@ -476,6 +476,32 @@ def test_packed_input_gradient_fits_the_workspace_and_matches_the_reference(dtyp
     np.testing.assert_allclose(got[0], want[0], rtol=0, atol=tolerance * np.abs(want[0]).max())
 
 
+def test_a_backward_without_dx_reserves_no_packed_input_weights():
+    # A one-layer backward of a packed_dx shape that computes only the parameter gradients
+    # (a model whose input needs no gradient) never packs w_ih: its workspace has no room
+    # for it, and its gradients are bitwise those of a call that computes dx too.
+    T, B, I, H = 3, 4, 70, 130
+    from lstmcy import _schedule
+    assert _schedule.packed_dx(I, H)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((T, B, I)).astype(np.float32)
+    params = [(0.3 * rng.standard_normal(shape)).astype(np.float32)
+              for shape in ((4 * H, I), (4 * H, H), (4 * H,), (4 * H,))]
+    y, h_n, c_n, cache = lstmcy.lstm_forward(x, None, params)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    sizes, grads = {}, {}
+    for want_dx in (True, False):
+        plan = lstmcy.LSTMPlan(n_threads=2)
+        out = plan.backward(x, None, params, dy, h_n, c_n, *cache.saved(),
+                            output_mask=(want_dx, False, False, True))
+        sizes[want_dx], grads[want_dx] = plan.workspace_size, out[3]
+        assert (out[0] is not None) == want_dx
+    packed_w_ih = 4 * H * I * 4  # float32, before the panels' padding
+    assert sizes[True] - sizes[False] >= packed_w_ih
+    for with_dx, without in zip(grads[True], grads[False]):
+        np.testing.assert_array_equal(with_dx, without)
+
+
 @pytest.mark.parametrize("dtype,H", [(np.float32, 256), (np.float64, 128)])
 def test_padded_gate_rows_change_no_bit(dtype, H, monkeypatch):
     # 4H values a row are 4 KiB: the gates (forward) and gate gradients (backward) get a
