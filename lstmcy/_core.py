@@ -285,11 +285,12 @@ class LSTMPlan:
         the input is not in packed order, a packed copy of the input (gradient), plus a
         panel-packed copy of ``w_hh`` (and ``w_hr``, and ``w_ih`` where the forward takes
         x's product in the recurrence or the backward takes dx by its packed product) per
-        direction for the recurrent products; the backward adds, per direction, ``[x | h_{t-1} (| r_t)]`` in packed row
-        order for the weight gradients, ``lanes`` ``[4H, I + P]`` weight-gradient sums and
-        float64 bias ones (see :func:`lstmcy._schedule.backward_lanes`), and with a
-        projection the rows of dh and of dh @ w_hr and dW_hr's sums. An upper
-        bound of what :attr:`workspace_size` reaches after such calls.
+        direction for the recurrent products; the backward adds, per direction,
+        ``[x | h_{t-1} (| r_t)]`` in packed row order for the weight gradients, ``lanes``
+        ``[4H, I + P]`` weight-gradient sums and float64 bias ones (see
+        :func:`lstmcy._schedule.backward_lanes`), and with a projection the rows of dh and
+        of dh @ w_hr and dW_hr's sums. An upper bound of what :attr:`workspace_size` reaches
+        after such calls.
         """
         T, B = check_int("T", T, 0), check_int("B", B, 0)
         input_size = check_int("input_size", input_size, 0)

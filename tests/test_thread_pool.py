@@ -167,8 +167,9 @@ def test_a_thread_about_to_sleep_hands_a_spare(monkeypatch, fake_cpus):
     # job's two running threads wait for each other's projection pieces, recurrence steps
     # and gradients, and each wait that sleeps hands a spare part to a worker. The forward
     # takes the BLAS projection (fused_input off), whose pieces the recurrences wait for.
-    # A call waits only where one thread gets ahead of the other, which most calls do:
-    # calls repeat until one has handed a spare (at most CALLS). Bits as on one thread.
+    # A call waits only where one thread gets ahead of the other, which about one call in
+    # five does here: calls repeat until one has handed a spare (at most CALLS). Bits as on
+    # one thread.
     from lstmcy import _core
     own = _core.forward_schedule
     monkeypatch.setattr(_core, "forward_schedule",
