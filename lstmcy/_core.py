@@ -16,7 +16,9 @@ import numpy as np
 
 from lstmcy import _fpmode
 from lstmcy._dispatch import kernels as _lstm
-from lstmcy._cache import LSTMCache
+from lstmcy._cache import (ForwardCall, LSTMCache, LSTMGradients, SavedList,
+                           check_same_call)
+from lstmcy._config import config_of
 from lstmcy._pool import ALIGN, ResultPool, aligned_empty, aligned_offset
 from lstmcy._schedule import (ALIASED_ROW_BYTES, SINGLE_THREADED_GEMM, SPLIT_UNITS,
                               TUNED_STEP_FLOPS, backward_lanes, backward_schedule,
@@ -24,11 +26,11 @@ from lstmcy._schedule import (ALIASED_ROW_BYTES, SINGLE_THREADED_GEMM, SPLIT_UNI
 from lstmcy._threads import (ThreadTuner, _check_count, _process_cpus, blas_single_threaded,
                              blas_small_gemms, is_automatic, threads_for)
 from lstmcy._validation import (SAVED_NAMES, _cached, _check_batch_sizes, _read_only,
-                                check_backward, check_bool, check_dropout, check_int,
+                                check_backward, check_bool, check_int,
                                 check_output_mask, check_problem, check_proj_size, check_seed,
                                 is_supported_float, to_compute)
 
-__all__ = ["lstm_forward", "lstm_backward", "LSTMPlan", "release_workspaces"]
+__all__ = ["lstm_forward", "lstm_backward", "lstm_vjp", "LSTMPlan", "release_workspaces"]
 
 
 def _as_rows(array):
@@ -43,20 +45,20 @@ def _out_dtype(array, dtype):
         return array.astype(dtype)
 
 
-class _BlockViews(list):
+class _BlockViews(SavedList):
     """A cache list: the ``[T, B, F]`` pieces of one saved activation, one per layer and
     direction (F is H, or P for h).
 
     The backward recognises its own cache lists by identity and reads a layer's directions
     from ``rows`` (``[L*D, T*B, F]``, the compute-dtype values) without copying: the saved
     block itself, or for float16/bfloat16 calls the float32 values the (read-only) pieces
-    were rounded from.
+    were rounded from. ``call`` is the forward's :class:`~lstmcy._cache.ForwardCall`.
     """
 
     __slots__ = ("views", "_rows")
 
-    def __init__(self, views, rows):
-        list.__init__(self, views)
+    def __init__(self, views, rows, call):
+        SavedList.__init__(self, views, call)
         self.views = views
         self._rows = rows
 
@@ -69,13 +71,14 @@ class _BlockViews(list):
         return self._rows
 
 
-def _cache_lists(pieces, saved_rows, LD):
-    """The seven cache lists of a forward: ``pieces`` holds the ``[T, B, F]`` pieces of
-    the seven activations in ``SAVED_NAMES`` order (``LD`` = layers x directions each),
-    ``saved_rows`` their ``[L*D, T*B, F]`` compute-dtype values."""
+def _cache_lists(pieces, saved_rows, LD, call):
+    """The seven cache lists of a forward (``call``, its :class:`ForwardCall`): ``pieces``
+    holds the ``[T, B, F]`` pieces of the seven activations in ``SAVED_NAMES`` order
+    (``LD`` = layers x directions each), ``saved_rows`` their ``[L*D, T*B, F]``
+    compute-dtype values."""
     if LD == 1:  # one piece per list (the common case: no slicing)
-        return [_BlockViews((piece,), rows) for piece, rows in zip(pieces, saved_rows)]
-    return [_BlockViews(tuple(pieces[k * LD:(k + 1) * LD]), rows)
+        return [_BlockViews((piece,), rows, call) for piece, rows in zip(pieces, saved_rows)]
+    return [_BlockViews(tuple(pieces[k * LD:(k + 1) * LD]), rows, call)
             for k, rows in enumerate(saved_rows)]
 
 
@@ -484,18 +487,25 @@ class LSTMPlan:
         largest = problem.N * 4 * problem.H * (width + problem.P + problem.H)
         return blas_single_threaded(active=largest > SINGLE_THREADED_GEMM)
 
-    def forward(self, input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0, train=True,
-                bidirectional=False, batch_first=False, batch_sizes=None, seed=None, proj_size=0):
-        """Same as :func:`lstm_forward`, reusing this plan's buffers."""
-        train = check_bool("train", train)
-        dropout = check_dropout(dropout)
+    def forward(self, input, hx, params, *, config=None, has_bias=True, num_layers=1,
+                dropout=0.0, train=True, bidirectional=False, batch_first=False,
+                batch_sizes=None, seed=None, proj_size=0):
+        """Same as :func:`lstm_forward`, reusing this plan's buffers; the cache's
+        :meth:`~lstmcy.LSTMCache.backward` runs on this plan too."""
+        cfg = config_of(config, num_layers, bidirectional, batch_first, has_bias, dropout,
+                        train, proj_size)
+        return self._forward(input, hx, params, cfg, batch_sizes, seed, self.backward)
+
+    def _forward(self, input, hx, params, cfg, batch_sizes, seed, run_backward):
+        """:meth:`forward` with its settings in ``cfg`` (an :class:`~lstmcy.LSTMConfig`);
+        the cache's backward calls ``run_backward`` (:meth:`backward`'s arguments)."""
         rng = check_seed(seed) if seed is not None else None
-        p = check_problem(input, hx, params, has_bias=has_bias, num_layers=num_layers,
-                          bidirectional=bidirectional, batch_first=batch_first,
-                          batch_sizes=batch_sizes, proj_size=proj_size)
-        masks = _draw_masks(p, dropout, rng) if (train and dropout > 0 and p.L > 1) else None
-        y, h_n, c_n, saved_block, saved_rows = self._run_forward(p, train, masks)
-        if not train:
+        p = check_problem(input, hx, params, has_bias=cfg.has_bias, num_layers=cfg.num_layers,
+                          bidirectional=cfg.bidirectional, batch_first=cfg.batch_first,
+                          batch_sizes=batch_sizes, proj_size=cfg.proj_size)
+        masks = _draw_masks(p, cfg.dropout, rng) if cfg.uses_dropout else None
+        y, h_n, c_n, saved_block, saved_rows = self._run_forward(p, cfg.train, masks)
+        if not cfg.train:
             return y, h_n, c_n, None
         # In SAVED_NAMES order, which is LSTMCache's argument order.
         LD = p.L * p.D
@@ -512,7 +522,11 @@ class LSTMPlan:
                     a = _out_dtype(a, p.dtype)
                     a.flags.writeable = False
                 pieces.extend(a)
-        return y, h_n, c_n, LSTMCache(*_cache_lists(pieces, saved_rows, LD), dropout_masks=masks)
+        # The caller's arrays, not copies; the checked lengths (the caller's may change).
+        call = ForwardCall(cfg, input, hx, params, None if batch_sizes is None else p.batch_sizes,
+                           masks, p.dtype, p.layout, run_backward)
+        return y, h_n, c_n, LSTMCache(*_cache_lists(pieces, saved_rows, LD, call),
+                                      dropout_masks=masks, call=call)
 
     def _run_forward(self, p, train, masks):
         """:meth:`forward` of a checked :class:`~lstmcy._validation.Problem` (``masks``: the
@@ -587,16 +601,15 @@ class LSTMPlan:
             y, h_n, c_n = (_out_dtype(a, p.dtype) for a in (y, h_n, c_n))
         return y, h_n, c_n, saved_block if train else None, saved_all if train else None
 
-    def backward(self, input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, batch_sizes=None,
-                 has_bias=True, num_layers=1, dropout=0.0, train=True, bidirectional=False,
-                 batch_first=False, output_mask=(True, True, True, True), dropout_masks=None,
-                 proj_size=0):
+    def backward(self, input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, config=None,
+                 batch_sizes=None, has_bias=True, num_layers=1, dropout=0.0, train=True,
+                 bidirectional=False, batch_first=False, output_mask=(True, True, True, True),
+                 dropout_masks=None, proj_size=0):
         """Same as :func:`lstm_backward`, reusing this plan's buffers."""
-        p, arrays = check_backward(
-            input, hx, params, dy, dh, dc, (i, g, f, o, h, c, tanhc), batch_sizes=batch_sizes,
-            has_bias=has_bias, num_layers=num_layers, dropout=dropout, train=train,
-            bidirectional=bidirectional, batch_first=batch_first, dropout_masks=dropout_masks,
-            proj_size=proj_size)
+        cfg = config_of(config, num_layers, bidirectional, batch_first, has_bias, dropout,
+                        train, proj_size)
+        p, arrays = _check_backward(cfg, input, hx, params, dy, dh, dc,
+                                    (i, g, f, o, h, c, tanhc), batch_sizes, dropout_masks)
         output_mask = check_output_mask(output_mask)
         given = dict(zip(SAVED_NAMES, (i, g, f, o, h, c, tanhc)))
         cdt = p.compute_dtype
@@ -605,7 +618,7 @@ class LSTMPlan:
             rows = (p.T * p.B, p.P if name == "h" else p.H)
             return _stacked(given[name], arrays[name], layer, p.D, rows, cdt)
 
-        return self._run_backward(p, saved_of, arrays, output_mask)
+        return LSTMGradients(*self._run_backward(p, saved_of, arrays, output_mask))
 
     def _run_backward(self, p, saved_of, arrays, output_mask):
         """:meth:`backward` of checked arguments: ``p`` and ``arrays`` as
@@ -724,6 +737,17 @@ class LSTMPlan:
         return dx, dh_prev, dc_prev, dparams
 
 
+def _check_backward(cfg, input, hx, params, dy, dh, dc, saved, batch_sizes, dropout_masks):
+    """``check_backward`` of a backward whose settings are ``cfg``, after refusing saved
+    arrays of a forward that ``cfg`` and the arrays do not describe."""
+    check_same_call(saved, cfg, input, hx, params, batch_sizes, dropout_masks)
+    return check_backward(
+        input, hx, params, dy, dh, dc, saved, batch_sizes=batch_sizes, has_bias=cfg.has_bias,
+        num_layers=cfg.num_layers, dropout=cfg.dropout, train=cfg.train,
+        bidirectional=cfg.bidirectional, batch_first=cfg.batch_first,
+        dropout_masks=dropout_masks, proj_size=cfg.proj_size)
+
+
 _per_thread = threading.local()
 
 
@@ -746,12 +770,14 @@ def release_workspaces():
     _per_thread.plan = None
 
 
-def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0, train=True,
-                 bidirectional=False, batch_first=False, batch_sizes=None, seed=None, proj_size=0):
+def lstm_forward(input, hx, params, *, config=None, has_bias=True, num_layers=1, dropout=0.0,
+                 train=True, bidirectional=False, batch_first=False, batch_sizes=None, seed=None,
+                 proj_size=0):
     """Run a (multi-layer, optionally bidirectional) LSTM forward, saving what backward needs.
 
     Semantics are those of PyTorch's ``aten::lstm`` (and of the Ascend operator whose
-    backward :func:`lstm_backward` mirrors).
+    backward :func:`lstm_backward` mirrors). The backward is ``cache.backward(dy)``
+    (:meth:`LSTMCache.backward`): the cache records this call.
 
     Parameters
     ----------
@@ -768,6 +794,8 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
         ``b_ih [4H]``, ``b_hh [4H]`` (no biases when ``has_bias`` is False), then with a
         projection ``w_hr [P, H]``: PyTorch's ``_flat_weights`` order. ``I_l = I`` for layer
         0 and ``D*P`` above. Gate order i, f, g, o, as ``torch.nn.LSTM``.
+    config : LSTMConfig, optional
+        The settings below in one object; then none of them may be given as a keyword.
     has_bias, num_layers, bidirectional, batch_first : as in ``torch.nn.LSTM``.
     proj_size : int, default 0
         With ``proj_size > 0`` (``< H``) the hidden state is projected (LSTMP, as
@@ -789,23 +817,65 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
     h_n, c_n : ndarray [num_layers*D, B, P], [num_layers*D, B, H]
         Final states (for variable lengths, each sequence's state at its last step).
     cache : LSTMCache or None
-        Saved activations and dropout masks (None when ``train`` is False).
+        Saved activations, dropout masks and the call (None when ``train`` is False):
+        ``cache.backward(dy, dh_n, dc_n)`` gives the gradients.
+
+    Examples
+    --------
+    >>> y, h_n, c_n, cache = lstm_forward(x, None, params, num_layers=2,
+    ...                                   dropout=0.5)  # doctest: +SKIP
+    >>> dx, dh0, dc0, dparams = cache.backward(dy)  # doctest: +SKIP
     """
-    return _thread_plan().forward(
-        input, hx, params, has_bias=has_bias, num_layers=num_layers, dropout=dropout,
-        train=train, bidirectional=bidirectional, batch_first=batch_first,
-        batch_sizes=batch_sizes, seed=seed, proj_size=proj_size)
+    cfg = config_of(config, num_layers, bidirectional, batch_first, has_bias, dropout, train,
+                    proj_size)
+    # The cache's backward runs on the plan of the thread that calls it.
+    return _thread_plan()._forward(input, hx, params, cfg, batch_sizes, seed, lstm_backward)
 
 
-def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, batch_sizes=None,
-                  has_bias=True, num_layers=1, dropout=0.0, train=True, bidirectional=False,
-                  batch_first=False, output_mask=(True, True, True, True), dropout_masks=None,
-                  proj_size=0, backend="cpu"):
-    """Gradients of an LSTM forward: the semantics of ``aclnnLstmBackward``.
+def lstm_vjp(input, hx, params, *, config=None, batch_sizes=None, seed=None, **settings):
+    """The forward and its vector-Jacobian product, in the manner of ``jax.vjp``.
 
     Parameters
     ----------
-    input, hx, params, batch_sizes, has_bias, num_layers, dropout, train, bidirectional, batch_first, proj_size
+    input, hx, params, config, batch_sizes, seed, **settings
+        As for :func:`lstm_forward` (``settings``: its keywords ``num_layers``,
+        ``dropout`` and the like); a training forward (``train`` must be True).
+
+    Returns
+    -------
+    y : ndarray
+    (h_n, c_n) : tuple of ndarray
+    vjp : callable
+        ``vjp(dy, dh_n=None, dc_n=None, output_mask=None)`` returns the
+        :class:`LSTMGradients` (:meth:`LSTMCache.backward` of the forward's cache).
+
+    Examples
+    --------
+    >>> y, (h_n, c_n), vjp = lstm_vjp(x, None, params, num_layers=2)  # doctest: +SKIP
+    >>> dx, dh0, dc0, dparams = vjp(dy)  # doctest: +SKIP
+    """
+    y, h_n, c_n, cache = lstm_forward(input, hx, params, config=config, batch_sizes=batch_sizes,
+                                      seed=seed, **settings)
+    if cache is None:
+        raise ValueError("lstm_vjp needs a training forward (train=True): an inference "
+                         "forward keeps nothing to differentiate")
+    return y, (h_n, c_n), cache.backward
+
+
+def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, config=None,
+                  batch_sizes=None, has_bias=True, num_layers=1, dropout=0.0, train=True,
+                  bidirectional=False, batch_first=False, output_mask=(True, True, True, True),
+                  dropout_masks=None, proj_size=0, backend="cpu"):
+    """Gradients of an LSTM forward: the semantics of ``aclnnLstmBackward``.
+
+    :meth:`LSTMCache.backward` (``cache.backward(dy)``) is the short form of this call: the
+    cache holds every argument but the output gradients. This vendor-shaped form takes the
+    forward's arguments again; handed the saved arrays of an ``lstm_forward`` (its
+    ``cache.saved()``), it refuses arguments that describe another call.
+
+    Parameters
+    ----------
+    input, hx, params, config, batch_sizes, has_bias, num_layers, dropout, train, bidirectional, batch_first, proj_size
         As given to :func:`lstm_forward`.
     dy : ndarray
         Gradient of ``y``, shaped like ``y`` (directions concatenated on the last axis);
@@ -835,17 +905,29 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, bat
         Gradients of ``h0`` and ``c0``.
     dparams : list of ndarray or None
         Shaped like ``params``; ``db_ih`` equals ``db_hh``.
+
+    The four come as an :class:`LSTMGradients` (a named tuple).
+
+    Raises
+    ------
+    ValueError
+        Besides malformed arguments: ``i, ..., tanhc`` are a forward's own and a setting
+        (``num_layers``, ``bidirectional``, ``batch_first``, ``has_bias``, ``proj_size``,
+        ``dropout``, ``train``, ``batch_sizes``), ``input``, ``hx``, ``params`` or
+        ``dropout_masks`` differs from that forward's; the message names the argument and
+        the forward's value.
     """
     if backend not in ("cpu", "aclnn", "auto"):
         raise ValueError(f'backend must be "cpu", "aclnn" or "auto", got {backend!r}')
+    cfg = config_of(config, num_layers, bidirectional, batch_first, has_bias, dropout, train,
+                    proj_size)
     if backend != "cpu":
         # Validate here, so that both backends refuse bad input with the same errors.
-        p, arrays = check_backward(
-            input, hx, params, dy, dh, dc, (i, g, f, o, h, c, tanhc), batch_sizes=batch_sizes,
-            has_bias=has_bias, num_layers=num_layers, dropout=dropout, train=train,
-            bidirectional=bidirectional, batch_first=batch_first, dropout_masks=dropout_masks,
-            proj_size=proj_size)
+        p, arrays = _check_backward(cfg, input, hx, params, dy, dh, dc,
+                                    (i, g, f, o, h, c, tanhc), batch_sizes, dropout_masks)
         output_mask = check_output_mask(output_mask)
+        has_bias, num_layers, dropout, train = cfg.has_bias, cfg.num_layers, cfg.dropout, cfg.train
+        bidirectional, batch_first, proj_size = cfg.bidirectional, cfg.batch_first, cfg.proj_size
         from lstmcy import aclnn
 
         if backend == "aclnn" and p.projected:
@@ -861,13 +943,11 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, bat
                 hx = (np.zeros(states, p.dtype), np.zeros(states, p.dtype))
             dh = np.zeros(states, p.dtype) if dh is None else dh
             dc = np.zeros(states, p.dtype) if dc is None else dc
-            return aclnn.lstm_backward(
+            return LSTMGradients(*aclnn.lstm_backward(
                 input, tuple(hx), params, dy, dh, dc, i, g, f, o, h, c, tanhc,
                 batch_sizes=batch_sizes, has_bias=has_bias, num_layers=num_layers,
                 dropout=dropout, train=train, bidirectional=bidirectional,
-                batch_first=batch_first, output_mask=output_mask)
+                batch_first=batch_first, output_mask=output_mask))
     return _thread_plan().backward(
-        input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, batch_sizes=batch_sizes,
-        has_bias=has_bias, num_layers=num_layers, dropout=dropout, train=train,
-        bidirectional=bidirectional, batch_first=batch_first, output_mask=output_mask,
-        dropout_masks=dropout_masks, proj_size=proj_size)
+        input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, config=cfg,
+        batch_sizes=batch_sizes, output_mask=output_mask, dropout_masks=dropout_masks)

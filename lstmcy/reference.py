@@ -20,7 +20,8 @@ import functools
 
 import numpy as np
 
-from ._cache import SAVED_NAMES, LSTMCache
+from ._cache import SAVED_NAMES, ForwardCall, LSTMCache
+from ._config import config_of
 
 __all__ = ["lstm_forward", "lstm_backward", "LSTMCache"]
 
@@ -354,8 +355,8 @@ def _backward_direction(x, dy, dh, dc, h0, c0, saved, w_ih, w_hh, batch_sizes,
 # ---------------------------------------------------------------------------
 
 @_quiet
-def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
-                 train=True, bidirectional=False, batch_first=False,
+def lstm_forward(input, hx, params, *, config=None, has_bias=True, num_layers=1,
+                 dropout=0.0, train=True, bidirectional=False, batch_first=False,
                  batch_sizes=None, seed=None, proj_size=0):
     """Multi-layer LSTM forward pass (numpy reference, float64 internally).
 
@@ -372,6 +373,8 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
         ``w_hh [4H, P]``, ``b_ih [4H]``, ``b_hh [4H]`` (no biases when
         ``has_bias`` is False), then ``w_hr [P, H]`` with a projection. Gate
         order i, f, g, o.
+    config : LSTMConfig, optional
+        The settings below in one object (then none of them as a keyword).
     has_bias : bool, optional
         Whether ``params`` holds biases.
     num_layers : int, optional
@@ -400,8 +403,9 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
         Final states (per sequence, at its last valid step for the forward
         direction, at step 0 for the reverse direction).
     cache : LSTMCache
-        Saved activations (time-major ``[T, B, H]``, zero where inactive) and
-        the dropout masks (``[T, B, D * H]`` each, or None).
+        Saved activations (time-major ``[T, B, H]``, zero where inactive), the
+        dropout masks (``[T, B, D * H]`` each, or None) and the call:
+        ``cache.backward(dy)`` runs :func:`lstm_backward`.
 
     Notes
     -----
@@ -410,6 +414,10 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
     ``numpy.random.Generator``), one per layer boundary in order, stored in
     the input dtype.
     """
+    cfg = config_of(config, num_layers, bidirectional, batch_first, has_bias, dropout, train,
+                    proj_size)
+    has_bias, num_layers, dropout, train = cfg.has_bias, cfg.num_layers, cfg.dropout, cfg.train
+    bidirectional, batch_first, proj_size = cfg.bidirectional, cfg.batch_first, cfg.proj_size
     x_in = np.asarray(input)
     dtype = x_in.dtype
     D = 2 if bidirectional else 1
@@ -452,14 +460,17 @@ def lstm_forward(input, hx, params, *, has_bias=True, num_layers=1, dropout=0.0,
             layer_input = layer_output
 
     y = layout.from_time_major(layer_output, dtype)
+    call = ForwardCall(cfg, input, hx, params,
+                       None if batch_sizes is None else np.array(batch_sizes), masks, dtype,
+                       layout.kind, lstm_backward)
     cache = LSTMCache(*(saved_all[name] for name in SAVED_NAMES),
-                      dropout_masks=masks)
+                      dropout_masks=masks, call=call)
     return y, h_n.astype(dtype), c_n.astype(dtype), cache
 
 
 @_quiet
 def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
-                  batch_sizes=None, has_bias=True, num_layers=1, dropout=0.0,
+                  config=None, batch_sizes=None, has_bias=True, num_layers=1, dropout=0.0,
                   train=True, bidirectional=False, batch_first=False,
                   output_mask=(True, True, True, True), dropout_masks=None, proj_size=0):
     """Multi-layer LSTM backward pass (numpy reference, float64 internally).
@@ -476,7 +487,7 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
     i, g, f, o, h, c, tanhc : sequence of array_like
         The forward's saved activations (``cache.saved()``), ``D * L`` arrays
         ``[T, B, H]`` each (h: ``[T, B, P]``).
-    batch_sizes, has_bias, num_layers, dropout, train, bidirectional, batch_first, proj_size
+    config, batch_sizes, has_bias, num_layers, dropout, train, bidirectional, batch_first, proj_size
         As given to :func:`lstm_forward`.
     output_mask : sequence of 4 bool, optional
         Which of ``(dx, dh_prev, dc_prev, dparams)`` to return; False entries
@@ -499,6 +510,10 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
     ValueError
         If ``dropout_masks`` is missing while dropout is active.
     """
+    cfg = config_of(config, num_layers, bidirectional, batch_first, has_bias, dropout, train,
+                    proj_size)
+    has_bias, num_layers, dropout, train = cfg.has_bias, cfg.num_layers, cfg.dropout, cfg.train
+    bidirectional, batch_first, proj_size = cfg.bidirectional, cfg.batch_first, cfg.proj_size
     x_in = np.asarray(input)
     dtype = x_in.dtype
     D = 2 if bidirectional else 1

@@ -225,6 +225,17 @@ for side in ("fwd", "bwd"):
     # [3, 2, 5] read as [B=3, T=2, I=5]: the states have B=2.
     entry(f"{side}-batch_first-flipped", side, "kw:batch_first", lambda old: True, ValueError,
           r"hx\[0\] \(h0\)", r"shape \(4, 3, 4\)")
+# config -----------------------------------------------------------------------
+for side in ("fwd", "bwd"):
+    for kind, value in (("dict", lambda: {"num_layers": L}), ("str", "LSTMConfig()"),
+                        ("tuple", lambda: (L, True))):
+        entry(f"{side}-config-{kind}", side, "kw:config",
+              (lambda v: lambda old: v() if callable(v) else v)(value), TypeError,
+              r"\bconfig\b", r"must be an lstmcy\.LSTMConfig or None")
+    # The base call gives its settings as keywords: a config beside them says two things.
+    entry(f"{side}-config-beside-keywords", side, "kw:config",
+          lambda old: lstmcy.LSTMConfig(num_layers=L, bidirectional=True, dropout=0.3),
+          TypeError, r"\bnum_layers=2 given beside config\b", r"either in config .* or as keywords")
 # seed -----------------------------------------------------------------------
 for value, exc in ((-1, ValueError), ("abc", TypeError), (1.5, TypeError), (object(), TypeError),
                    ([1, -2], ValueError)):
