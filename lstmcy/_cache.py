@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = ["LSTMCache", "LSTMGradients", "ForwardCall", "SavedList", "SAVED_NAMES",
-           "check_same_call"]
+           "check_same_call", "refuse_cache"]
 
 #: The saved activations, in the order of ``lstm_backward``'s arguments and of
 #: :meth:`LSTMCache.saved`.
@@ -217,6 +217,15 @@ class LSTMCache:
         masks = None if self.dropout_masks is None else len(self.dropout_masks)
         return (f"LSTMCache({n} layer-directions, shape={shape}, "
                 f"dropout_masks={masks}, config={self.config})")
+
+
+def refuse_cache(i):
+    """Raise TypeError when a backward is handed a whole :class:`LSTMCache` where its seven
+    saved lists belong (``i``: the first of them)."""
+    if isinstance(i, LSTMCache):
+        raise TypeError("i, g, f, o, h, c, tanhc are the seven saved lists, got the LSTMCache "
+                        "itself: call cache.backward(dy, dh_n, dc_n), or pass *cache.saved() "
+                        "and dropout_masks=cache.dropout_masks")
 
 
 def _forward_call(saved):

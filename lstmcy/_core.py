@@ -17,7 +17,7 @@ import numpy as np
 from lstmcy import _fpmode
 from lstmcy._dispatch import kernels as _lstm
 from lstmcy._cache import (ForwardCall, LSTMCache, LSTMGradients, SavedList,
-                           check_same_call)
+                           check_same_call, refuse_cache)
 from lstmcy._config import config_of
 from lstmcy._pool import ALIGN, ResultPool, aligned_empty, aligned_offset
 from lstmcy._schedule import (ALIASED_ROW_BYTES, SINGLE_THREADED_GEMM, SPLIT_UNITS,
@@ -601,10 +601,10 @@ class LSTMPlan:
             y, h_n, c_n = (_out_dtype(a, p.dtype) for a in (y, h_n, c_n))
         return y, h_n, c_n, saved_block if train else None, saved_all if train else None
 
-    def backward(self, input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, config=None,
-                 batch_sizes=None, has_bias=True, num_layers=1, dropout=0.0, train=True,
-                 bidirectional=False, batch_first=False, output_mask=(True, True, True, True),
-                 dropout_masks=None, proj_size=0):
+    def backward(self, input, hx, params, dy, dh, dc, i, g=None, f=None, o=None, h=None,
+                 c=None, tanhc=None, *, config=None, batch_sizes=None, has_bias=True,
+                 num_layers=1, dropout=0.0, train=True, bidirectional=False, batch_first=False,
+                 output_mask=(True, True, True, True), dropout_masks=None, proj_size=0):
         """Same as :func:`lstm_backward`, reusing this plan's buffers."""
         cfg = config_of(config, num_layers, bidirectional, batch_first, has_bias, dropout,
                         train, proj_size)
@@ -740,6 +740,7 @@ class LSTMPlan:
 def _check_backward(cfg, input, hx, params, dy, dh, dc, saved, batch_sizes, dropout_masks):
     """``check_backward`` of a backward whose settings are ``cfg``, after refusing saved
     arrays of a forward that ``cfg`` and the arrays do not describe."""
+    refuse_cache(saved[0])
     check_same_call(saved, cfg, input, hx, params, batch_sizes, dropout_masks)
     return check_backward(
         input, hx, params, dy, dh, dc, saved, batch_sizes=batch_sizes, has_bias=cfg.has_bias,
@@ -862,10 +863,11 @@ def lstm_vjp(input, hx, params, *, config=None, batch_sizes=None, seed=None, **s
     return y, (h_n, c_n), cache.backward
 
 
-def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, config=None,
-                  batch_sizes=None, has_bias=True, num_layers=1, dropout=0.0, train=True,
-                  bidirectional=False, batch_first=False, output_mask=(True, True, True, True),
-                  dropout_masks=None, proj_size=0, backend="cpu"):
+def lstm_backward(input, hx, params, dy, dh, dc, i, g=None, f=None, o=None, h=None, c=None,
+                  tanhc=None, *, config=None, batch_sizes=None, has_bias=True, num_layers=1,
+                  dropout=0.0, train=True, bidirectional=False, batch_first=False,
+                  output_mask=(True, True, True, True), dropout_masks=None, proj_size=0,
+                  backend="cpu"):
     """Gradients of an LSTM forward: the semantics of ``aclnnLstmBackward``.
 
     :meth:`LSTMCache.backward` (``cache.backward(dy)``) is the short form of this call: the
@@ -886,7 +888,8 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *, con
         The forward's saved activations (``cache.saved()``): ``num_layers*D`` arrays
         ``[T, B, H]`` each (h: ``[T, B, P]``), time-major, index ``layer*D + direction``.
         For float16/bfloat16 calls, the forward's own (read-only) lists give the backward
-        the float32 values they were rounded from; other arrays are used as given.
+        the float32 values they were rounded from; other arrays are used as given. (The
+        cache itself in place of ``i`` is a TypeError that names both forms.)
     output_mask : tuple of 4 bool
         Which of (dx, dh_prev, dc_prev, dparams) to compute; False gives None there.
     dropout_masks : list of ndarray, optional

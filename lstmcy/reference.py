@@ -20,7 +20,7 @@ import functools
 
 import numpy as np
 
-from ._cache import SAVED_NAMES, ForwardCall, LSTMCache
+from ._cache import SAVED_NAMES, ForwardCall, LSTMCache, refuse_cache
 from ._config import config_of
 
 __all__ = ["lstm_forward", "lstm_backward", "LSTMCache"]
@@ -469,9 +469,9 @@ def lstm_forward(input, hx, params, *, config=None, has_bias=True, num_layers=1,
 
 
 @_quiet
-def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
-                  config=None, batch_sizes=None, has_bias=True, num_layers=1, dropout=0.0,
-                  train=True, bidirectional=False, batch_first=False,
+def lstm_backward(input, hx, params, dy, dh, dc, i, g=None, f=None, o=None, h=None, c=None,
+                  tanhc=None, *, config=None, batch_sizes=None, has_bias=True, num_layers=1,
+                  dropout=0.0, train=True, bidirectional=False, batch_first=False,
                   output_mask=(True, True, True, True), dropout_masks=None, proj_size=0):
     """Multi-layer LSTM backward pass (numpy reference, float64 internally).
 
@@ -510,6 +510,7 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
     ValueError
         If ``dropout_masks`` is missing while dropout is active.
     """
+    refuse_cache(i)
     cfg = config_of(config, num_layers, bidirectional, batch_first, has_bias, dropout, train,
                     proj_size)
     has_bias, num_layers, dropout, train = cfg.has_bias, cfg.num_layers, cfg.dropout, cfg.train

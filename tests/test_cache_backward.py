@@ -323,6 +323,14 @@ def test_hx_none_and_zeros_are_the_same_call():
     np.testing.assert_array_equal(a.dparams[0], b.dparams[0])
 
 
+@pytest.mark.parametrize("module", [lstmcy, reference], ids=["lstmcy", "reference"])
+def test_the_cache_itself_where_its_lists_belong_is_named(module):
+    case = make_case(94, T=3, B=2, I=3, H=4)
+    *_, cache = module.lstm_forward(case.x, None, case.params)
+    with pytest.raises(TypeError, match=r"got the LSTMCache itself: call cache\.backward\(dy"):
+        module.lstm_backward(case.x, None, case.params, case.dy, None, None, cache)
+
+
 def test_saved_arrays_of_two_forwards_are_refused():
     case = make_case(92, T=3, B=2, I=3, H=4)
     *_, one = lstmcy.lstm_forward(case.x, None, case.params)
