@@ -82,16 +82,15 @@ def lstmcy_calls(X, y, plan, seed):
     batches = Batches(len(y), plan["batch_size"], seed)
 
     def lstm():
-        batch = data.batch(batches.next())
-        out, h_n, _, cache = lstmcy.lstm_forward(
-            batch.input, None, clf.lstm_params_, train=True, batch_first=batch.batch_first,
-            batch_sizes=batch.batch_sizes)
-        dh = np.zeros_like(h_n)
-        dh[-1] = 1.0
-        lstmcy.lstm_backward(
-            batch.input, None, clf.lstm_params_, np.zeros_like(out), dh, None, *cache.saved(),
-            batch_sizes=batch.batch_sizes, train=True, batch_first=batch.batch_first,
-            output_mask=(False, False, False, True))
+        for part in data.batch(batches.next()).parts:
+            out, h_n, _, cache = lstmcy.lstm_forward(
+                part.input, None, clf.lstm_params_, train=True, batch_sizes=part.batch_sizes)
+            dh = np.zeros_like(h_n)
+            dh[-1] = 1.0
+            lstmcy.lstm_backward(
+                part.input, None, clf.lstm_params_, np.zeros_like(out), dh, None,
+                *cache.saved(), batch_sizes=part.batch_sizes, train=True,
+                output_mask=(False, False, False, True))
 
     def step():
         batch = data.batch(batches.next())

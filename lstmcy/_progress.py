@@ -56,11 +56,18 @@ class FitProgress:
         self.last_line = time.perf_counter()
 
     def begin(self, n_train, n_validation, batch_size):
+        """The first line: the data, the batches and the epochs this call runs (numbered
+        as the epoch lines are, when it continues a fitted model)."""
         held_out = (f", {n_validation} held out for early stopping" if n_validation
                     else ", no early stopping")
+        last = self.first_epoch + self.max_epochs - 1
+        if self.max_epochs == 1:
+            epochs = f"1 epoch (epoch {last})" if self.first_epoch > 1 else "1 epoch"
+        else:
+            epochs = f"at most {self.max_epochs} epochs" + (
+                f" (epochs {self.first_epoch} to {last})" if self.first_epoch > 1 else "")
         self._print(f"{self.name}: {n_train} training sequences{held_out}; batch size "
-                    f"{batch_size}, {self.n_batches} steps per epoch, at most "
-                    f"{self.max_epochs} epochs")
+                    f"{batch_size}, {self.n_batches} steps per epoch, {epochs}")
 
     def batch_done(self, epoch, batch):
         """Report the position inside a long epoch (at most every ``_INTERVAL`` s)."""

@@ -13,8 +13,10 @@ Trailing NaN marks the end of a sequence: a time step whose features are all NaN
 every step after it, is padding. This is how variable-length series are often stored in
 one array. NaN anywhere else is an error naming the sample.
 
-This module turns all of them into :class:`Sequences` (one 3-D array, or a list of 2-D
-arrays of different lengths) and cuts those into :class:`Batch` es for ``lstm_forward``.
+This module turns all of them into :class:`Sequences` (the real time steps of every
+sequence, as rows) and cuts those into packed kernel calls (:class:`Part`, PyTorch's
+``PackedSequence`` layout) that cost their real time steps: :class:`Batch` es for
+training, :meth:`Sequences.parts` for prediction.
 """
 import warnings
 
@@ -22,7 +24,7 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.utils.validation import check_array
 
-__all__ = ["Batch", "Sequences", "is_sequence_list", "check_sequence_list", "check_3d",
+__all__ = ["Batch", "Part", "Sequences", "cut", "is_sequence_list", "check_sequence_list", "check_3d",
            "from_padded", "trim_nan_padding"]
 
 # A 3-D array whose features outnumber its time steps by this factor (or that has one
@@ -30,88 +32,207 @@ __all__ = ["Batch", "Sequences", "is_sequence_list", "check_sequence_list", "che
 _CHANNELS_FIRST_RATIO = 10
 
 
-class Batch:
-    """One mini-batch as lstmcy's forward wants it.
+# A kernel call's padded area (its longest sequence times its sequences) is at most this
+# many times its real time steps: the kernels keep a training call's saved activations
+# (and a stacked layer's output) padded, so a long sequence among short ones is cut off
+# into a call of its own rather than padding every short one to its length.
+MAX_PADDING = 2
+
+
+def _positions(batch_sizes):
+    """The position in its call of the sequence of each packed row."""
+    starts = np.cumsum(batch_sizes) - batch_sizes
+    return np.arange(starts[-1] + batch_sizes[-1]) - np.repeat(starts, batch_sizes)
+
+
+class Part:
+    """One packed kernel call: sequences sorted by decreasing length, in PyTorch's
+    ``PackedSequence`` layout (lstmcy's ``batch_sizes``).
 
     Attributes
     ----------
-    input : ndarray
-        ``[B, T, F]`` (``batch_first``) for equal lengths, or packed ``[sum(lengths), F]``.
-    batch_first : bool
-    batch_sizes : ndarray of int64 or None
-        PackedSequence batch sizes (sequences sorted by decreasing length).
-    lengths : ndarray of int
-        Length of each sequence, in batch order.
-    sample_index : ndarray of int
-        Dataset index of each batch entry (batch order is sorted for packed batches,
-        so outputs are put back with ``out[sample_index] = batch_out``).
-    mask : ndarray of bool or None
-        ``[T, B]`` active positions of a packed batch; ``padded[mask]`` gives packed rows.
+    input : ndarray ``[sum(lengths), F]``
+        The packed rows: step 0 of every sequence, then step 1 of those that have one, ...
+    batch_sizes : ndarray of int64 ``[T]``
+        Sequences active at each step.
+    lengths : ndarray of intp ``[B]``
+        Length of each sequence of the call, decreasing.
+    sample_index : ndarray of intp
+        Dataset index of the first ``len(sample_index)`` sequences of the call (the
+        others, if any, are the one-step sequences of zeros :meth:`Sequences.parts` adds
+        to reach ``min_size``).
+    uniform : bool
+        Whether every sequence has the same length (the input is ``[T, B, F]`` time-major).
     """
 
-    __slots__ = ("input", "batch_first", "batch_sizes", "lengths", "sample_index", "mask")
+    __slots__ = ("input", "batch_sizes", "lengths", "sample_index", "uniform")
 
-    def __init__(self, input, batch_first, batch_sizes, lengths, sample_index, mask):
+    def __init__(self, input, batch_sizes, lengths, sample_index, uniform):
         self.input = input
-        self.batch_first = batch_first
         self.batch_sizes = batch_sizes
         self.lengths = lengths
         self.sample_index = sample_index
-        self.mask = mask
+        self.uniform = uniform
+
+    @property
+    def steps(self):
+        return len(self.batch_sizes)
+
+    @property
+    def packed_start(self):
+        """First packed row of each step."""
+        return np.cumsum(self.batch_sizes) - self.batch_sizes
+
+    @property
+    def positions(self):
+        """The sequence (position in the call) of each packed row."""
+        if self.uniform:
+            return np.tile(np.arange(len(self.lengths)), self.steps)
+        return _positions(self.batch_sizes)
+
+    def step_sums(self, rows):
+        """Sum over each sequence's steps of the packed ``rows`` ``[sum(lengths), F]``:
+        ``[B, F]``, each sequence's rows added one step after the other, so that its sum
+        does not depend on the other sequences of the call."""
+        if self.uniform:
+            return rows.reshape(self.steps, len(self.lengths), -1).sum(axis=0)
+        sizes = self.batch_sizes
+        total = rows[:sizes[0]].copy()
+        start = int(sizes[0])
+        for size in sizes[1:].tolist():
+            total[:size] += rows[start:start + size]
+            start += size
+        return total
+
+
+class Batch:
+    """One mini-batch: its samples in one or more packed :class:`Part` s.
+
+    Attributes
+    ----------
+    parts : list of Part
+    sample_index : ndarray of intp
+        Dataset index of each entry, in the order of the parts' sequences (outputs are
+        put back with ``out[sample_index] = batch_out``).
+    """
+
+    __slots__ = ("parts", "sample_index")
+
+    def __init__(self, parts):
+        self.parts = parts
+        self.sample_index = (parts[0].sample_index if len(parts) == 1
+                             else np.concatenate([part.sample_index for part in parts]))
 
     @property
     def size(self):
         return len(self.sample_index)
 
 
+def cut(lengths, max_samples=None, max_tokens=None):
+    """Cut sequences of decreasing ``lengths`` into consecutive kernel calls.
+
+    A call starts at its longest sequence and takes the next ones while its padded area
+    stays within ``MAX_PADDING`` times its real steps, and it holds at most
+    ``max_samples`` sequences and ``max_tokens`` steps (but always one sequence).
+
+    Returns
+    -------
+    list of (start, stop)
+    """
+    n = len(lengths)
+    total = np.concatenate([[0], np.cumsum(lengths)])
+    if (max_samples is None or n <= max_samples) and (max_tokens is None or total[-1] <= max_tokens) \
+            and lengths[0] * n <= MAX_PADDING * total[-1]:
+        return [(0, n)]  # the common case: one call
+    bounds = []
+    start = 0
+    while start < n:
+        stop = n if max_samples is None else min(n, start + max_samples)
+        count = np.arange(1, stop - start + 1)
+        steps = total[start + 1:stop + 1] - total[start]
+        # Both conditions hold for a prefix of the candidates (lengths decrease).
+        fits = lengths[start] * count <= MAX_PADDING * steps
+        if max_tokens is not None:
+            fits &= steps <= max_tokens
+        fits[0] = True
+        stop = start + (len(fits) if fits.all() else int(np.argmin(fits)))
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
 class Sequences:
-    """Validated sequences in the compute dtype: one 3-D array or a list of 2-D arrays.
+    """Validated sequences in the compute dtype, stored as rows of time steps.
+
+    Sequence ``i`` is ``rows[starts[i]:starts[i] + lengths[i]]``. Subsets share the rows.
 
     Parameters
     ----------
-    dense : ndarray ``[n, T, F]`` or None
-    ragged : list of ndarray ``[T_i, F]`` or None
+    rows : ndarray ``[n_rows, F]``, C-contiguous
+    starts, lengths : ndarray of intp ``[n]``
     """
 
-    def __init__(self, dense=None, ragged=None):
-        self.dense = dense
-        self.ragged = ragged
-        if dense is not None:
-            self.n_samples, _, self.n_features = dense.shape
-            self.lengths = np.full(self.n_samples, dense.shape[1], dtype=np.intp)
-        else:
-            self.n_samples = len(ragged)
-            self.n_features = ragged[0].shape[1]
-            self.lengths = np.array([len(seq) for seq in ragged], dtype=np.intp)
+    def __init__(self, rows, starts, lengths):
+        self.rows = rows
+        self.starts = starts
+        self.lengths = lengths
+        self.n_samples = len(lengths)
+        self.n_features = rows.shape[1]
 
     @classmethod
     def from_arrays(cls, arrays):
-        """One 3-D array when the 2-D ``arrays`` all have one length, else a ragged list."""
-        if len({len(array) for array in arrays}) == 1:
-            return cls(dense=np.stack(arrays))
-        return cls(ragged=list(arrays))
+        """The 2-D ``arrays`` ``[T_i, F]``, one after the other."""
+        lengths = np.array([len(array) for array in arrays], dtype=np.intp)
+        return cls(np.concatenate(arrays), np.cumsum(lengths) - lengths, lengths)
+
+    @classmethod
+    def from_dense(cls, array):
+        """The sequences of a C-contiguous ``[n, T, F]`` array (its rows, not a copy)."""
+        n, steps, n_features = array.shape
+        return cls(array.reshape(n * steps, n_features), np.arange(n, dtype=np.intp) * steps,
+                   np.full(n, steps, dtype=np.intp))
 
     def subset(self, index):
-        if self.dense is not None:
-            return Sequences(dense=self.dense[index])
-        return Sequences(ragged=[self.ragged[i] for i in index])
+        return Sequences(self.rows, self.starts[index], self.lengths[index])
+
+    def part(self, index, min_size=1):
+        """The :class:`Part` of the samples ``index`` (in decreasing order of length),
+        with one-step sequences of zeros after them up to ``min_size`` sequences."""
+        lengths = self.lengths[index]
+        starts = self.starts[index]
+        extra = max(0, min_size - len(index))
+        if extra:
+            lengths = np.concatenate([lengths, np.ones(extra, dtype=np.intp)])
+            starts = np.concatenate([starts, np.zeros(extra, dtype=np.intp)])
+        B, steps = len(lengths), int(lengths[0])
+        if lengths[-1] == steps:  # [T, B] rows, time-major
+            source = (starts[None, :] + np.arange(steps)[:, None]).ravel()
+            batch_sizes = np.full(steps, B, dtype=np.int64)
+        else:
+            # batch_sizes[t] = sequences longer than t
+            batch_sizes = B - np.cumsum(np.bincount(lengths, minlength=steps + 1)[:steps])
+            source = starts[_positions(batch_sizes)] + np.repeat(np.arange(steps), batch_sizes)
+        input = self.rows[source]
+        if extra:
+            input[len(index):B] = 0  # the added sequences' one step: step 0's last rows
+        return Part(input, batch_sizes.astype(np.int64, copy=False), lengths,
+                    np.asarray(index, dtype=np.intp), bool(lengths[-1] == steps))
 
     def batch(self, index):
-        """Build the :class:`Batch` of the samples ``index``."""
+        """The :class:`Batch` of the samples ``index``: sorted by decreasing length and
+        packed, in as many parts as :func:`cut` makes."""
         index = np.asarray(index, dtype=np.intp)
-        if self.dense is not None:
-            return Batch(self.dense[index], True, None, self.lengths[index], index, None)
-        lengths = self.lengths[index]
-        order = np.argsort(-lengths, kind="stable")
-        sample_index = index[order]
-        lengths = lengths[order]
-        steps = int(lengths[0])
-        mask = np.arange(steps)[:, None] < lengths[None, :]  # [T, B], time-major
-        padded = np.zeros((steps, len(index), self.n_features), dtype=self.ragged[0].dtype)
-        for position, sample in enumerate(sample_index):
-            padded[: lengths[position], position] = self.ragged[sample]
-        batch_sizes = mask.sum(axis=1).astype(np.int64)
-        return Batch(padded[mask], False, batch_sizes, lengths, sample_index, mask)
+        index = index[np.argsort(-self.lengths[index], kind="stable")]
+        return Batch([self.part(index[start:stop])
+                      for start, stop in cut(self.lengths[index])])
+
+    def parts(self, max_samples, max_tokens, min_size=1):
+        """Every sample in :class:`Part` s of at most ``max_samples`` sequences and
+        ``max_tokens`` steps (see :func:`cut`), longest first, each of at least
+        ``min_size`` sequences (with added one-step sequences of zeros)."""
+        index = np.argsort(-self.lengths, kind="stable")
+        for start, stop in cut(self.lengths[index], max_samples, max_tokens):
+            yield self.part(index[start:stop], min_size)
 
 
 # --------------------------------------------------------------------------- layouts
@@ -220,12 +341,15 @@ def check_3d(X, dtype, *, channels_first=False, warn_layout=False):
 
 
 def from_padded(array, dtype):
-    """:class:`Sequences` of the NaN-padded ``array [n, T, F]``, in ``dtype``."""
+    """:class:`Sequences` of the NaN-padded ``array [n, T, F]``, in ``dtype``: its real
+    steps only, so that padding costs nothing beyond the caller's array."""
     lengths = trim_nan_padding(array, name_of=lambda i: f"X[{i}]")
     if (lengths == lengths[0]).all():
-        return Sequences(dense=np.ascontiguousarray(array[:, :lengths[0]], dtype=dtype))
-    return Sequences(ragged=[np.ascontiguousarray(array[i, :length], dtype=dtype)
-                             for i, length in enumerate(lengths)])
+        return Sequences.from_dense(np.ascontiguousarray(array[:, :lengths[0]], dtype=dtype))
+    starts = np.cumsum(lengths) - lengths
+    sample = np.repeat(np.arange(len(lengths)), lengths)
+    step = np.arange(lengths.sum()) - np.repeat(starts, lengths)
+    return Sequences(np.ascontiguousarray(array[sample, step], dtype=dtype), starts, lengths)
 
 
 def trim_nan_padding(array, *, name_of):

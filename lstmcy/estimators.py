@@ -45,15 +45,22 @@ from sklearn.utils.validation import (_check_sample_weight, check_array,
 
 import lstmcy
 from lstmcy._optimizers import SGD, Adam
+from lstmcy._schedule import FUSED_INPUT_ROWS
 from lstmcy._progress import FitProgress
 from lstmcy._sequences import (Sequences, check_3d, check_sequence_list, from_padded,
                                is_sequence_list)
 
 __all__ = ["LSTMClassifier", "LSTMRegressor"]
 
-# Samples per forward call at prediction time: bounds the [T, B, D*H] output held at once
-# (inference keeps no cache).
+# Sequences and time steps of a forward call at prediction time: they bound the packed
+# [steps, D*H] output held at once (inference keeps no cache).
 _PREDICT_CHUNK = 1024
+_PREDICT_TOKENS = 1 << 16
+# Sequences of a forward call at prediction time, at least (one-step sequences of zeros
+# are added): the kernels compute x's product another way below FUSED_INPUT_ROWS
+# sequences, and from there on a sequence's outputs do not depend on the other sequences
+# of the call.
+_PREDICT_MIN_SEQUENCES = FUSED_INPUT_ROWS
 
 
 # Zero arrays of at most this many bytes are shared between calls (see _zeros).
@@ -65,6 +72,17 @@ def _shared_zeros(shape, dtype):
     zeros = np.zeros(shape, dtype=dtype)
     zeros.flags.writeable = False
     return zeros
+
+
+def _linear(features, coef, intercept):
+    """``features @ coef + intercept``, each output a sum over the features in their order,
+    so that a row's result does not depend on the other rows (a BLAS product's does: it
+    takes other kernels for other numbers of rows)."""
+    out = np.empty((len(features), coef.shape[1]), dtype=np.result_type(features, coef))
+    out[...] = intercept
+    for k in range(coef.shape[0]):
+        out += features[:, k, None] * coef[k]
+    return out
 
 
 def _zeros(shape, dtype):
@@ -299,6 +317,28 @@ class _BaseLSTM(BaseEstimator):
         if hasattr(self, "_optimizer"):
             del self._optimizer
 
+    def _check_same_model(self, dtype, incremental):
+        """Raise ValueError naming the parameter if ``hidden_size``, ``num_layers``,
+        ``bidirectional`` or ``dtype`` differs from the fitted model's, which ``warm_start``
+        and ``partial_fit`` continue."""
+        H = self.lstm_params_[1].shape[1]
+        D = self.head_coef_.shape[0] // H
+        fitted = {"hidden_size": H, "num_layers": len(self.lstm_params_) // (4 * D),
+                  "bidirectional": D == 2, "dtype": self.lstm_params_[0].dtype}
+        given = {"hidden_size": self.hidden_size, "num_layers": self.num_layers,
+                 "bidirectional": bool(self.bidirectional), "dtype": dtype}
+        for name, value in fitted.items():
+            if given[name] != value:
+                shown = (lambda v: v.name) if name == "dtype" else repr
+                how = ("partial_fit continues" if incremental
+                       else "fit with warm_start=True continues")
+                instead = ("call fit to train a new model" if incremental
+                           else "set warm_start=False to train a new model")
+                raise ValueError(
+                    f"{name}={shown(given[name])} differs from the fitted model's "
+                    f"{name}={shown(value)}: {how} the fitted parameters, so {name} cannot "
+                    f"change; {instead}")
+
     def _all_params(self):
         return self.lstm_params_ + [self.head_coef_, self.head_intercept_]
 
@@ -310,18 +350,15 @@ class _BaseLSTM(BaseEstimator):
         return dict(has_bias=True, num_layers=self.num_layers, bidirectional=self.bidirectional,
                     dropout=self.dropout)
 
-    def _features(self, batch, y, h_n):
-        """The head's input ``[B, D*H]`` from the LSTM's output ``y`` and final states ``h_n``."""
-        H, L, D = self.hidden_size, self.num_layers, self._num_directions
+    def _features(self, part, y, h_n):
+        """The head's input ``[B, D*H]`` from the LSTM's packed output ``y`` and final
+        states ``h_n`` of a :class:`~lstmcy._sequences.Part`."""
+        L, D = self.num_layers, self._num_directions
         if self.head == "last":
             return np.concatenate([h_n[(L - 1) * D + d] for d in range(D)], axis=1)
-        if batch.mask is None:
-            return y.mean(axis=1)
-        padded = np.zeros(batch.mask.shape + (D * H,), dtype=y.dtype)
-        padded[batch.mask] = y
-        return padded.sum(axis=0) / batch.lengths[:, None].astype(y.dtype)
+        return part.step_sums(y) / part.lengths[:, None].astype(y.dtype)
 
-    def _feature_grads(self, batch, y, h_n, d_features):
+    def _feature_grads(self, part, y, h_n, d_features):
         """``dy`` and ``dh`` for ``lstm_backward`` from the gradient of the head's input."""
         H, L, D = self.hidden_size, self.num_layers, self._num_directions
         if self.head == "last":
@@ -329,45 +366,49 @@ class _BaseLSTM(BaseEstimator):
             for d in range(D):
                 dh[(L - 1) * D + d] = d_features[:, d * H:(d + 1) * H]
             return _zeros(y.shape, y.dtype), dh
-        per_step = d_features / batch.lengths[:, None].astype(d_features.dtype)
-        if batch.mask is None:
-            return np.repeat(per_step[:, None, :], y.shape[1], axis=1), None
-        return per_step[np.nonzero(batch.mask)[1]], None
+        per_step = d_features / part.lengths[:, None].astype(d_features.dtype)
+        if part.uniform:
+            return np.tile(per_step, (part.steps, 1)), None
+        return per_step[part.positions], None
 
     def _raw_outputs(self, data, dtype=np.float64):
         """Head outputs before the output activation, ``[n_samples, n_outputs]``, float64.
 
         Inference (predict, score) runs in float64 whatever ``dtype`` trained the
-        parameters: float32 GEMMs round differently for different batch sizes, so float32
-        outputs would depend (in the last bits) on which samples are predicted together.
-        The validation score during a fit passes the training ``dtype``: its set and
-        chunks are fixed, so its outputs are reproducible, and float64 would cost up to
-        a tenth of an epoch.
+        parameters, in calls of at least ``_PREDICT_MIN_SEQUENCES`` sequences, and the
+        output layer sums in a fixed order (:func:`_linear`): a sample's outputs do not
+        depend on which samples are predicted with it. The validation score during a fit
+        passes the training ``dtype``: float64 would cost up to a tenth of an epoch.
         """
         params = [p.astype(dtype, copy=False) for p in self.lstm_params_]
         coef = self.head_coef_.astype(dtype, copy=False)
         intercept = self.head_intercept_.astype(dtype, copy=False)
         out = np.empty((data.n_samples, self.n_outputs_), dtype=np.float64)
-        for start in range(0, data.n_samples, _PREDICT_CHUNK):
-            batch = data.batch(np.arange(start, min(start + _PREDICT_CHUNK, data.n_samples)))
+        for part in data.parts(_PREDICT_CHUNK, _PREDICT_TOKENS, _PREDICT_MIN_SEQUENCES):
             y, h_n, _, _ = lstmcy.lstm_forward(
-                batch.input.astype(dtype, copy=False), None, params, train=False,
-                batch_first=batch.batch_first, batch_sizes=batch.batch_sizes,
-                **self._lstm_kwargs())
-            features = self._features(batch, y, h_n)
-            out[batch.sample_index] = features @ coef + intercept
+                part.input.astype(dtype, copy=False), None, params, train=False,
+                batch_sizes=part.batch_sizes, **self._lstm_kwargs())
+            features = self._features(part, y, h_n)[:len(part.sample_index)]
+            out[part.sample_index] = _linear(features, coef, intercept)
         return out
 
     def _loss_and_grads(self, batch, targets, weights, seed):
-        """Loss and gradients of :meth:`_all_params` on one batch.
+        """Loss and gradients of :meth:`_all_params` on one :class:`~lstmcy._sequences.Batch`
+        (``targets`` and ``weights`` in its order).
 
         The loss is ``(sum_i w_i * loss_i + 0.5 * alpha * ||W||^2) / sum_i w_i`` over the
-        batch's samples ``i`` (``weights``), as MLP's with ``sample_weight``.
+        batch's samples ``i`` (``weights``), as MLP's with ``sample_weight``. The LSTM's
+        gradients are the sums of its parts' (one kernel call each).
         """
-        y, h_n, _, cache = lstmcy.lstm_forward(
-            batch.input, None, self.lstm_params_, train=True, batch_first=batch.batch_first,
-            batch_sizes=batch.batch_sizes, seed=seed, **self._lstm_kwargs())
-        features = self._features(batch, y, h_n)
+        kwargs = self._lstm_kwargs()
+        masks_from = None if seed is None else np.random.default_rng(seed)
+        runs = []
+        for part in batch.parts:
+            y, h_n, _, cache = lstmcy.lstm_forward(
+                part.input, None, self.lstm_params_, train=True, batch_sizes=part.batch_sizes,
+                seed=masks_from, **kwargs)
+            runs.append((part, y, h_n, cache, self._features(part, y, h_n)))
+        features = runs[0][4] if len(runs) == 1 else np.concatenate([run[4] for run in runs])
         raw = features @ self.head_coef_ + self.head_intercept_
         weight_sum = float(weights.sum())
         sample_loss, d_raw = self._output_loss(raw.astype(np.float64), targets)
@@ -376,13 +417,23 @@ class _BaseLSTM(BaseEstimator):
         d_coef = features.T @ d_raw
         d_intercept = d_raw.sum(axis=0)
         d_features = d_raw @ self.head_coef_.T
-        dy, dh = self._feature_grads(batch, y, h_n, d_features)
-        _, _, _, d_lstm = lstmcy.lstm_backward(
-            batch.input, None, self.lstm_params_, dy, dh, None, *cache.saved(),
-            batch_sizes=batch.batch_sizes, train=True, batch_first=batch.batch_first,
-            output_mask=(False, False, False, True), dropout_masks=cache.dropout_masks,
-            **self._lstm_kwargs())
-        grads = list(d_lstm) + [d_coef, d_intercept]
+        d_lstm = None
+        start = 0
+        while runs:
+            part, y, h_n, cache, part_features = runs.pop(0)  # its cache freed once used
+            stop = start + len(part_features)
+            dy, dh = self._feature_grads(part, y, h_n, d_features[start:stop])
+            start = stop
+            _, _, _, d_part = lstmcy.lstm_backward(
+                part.input, None, self.lstm_params_, dy, dh, None, *cache.saved(),
+                batch_sizes=part.batch_sizes, train=True, output_mask=(False, False, False, True),
+                dropout_masks=cache.dropout_masks, **kwargs)
+            if d_lstm is None:
+                d_lstm = list(d_part)
+            else:
+                for total, grad in zip(d_lstm, d_part):
+                    total += grad
+        grads = d_lstm + [d_coef, d_intercept]
         if self.alpha:
             penalty = 0.0
             scale = self.alpha / weight_sum
@@ -402,9 +453,30 @@ class _BaseLSTM(BaseEstimator):
             self._score_outputs(raw, targets, weights)
 
     def _clip(self, grads):
+        """Scale ``grads`` in place to a global L2 norm of at most ``clip_norm``.
+
+        The norm is summed in float64 (float32 squares overflow from a norm of about
+        1.8e19), and over the gradients divided by the largest magnitude where even those
+        squares overflow. A non-finite norm (an inf or NaN gradient) raises, as PyTorch's
+        ``clip_grad_norm_(error_if_nonfinite=True)``: scaling by it would zero (or NaN)
+        every gradient and silently stop training.
+        """
         if self.clip_norm is None:
             return
-        norm = np.sqrt(sum(float(np.vdot(g, g)) for g in grads))
+        flats = [g.astype(np.float64, copy=False).ravel() for g in grads]
+        with np.errstate(over="ignore", invalid="ignore"):
+            norm = math.sqrt(sum(float(np.dot(flat, flat)) for flat in flats))
+        if norm == math.inf:
+            largest = max(float(np.abs(flat).max(initial=0.0)) for flat in flats)
+            if math.isfinite(largest):
+                norm = largest * math.sqrt(sum(float(np.dot(flat / largest, flat / largest))
+                                               for flat in flats))
+        if not math.isfinite(norm):
+            raise ValueError(
+                f"The gradients' global norm is {norm}, so it cannot be clipped to clip_norm="
+                f"{self.clip_norm}: a gradient is infinite or NaN. The input data or the "
+                f"targets may contain large values and need to be scaled, or "
+                f"learning_rate_init is too large.")
         if norm > self.clip_norm:
             scale = self.clip_norm / norm
             for grad in grads:
@@ -431,7 +503,7 @@ class _BaseLSTM(BaseEstimator):
         fitted = hasattr(self, "lstm_params_")
         first_pass = not fitted or (not self.warm_start and not incremental)
         if not first_pass:
-            dtype = self.lstm_params_[0].dtype
+            self._check_same_model(dtype, incremental)
         data = self._validate_X(X, reset=first_pass, dtype=dtype)
         targets = self._validate_targets(y, data.n_samples, first_pass=first_pass,
                                          incremental=incremental, classes=classes, dtype=dtype)
@@ -997,8 +1069,6 @@ best_loss_, n_iter_, t_
         if y.ndim not in (1, 2):
             raise ValueError(f"y must be 1-D or 2-D, got shape {y.shape}")
         check_consistent_length(np.empty(n_samples), y)
-        if first_pass:
-            self._y_ndim = y.ndim
         self.out_activation_ = "identity"
         return np.asarray(y.reshape(n_samples, -1), dtype=dtype)
 
@@ -1040,11 +1110,12 @@ best_loss_, n_iter_, t_
         Returns
         -------
         y : ndarray of shape (n_samples,) or (n_samples, n_outputs)
-            float64; 1-D when the model was fitted on a 1-D ``y``.
+            float64; 1-D when the model has one output (also when fitted on ``y`` of
+            shape (n_samples, 1)), as :class:`~sklearn.neural_network.MLPRegressor`.
         """
         check_is_fitted(self, "lstm_params_")
         raw = self._raw_outputs(self._validate_X(X, reset=False))
-        return raw.ravel() if self._y_ndim == 1 else raw
+        return raw.ravel() if self.n_outputs_ == 1 else raw
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

@@ -113,6 +113,19 @@ def test_noisy_sine_next_value_r2():
     np.testing.assert_allclose(model.predict(X_test[:, :, None]), model.predict(X_test))
 
 
+@pytest.mark.parametrize("y_shape", [(60,), (60, 1)])
+def test_one_output_regression_predicts_1d_as_mlp_regressor(y_shape):
+    from sklearn.neural_network import MLPRegressor
+    X, y = noisy_sine_windows(60, steps=5, seed=1)
+    y = y.reshape(y_shape)
+    model = quiet_fit(LSTMRegressor(hidden_size=4, max_iter=2, random_state=0), X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # MLPRegressor's about a column-vector y
+        mlp = quiet_fit(MLPRegressor(hidden_layer_sizes=(4,), max_iter=2, random_state=0), X, y)
+    assert model.predict(X).shape == mlp.predict(X).shape == (60,)
+    assert np.isfinite(model.score(X, y))
+
+
 def test_multi_output_regression():
     X, y = noisy_sine_windows(300, steps=10, seed=1)
     Y = np.column_stack([y, -2 * y])
@@ -217,7 +230,7 @@ def test_loss_gradients_match_finite_differences(head, ragged):
                          max_iter=1, dtype=np.float64, random_state=0)
     quiet_fit(clf, X, y)
     data = clf._validate_X(X, reset=False)
-    assert (data.dense is None) == ragged
+    assert (len(set(data.lengths)) > 1) == ragged
     batch = data.batch(np.array([4, 0, 3, 1, 2]))
     targets = np.searchsorted(clf.classes_, y)[batch.sample_index]
     weights = weights[batch.sample_index]
@@ -249,6 +262,32 @@ def test_clip_by_global_norm():
     unclipped = [np.full(4, 3.0)]
     LSTMClassifier(clip_norm=None)._clip(unclipped)
     np.testing.assert_array_equal(unclipped[0], 3.0)
+
+
+def test_clip_norm_beyond_float32_still_clips():
+    # float32 squares overflow from a norm of ~1.8e19: the norm is summed in float64.
+    grads = [np.full(4, 3e20, dtype=np.float32), np.full((2, 2), 4e20, dtype=np.float32)]
+    LSTMRegressor(clip_norm=5.0)._clip(grads)
+    assert np.sqrt(sum(np.vdot(g.astype(float), g.astype(float)) for g in grads)) == \
+        pytest.approx(5.0, rel=1e-6)
+    huge = [np.full(3, 1e200), np.full(2, -1e200)]  # float64 squares overflow: scaled first
+    LSTMRegressor(clip_norm=1.0)._clip(huge)
+    np.testing.assert_allclose(huge[0], 1 / np.sqrt(5))
+    # Targets of ~1e20 in float32: clipping must not zero every gradient.
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((40, 5, 2))
+    y = 1e20 * (1.0 + rng.random(40))
+    model = quiet_fit(LSTMRegressor(hidden_size=4, max_iter=3, early_stopping=False,
+                                    random_state=0), X, y)
+    assert model.head_intercept_[0] > 0
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_clip_norm_refuses_a_non_finite_gradient(bad):
+    grads = [np.array([1.0, bad], dtype=np.float32), np.ones(3, dtype=np.float32)]
+    with pytest.raises(ValueError, match=r"global norm is (inf|nan), so it cannot be clipped "
+                                         r"to clip_norm=5.0: a gradient is infinite or NaN"):
+        LSTMRegressor(clip_norm=5.0)._clip(grads)
 
 
 # --------------------------------------------------------------------------- variable length
@@ -306,10 +345,11 @@ def test_predictions_match_torch_with_the_same_weights(head):
 
 def test_sequence_batch_is_packed_in_length_order():
     seqs = [np.full((2, 1), 1.0), np.full((4, 1), 2.0), np.full((3, 1), 3.0)]
-    batch = Sequences(ragged=seqs).batch(np.arange(3))
-    np.testing.assert_array_equal(batch.batch_sizes, [3, 3, 2, 1])
+    batch = Sequences.from_arrays(seqs).batch(np.arange(3))
+    [part] = batch.parts
+    np.testing.assert_array_equal(part.batch_sizes, [3, 3, 2, 1])
     np.testing.assert_array_equal(batch.sample_index, [1, 2, 0])
-    np.testing.assert_array_equal(batch.input[:, 0], [2, 3, 1, 2, 3, 1, 2, 3, 2])
+    np.testing.assert_array_equal(part.input[:, 0], [2, 3, 1, 2, 3, 1, 2, 3, 2])
 
 
 def test_equal_length_list_is_the_3d_case():
@@ -359,6 +399,32 @@ def test_warm_start_continues_training():
     clf.set_params(warm_start=False)
     quiet_fit(clf, X, y)
     assert clf.n_iter_ == 4 and len(clf.loss_curve_) == 4
+
+
+@pytest.mark.parametrize("change", [dict(hidden_size=16), dict(bidirectional=True),
+                                    dict(num_layers=2), dict(dtype=np.float64)], ids=repr)
+@pytest.mark.parametrize("continuation", ["warm_start", "partial_fit"])
+def test_continuing_with_another_architecture_names_the_parameter(change, continuation):
+    X, y = sum_sign_problem(n=30)
+    clf = quiet_fit(LSTMClassifier(hidden_size=8, max_iter=1, warm_start=True, random_state=0),
+                    X, y)
+    before = [p.copy() for p in clf._all_params()]
+    clf.set_params(**change)
+    [(name, value)] = change.items()
+    shown = np.dtype(value).name if name == "dtype" else repr(value)
+    with pytest.raises(ValueError, match=rf"^{name}={shown} differs from the fitted model's "
+                                         rf"{name}=.*so {name} cannot change"):
+        if continuation == "warm_start":
+            clf.fit(X, y)
+        else:
+            clf.partial_fit(X, y)
+    assert all(np.array_equal(p, q) for p, q in zip(clf._all_params(), before))
+    clf.set_params(warm_start=False)
+    quiet_fit(clf, X, y)  # a new model with the new architecture
+    assert clf.get_params()[name] == value
+    assert clf.lstm_params_[1].shape[1] == clf.hidden_size
+    assert len(clf.lstm_params_) == 4 * clf.num_layers * (2 if clf.bidirectional else 1)
+    assert clf.lstm_params_[0].dtype == clf.dtype
 
 
 def test_early_stopping_keeps_the_parameters_of_the_best_epoch():
@@ -435,6 +501,25 @@ def test_verbose_reports_inside_long_epochs_and_is_silent_by_default(capsys, mon
         [f"epoch    {e}: batch {b}/4" for e in (1, 2) for b in (1, 2, 3, 4)]
     assert out[-2].startswith("epoch    2/2  loss ") and out[-2].endswith(" elapsed")
     assert out[-1].startswith("Reached max_iter=2. (")
+
+
+def test_verbose_partial_fit_and_warm_start_number_their_epochs(capsys):
+    X, y = sum_sign_problem(n=40)
+    clf = LSTMClassifier(hidden_size=4, verbose=1, random_state=0)
+    clf.partial_fit(X, y, classes=[0, 1])
+    clf.partial_fit(X, y)
+    first, second = (lines.splitlines() for lines in capsys.readouterr().out.split("\nLSTM"))
+    assert first[0].endswith("10 steps per epoch, 1 epoch") and first[1].startswith("epoch    1/1 ")
+    assert second[0].endswith("10 steps per epoch, 1 epoch (epoch 2)")
+    assert second[1].startswith("epoch    2/2 ")
+    clf = LSTMClassifier(hidden_size=4, max_iter=2, n_iter_no_change=None, warm_start=True,
+                         verbose=1, random_state=0)
+    clf.fit(X, y)
+    capsys.readouterr()
+    clf.fit(X, y)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("10 steps per epoch, at most 2 epochs (epochs 3 to 4)")
+    assert [line[:11] for line in out[1:3]] == ["epoch    3/", "epoch    4/"]
 
 
 def test_format_seconds():
