@@ -2,9 +2,11 @@
 
 :func:`forward` and :func:`backward` take and return CPU tensors (float32 or float64, in
 ``aten::lstm``'s layouts) and run :mod:`lstmcy._engine` on numpy views of them: no copies
-on the way in or out. Both the module's eager autograd ``Function`` and the registered
-custom operators (:mod:`lstmcy._torch_ops`) call only these two functions, so the engine
-behind them can change in one place.
+on the way in; on the way out, the outputs ``y, h_n, c_n`` are copied into torch's memory
+(resizable, as ``aten::lstm``'s), the saved activations and gradients are not. Both the
+module's eager autograd ``Function`` and the registered custom operators
+(:mod:`lstmcy._torch_ops`) call only these two functions, so the engine behind them can
+change in one place.
 
 The module has checked every tensor as ``torch.nn.LSTM`` does, so padded input skips
 lstmcy's argument checks (:func:`~lstmcy._validation.trusted_problem`); packed input
@@ -104,10 +106,16 @@ def problem_for(input, batch_sizes, h0, c0, weights, cfg):
                                has_bias=cfg.has_bias, num_layers=cfg.num_layers,
                                bidirectional=cfg.bidirectional, batch_first=cfg.batch_first,
                                proj_size=cfg.proj_size)
+    sizes = _np(batch_sizes)
+    if x.ndim == 2 and sizes.ndim == 1 and x.shape[0] != sizes.sum():
+        # lstmcy's numpy API reads T*B rows as a padded layout; packed data is never
+        # read in another layout.
+        raise ValueError(f"packed input must have sum(batch_sizes) = {sizes.sum()} rows, "
+                         f"got {x.shape[0]}")
     hx = None if h0 is None else (_np(h0), _np(c0))
     return check_problem(x, hx, params, has_bias=cfg.has_bias, num_layers=cfg.num_layers,
                          bidirectional=cfg.bidirectional, batch_first=False,
-                         batch_sizes=_np(batch_sizes), proj_size=cfg.proj_size)
+                         batch_sizes=sizes, proj_size=cfg.proj_size)
 
 
 def _engine_masks(masks, problem):
@@ -173,7 +181,13 @@ def forward(input, batch_sizes, h0, c0, weights, masks, cfg, train):
     with _on_torch_threads():
         y, h_n, c_n, block = _engine.forward(problem, train, _engine_masks(masks, problem))
     saved = torch.from_numpy(block) if train else torch.empty(0, dtype=input.dtype)
-    return torch.from_numpy(y), torch.from_numpy(h_n), torch.from_numpy(c_n), saved, problem
+    return _resizable(y), _resizable(h_n), _resizable(c_n), saved, problem
+
+
+def _resizable(array):
+    """``array`` copied into memory of torch's own: a tensor over numpy's memory cannot
+    grow, and ``aten::lstm``'s outputs can (``resize_``)."""
+    return torch.from_numpy(array).clone()
 
 
 @functools.lru_cache(maxsize=2)  # the last shapes only: a large model's y is megabytes

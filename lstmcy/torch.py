@@ -168,6 +168,45 @@ def _route(tensors):
 
 
 # ---------------------------------------------------------------------------
+# input read as nn.LSTM reads it
+# ---------------------------------------------------------------------------
+
+def _values_readable(tensor):
+    """Whether the values of ``tensor`` can be read here: not while compiling, tracing,
+    under a dispatch mode (fake tensors) or from a vmapped tensor."""
+    return not (torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None
+                or torch._C._len_torch_dispatch_stack() or type(tensor) is not torch.Tensor
+                or torch._C._functorch.is_batchedtensor(tensor))
+
+
+def _packed_rows(data, batch_sizes):
+    """The rows of a packed sequence's ``data`` that ``nn.LSTM`` reads: the first
+    ``sum(batch_sizes)`` (``aten::lstm`` ignores any beyond them and refuses fewer).
+    Where the sizes cannot be read, ``data`` is passed on whole and the kernels refuse a
+    row count other than their sum."""
+    if not _values_readable(batch_sizes):
+        return data
+    rows = int(batch_sizes.sum())
+    if data.shape[0] < rows:
+        raise RuntimeError(f"PackedSequence data has {data.shape[0]} rows, fewer than "
+                           f"sum(batch_sizes) = {rows}")
+    return data[:rows] if data.shape[0] > rows else data
+
+
+def _fx_proxy(values):
+    """The first ``torch.fx.Proxy`` in ``values`` (tuples, lists and PackedSequences
+    searched), or None."""
+    for value in values:
+        if isinstance(value, torch.fx.Proxy):
+            return value
+        if isinstance(value, (tuple, list)):
+            found = _fx_proxy(value)
+            if found is not None:
+                return found
+    return None
+
+
+# ---------------------------------------------------------------------------
 # the module
 # ---------------------------------------------------------------------------
 
@@ -222,7 +261,12 @@ class LSTM(nn.LSTM):
     differentiable LSTM in torch operations (:mod:`lstmcy._torch_reference`), first
     derivatives by lstmcy's kernels. ``torch.compile``, ``torch.export``,
     ``torch.jit.trace`` and ``torch.func`` see the kernels as the custom operators
-    ``torch.ops.lstmcy.lstm_forward`` and ``lstm_backward``.
+    ``torch.ops.lstmcy.lstm_forward`` and ``lstm_backward``; ``torch.fx.symbolic_trace``
+    records the module as one ``call_module`` node, as it records ``torch.nn.LSTM``.
+
+    The weights computed with are ``_flat_weights``, as for ``torch.nn.LSTM``: a list
+    assigned or edited directly, tensors swapped in by ``torch.func.functional_call``,
+    pruned and parametrized weights are used.
 
     Examples
     --------
@@ -241,14 +285,23 @@ class LSTM(nn.LSTM):
                          proj_size=proj_size, device=device, dtype=dtype)
 
     def _weights(self):
-        """The flat weights, in ``_flat_weights_names`` order, read as ``nn.LSTM`` reads
-        them: tensors swapped in by ``torch.func.functional_call`` and attributes that
-        replace a parameter (weight norm) included. (Cheaper than ``nn.LSTM``'s
-        ``_update_flat_weights``, which goes through ``Module.__getattr__`` twice per
-        weight on every call.)"""
+        """The tensors ``nn.LSTM`` computes with: its ``_flat_weights``, first brought up to
+        date as ``nn.LSTM.forward`` does (``_update_flat_weights``).
+
+        The list is rebuilt from the attributes it names when one of them is no longer the
+        tensor it was built from (``torch.func.functional_call``, a parametrization such as
+        weight norm); ``nn.LSTM.__setattr__`` and ``_apply`` keep it in step with assigned
+        weights, pruning's recomputed ones and ``.to()``. A list assigned or edited directly
+        is used as it is, as ``nn.LSTM`` uses it. (The attributes are read from
+        ``_parameters`` where they are there: cheaper than ``Module.__getattr__``.)
+        """
         params = self._parameters
-        return [params[name] if name in params else getattr(self, name)
-                for name in self._flat_weights_names]
+        for name, ref in zip(self._flat_weights_names, self._flat_weight_refs, strict=True):
+            weight = params[name] if name in params else getattr(self, name, None)
+            if weight is not None and ref is not None and ref() is not weight:
+                self._init_flat_weights()
+                break
+        return self._flat_weights
 
     def _check_state_sizes(self, hx, batch):
         """``nn.LSTM``'s check of ``hx``'s sizes, the batch only if given."""
@@ -288,6 +341,9 @@ class LSTM(nn.LSTM):
 
     def forward(self, input, hx=None):
         """Run the LSTM; same arguments and results as :meth:`torch.nn.LSTM.forward`."""
+        proxy = _fx_proxy((input, hx))
+        if proxy is not None:
+            return self._fx_call(proxy.tracer, input, hx)
         if isinstance(hx, (tuple, list)) and len(hx) != 2:
             raise RuntimeError("lstm expects two hidden states")  # as torch.nn.LSTM
         weights = self._weights()
@@ -296,6 +352,7 @@ class LSTM(nn.LSTM):
         is_batched = True
         if packed:
             data, batch_sizes, sorted_indices, unsorted_indices = input
+            data = _packed_rows(data, batch_sizes)
             if hx is not None:
                 if hx[0].dim() != 3 or hx[1].dim() != 3:
                     raise RuntimeError("For a PackedSequence, hx and cx should be 3-D but got "
@@ -342,6 +399,17 @@ class LSTM(nn.LSTM):
             output = output.squeeze(0 if self.batch_first else 1)
             h_n, c_n = h_n.squeeze(1), c_n.squeeze(1)
         return output, (h_n, c_n)
+
+    def _fx_call(self, tracer, input, hx):
+        """The ``call_module`` node ``torch.fx`` records for ``nn.LSTM``, which its
+        default rule keeps whole as a module of ``torch.nn``: the graph calls this module,
+        which runs as it does outside the graph."""
+        if tracer.root is self:
+            raise torch.fx.proxy.TraceError(
+                "lstmcy.torch.LSTM is traced as torch.nn.LSTM is, as one call of the module: "
+                "trace a model that holds it")
+        args = (input,) if hx is None else (input, hx)
+        return tracer.create_proxy("call_module", tracer.path_of_module(self), args, {})
 
     def _run(self, data, batch_sizes, hx, weights):
         cfg = engine.Config(self.hidden_size, self.num_layers, self.bidirectional, self.bias,

@@ -1,10 +1,11 @@
-"""lstmcy.torch.LSTM under torch.compile, torch.export and torch.jit.trace.
+"""lstmcy.torch.LSTM under torch.compile, torch.export, torch.jit.trace and torch.fx.
 
 Compiled, exported and traced modules must compute what ``torch.nn.LSTM`` computes on
 the same weights (outputs and gradients, float64), from a cold start and after
 ``torch._dynamo.reset()``, and the graphs must hold the custom operator
 ``lstmcy::lstm_forward`` (an opaque operation), never constants baked from the example.
-The operators' registrations are checked with ``torch.library.opcheck``.
+The operators' registrations are checked with ``torch.library.opcheck``. ``torch.fx``
+must record the module as one call, as it records ``torch.nn.LSTM``.
 """
 import io
 import os
@@ -18,6 +19,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.nn.utils.rnn import pack_padded_sequence  # noqa: E402
 
+import lstmcy.torch  # noqa: E402
 from lstmcy import _torch_ops  # noqa: E402
 from torch_oracle import assert_close, module_pair, random_states  # noqa: E402
 
@@ -213,6 +215,9 @@ def test_jit_trace_records_the_operator(grad_mode):
         assert_close(torch.autograd.grad(y.sum(), x)[0], torch.autograd.grad(y_ref.sum(), x)[0])
 
 
+# The forward refreshes _flat_weights from the parameters export swaps in, as nn.LSTM's
+# does (and export warns of it for either).
+@pytest.mark.filterwarnings("ignore:The tensor attributes self._flat_weights:UserWarning")
 def test_export_records_the_operator():
     ours, ref = module_pair(3, 4, num_layers=2)
     program = torch.export.export(ours, (_x(),))
@@ -220,6 +225,10 @@ def test_export_records_the_operator():
     assert "lstmcy.lstm_forward.default" in targets
     x = _x(seed=2)
     for a, b in zip(torch.utils._pytree.tree_leaves(program.module()(x)),
+                    torch.utils._pytree.tree_leaves(ref(x))):
+        assert_close(a, b)
+    # The module computes with its own weights again afterwards.
+    for a, b in zip(torch.utils._pytree.tree_leaves(ours(x)),
                     torch.utils._pytree.tree_leaves(ref(x))):
         assert_close(a, b)
 
@@ -260,3 +269,81 @@ def test_opcheck(packed, dropout):
         backward_args = (x, batch_sizes, h0, c0, weights, masks, saved, grad_y, None,
                          torch.randn_like(c_n)) + args[6:] + (mask,)
         torch.library.opcheck(_torch_ops.lstm_backward, backward_args, test_utils=utils)
+
+
+# ---------------------------------------------------------------------------
+# torch.fx
+# ---------------------------------------------------------------------------
+
+class _WithStates(nn.Module):
+    """An LSTM called with given states, returning its three outputs."""
+
+    def __init__(self, lstm):
+        super().__init__()
+        self.rnn = lstm
+
+    def forward(self, x, h0, c0):
+        y, (h_n, c_n) = self.rnn(x, (h0, c0))
+        return y, h_n, c_n
+
+
+def _graph(graph_module):
+    return [(node.op, str(node.target)) for node in graph_module.graph.nodes]
+
+
+def test_fx_symbolic_trace_records_one_call_of_the_module():
+    """``torch.fx`` keeps ``nn.LSTM`` whole (a leaf: a module of ``torch.nn``); a model
+    holding lstmcy's traces to the same graph, which computes as nn.LSTM does."""
+    ours, ref = _models(num_layers=2, dropout=0.5)
+    traced = torch.fx.symbolic_trace(ours)
+    assert _graph(traced) == _graph(torch.fx.symbolic_trace(ref))
+    assert [node.target for node in traced.graph.nodes if node.op == "call_module"] == [
+        "rnn", "head"]
+    for x in (_x(), _x(T=7, B=3, seed=1)):  # not constants baked from a first input
+        _assert_same(_loss_and_grads(traced, traced, x), _loss_and_grads(ref, ref, x))
+
+    ours, ref = module_pair(3, 4, num_layers=2, bidirectional=True)
+    traced = torch.fx.symbolic_trace(_WithStates(ours))
+    assert _graph(traced) == _graph(torch.fx.symbolic_trace(_WithStates(ref)))
+    x = _x(B=3, seed=2).requires_grad_()
+    h0, c0 = random_states(ours, 3)
+    got, want = traced(x, h0, c0), ref(x, (h0, c0))
+    want = (want[0], *want[1])
+    gen = torch.Generator().manual_seed(5)
+    cotangents = [torch.randn(t.shape, generator=gen, dtype=F64) for t in want]
+    for outputs in (got, want):
+        outputs += torch.autograd.grad(outputs, [x, h0, c0], cotangents)
+    _assert_same(got, want)
+
+
+def test_fx_symbolic_trace_of_the_module_itself_raises_as_for_nn_lstm():
+    ours, ref = module_pair(3, 4)
+    with pytest.raises(torch.fx.proxy.TraceError, match="trace a model that holds it"):
+        torch.fx.symbolic_trace(ours)
+    with pytest.raises(torch.fx.proxy.TraceError):
+        torch.fx.symbolic_trace(ref)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+def test_fx_graph_mode_dynamic_quantization_leaves_the_module_in_float():
+    """FX graph-mode quantization matches modules by their exact type: it converts
+    nn.LSTM, and leaves lstmcy's LSTM in float, computed by lstmcy; ``quantize_dynamic``
+    then converts it to the module FX gives nn.LSTM."""
+    from torch.ao.quantization import QConfigMapping, default_dynamic_qconfig, quantize_dynamic
+    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+    ours, ref = _models(num_layers=2)
+    ours, ref = ours.float().eval(), ref.float().eval()
+    x = _x().float()
+    mapping = QConfigMapping().set_global(default_dynamic_qconfig)
+    converted = {name: convert_fx(prepare_fx(model, mapping, (x,)))
+                 for name, model in (("ours", ours), ("ref", ref))}
+    assert type(converted["ours"].rnn) is lstmcy.torch.LSTM
+    assert type(converted["ref"].rnn) is torch.ao.nn.quantized.dynamic.LSTM
+    y, (h_n, _) = converted["ours"].rnn(x)
+    y_float, (h_float, _) = ref.rnn(x)
+    assert_close(y, y_float, rtol=1e-6)
+    assert_close(h_n, h_float, rtol=1e-6)
+    quantized = quantize_dynamic(converted["ours"], {nn.LSTM})
+    assert type(quantized.rnn) is torch.ao.nn.quantized.dynamic.LSTM
+    assert torch.equal(quantized(x), converted["ref"](x))

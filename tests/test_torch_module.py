@@ -157,6 +157,31 @@ def test_packed_output_keeps_permutation():
     assert not torch.allclose(h_n[:, 1], h_n[:, 0])
 
 
+def _packed_with_rows(rows, batch_sizes, seed=5):
+    """A hand-built PackedSequence whose data has ``rows`` rows."""
+    def make():
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(rows, 3, generator=gen, dtype=F64, requires_grad=True)
+        return x, PackedSequence(x, torch.tensor(batch_sizes))
+    return make
+
+
+def test_packed_data_beyond_the_batch_sizes_is_ignored_as_by_nn_lstm():
+    # 6 rows with batch_sizes [2, 1, 1]: nn.LSTM reads the first 4 (6 = T * B is never
+    # read as a padded layout); the rows beyond get zero gradients.
+    ours, ref = module_pair(3, 4, num_layers=2, dropout=0.5)
+    compare(ours, ref, _packed_with_rows(6, [2, 1, 1]), hx_seed=13, batch=2)
+    out, _ = ours(_packed_with_rows(7, [2, 1, 1])()[1])
+    assert out.data.shape == (4, 4)
+
+
+def test_packed_data_short_of_the_batch_sizes_raises_as_nn_lstm():
+    ours, ref = module_pair(3, 4)
+    for module in (ours, ref):
+        with pytest.raises(RuntimeError):
+            module(_packed_with_rows(3, [2, 1, 1])()[1])
+
+
 ROUTES = ["eager", "operator", "func", "reference"]
 
 
@@ -185,6 +210,24 @@ def test_every_route_without_grad_matches_nn_lstm(route, force_route):
     with torch.no_grad():
         for a, b in zip(*[(out, *states) for out, states in (ours(x), ref(x))]):
             assert_close(a, b)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_outputs_resize_as_nn_lstm(route, force_route):
+    force_route(route)
+    ours, ref = module_pair(3, 4, num_layers=2)
+    x = torch.randn(5, 2, 3, dtype=F64, requires_grad=True)
+    with torch.no_grad():
+        without_grad = [ours(x)[0], *ours(x)[1]]
+    y, (h_n, c_n) = ours(x)
+    for module_outputs in (without_grad, [t.detach() for t in (y, h_n, c_n)]):
+        for out in module_outputs:
+            values = out.clone()
+            out.resize_(out.numel() + 100)  # storage that grows, as nn.LSTM's does
+            assert torch.equal(out[:values.numel()], values.flatten())
+    with torch.no_grad():
+        y_ref = ref(x)[0]
+    y_ref.resize_(y_ref.numel() + 100)
 
 
 @pytest.mark.parametrize("shape", [(0, 2, 3), (0, 3)])
@@ -642,10 +685,86 @@ def test_functional_call_uses_the_given_weights():
     assert_close(y_own, ref(x)[0], what="y after functional_call")
 
 
-def test_parametrized_weight_is_used_and_differentiated():
+def _scaled_weights(module):
+    """``_flat_weights`` with every weight halved (functions of the parameters)."""
+    return [w * 0.5 if name.startswith("weight") else w
+            for name, w in zip(module._flat_weights_names, module._flat_weights)]
+
+
+def _exchanged_hh(module):
+    """``_flat_weights`` with the two layers' ``weight_hh`` entries pointing at each
+    other's tensor."""
+    weights = list(module._flat_weights)
+    first, second = (module._flat_weights_names.index(f"weight_hh_l{k}") for k in (0, 1))
+    weights[first], weights[second] = weights[second], weights[first]
+    return weights
+
+
+@pytest.mark.parametrize("change", ["scale", "re-point", "edit in place"])
+@pytest.mark.parametrize("route", ROUTES)
+def test_the_flat_weights_list_is_what_is_computed_with(route, change, force_route):
+    """``nn.LSTM`` computes with ``_flat_weights``: code that swaps or edits that list
+    (weight sharing, pruning utilities, PyTorch's reference quantized LSTM tests) gets
+    its weights used."""
+    force_route(route)
+    ours, ref = module_pair(3, 7, num_layers=2)
+    for module in (ours, ref):
+        if change == "scale":
+            module._flat_weights = _scaled_weights(module)
+        elif change == "re-point":
+            module._flat_weights = _exchanged_hh(module)
+        else:
+            module._flat_weights[0] = module._flat_weights[0] * 0.5
+    compare(ours, ref, padded_input(5, 2, 3, False), hx_seed=14, batch=2)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+def test_reference_quantized_lstm_of_the_module_matches_its_swapped_weights():
+    """PyTorch's ``TestReferenceQuantizedModule.test_rnn``: the reference quantized LSTM
+    made from the module equals the module with its ``_flat_weights`` quantized and
+    dequantized."""
+    import torch.ao.nn.quantized.reference as nnqr
+
+    ours = LSTM(3, 7, num_layers=2, bidirectional=True)
+    qparams = {"qscheme": torch.per_tensor_affine, "dtype": torch.quint8, "scale": 2.0 ** -6,
+               "zero_point": 128}
+    weight_qparams = {"is_decomposed": False, **{
+        name: qparams for name in ours._flat_weights_names if name.startswith("weight")}}
+    reference = nnqr.LSTM.from_float(ours, weight_qparams)
+    ours._flat_weights = [
+        torch.quantize_per_tensor(w, qparams["scale"], qparams["zero_point"],
+                                  qparams["dtype"]).dequantize() if name.startswith("weight")
+        else w for name, w in zip(ours._flat_weights_names, ours._flat_weights)]
+    x = torch.randn(4, 2, 3, generator=torch.Generator().manual_seed(0))
+    for a, b in zip(*[(y, *states) for y, states in (ours(x), reference(x))]):
+        assert_close(a, b, rtol=1e-6)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_pruned_weight_is_used_and_differentiated(route, force_route):
+    """``torch.nn.utils.prune`` replaces a parameter by ``orig * mask``, recomputed before
+    each forward and assigned as an attribute."""
+    from torch.nn.utils import prune
+
+    force_route(route)
+    ours, ref = module_pair(3, 4, num_layers=2)
+    for module in (ours, ref):
+        prune.l1_unstructured(module, "weight_hh_l0", amount=0.5)
+    assert torch.equal(ours.weight_hh_l0_mask, ref.weight_hh_l0_mask)
+    assert (ours.weight_hh_l0 == 0).sum() == 32
+    compare(ours, ref, padded_input(5, 2, 3, False), hx_seed=15, batch=2)
+    # A new mask changes what is computed.
+    for module in (ours, ref):
+        prune.l1_unstructured(module, "weight_ih_l1", amount=0.3)
+    compare(ours, ref, padded_input(5, 2, 3, False), hx_seed=15, batch=2)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_parametrized_weight_is_used_and_differentiated(route, force_route):
     """A parametrization (weight norm) replaces a parameter by a computed attribute."""
     from torch.nn.utils import parametrizations
 
+    force_route(route)
     ours, ref = module_pair(3, 4)
     parametrizations.weight_norm(ours, "weight_hh_l0")
     parametrizations.weight_norm(ref, "weight_hh_l0")

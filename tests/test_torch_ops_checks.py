@@ -82,6 +82,9 @@ def test_backward_refuses_a_saved_block_of_another_call():
     (dict(masks=[torch.ones(T, B, H)]), ValueError, "masks must be empty with num_layers=1"),
     (dict(hidden_size=-6), ValueError, "hidden_size and num_layers must be positive"),
     (dict(proj_size=H), ValueError, r"proj_size in \[0, hidden_size\)"),
+    # T * B rows of packed data are not read in another (padded) layout.
+    (dict(input=torch.zeros(6, I), batch_sizes=torch.tensor([2, 1, 1])), ValueError,
+     r"packed input must have sum\(batch_sizes\) = 4 rows, got 6"),
 ])
 def test_forward_refuses_bad_arguments(change, error, message):
     with pytest.raises(error, match=message):
