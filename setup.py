@@ -3,6 +3,11 @@
 Compiler directives are set here, once for every module. Set ``LSTMCY_DEBUG=1``
 when building to turn on bounds and initialisation checks (and -O0 -g) for debugging, and
 the test hooks (``LSTMCY_TEST_HOOKS``: see ``src/lstmcy/_threadpool.h``).
+
+Set ``LSTMCY_SANITIZE`` to a comma-separated list of GCC sanitizers (``address,undefined``
+or ``thread``) to build every extension instrumented, with the test hooks; the interpreter
+must then preload the sanitizer's runtime (``tools/build_tests.sh`` and
+docs/guarantees.md give the exact commands).
 """
 import glob
 import os
@@ -32,6 +37,21 @@ directives = {
 # lstmcy's own (pthreads): no OpenMP runtime, whose thread pool hangs a forked child.
 compile_args = (["-O0", "-g", "-DLSTMCY_TEST_HOOKS"] if DEBUG else ["-O3"]) + [
     "-fno-trapping-math", "-ffp-contract=off", "-pthread"]
+link_args = ["-pthread"]
+
+SANITIZERS = {"address", "undefined", "thread"}
+SANITIZE = [name for name in os.environ.get("LSTMCY_SANITIZE", "").split(",") if name]
+if set(SANITIZE) - SANITIZERS or ("thread" in SANITIZE and "address" in SANITIZE):
+    raise SystemExit(f"LSTMCY_SANITIZE={','.join(SANITIZE)}: expected 'address', "
+                     "'undefined', 'address,undefined' or 'thread'")
+if SANITIZE:
+    # -O1 keeps the reports' stacks readable at a tolerable speed; -fno-sanitize-recover
+    # makes every UBSan finding abort the process, so a test run cannot pass over one.
+    flags = [f"-fsanitize={','.join(SANITIZE)}", "-fno-omit-frame-pointer", "-g"]
+    if "undefined" in SANITIZE:
+        flags.append("-fno-sanitize-recover=all")
+    compile_args = ["-O1", "-DLSTMCY_TEST_HOOKS"] + compile_args[1:] + flags
+    link_args = link_args + flags
 # GCC only: a loop that reads and writes many arrays through plain raw pointers is
 # vectorised behind runtime checks that the arrays do not overlap, and by default GCC gives
 # up beyond 10 checks and leaves the loop scalar. (The cell rows, forward and backward,
@@ -71,7 +91,7 @@ def extension(name, source, flags=()):
         depends=HEADERS,
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_9_API_VERSION")],
         extra_compile_args=compile_args + list(flags),
-        extra_link_args=["-pthread"],
+        extra_link_args=link_args,
     )
 
 
@@ -96,6 +116,6 @@ setup(
         include_path=["src"],
         compiler_directives=directives,
         # A debug build must not reuse C files generated without the checks.
-        force=DEBUG,
+        force=DEBUG or bool(SANITIZE),
     ),
 )

@@ -26,7 +26,7 @@ from lstmcy._schedule import (ALIASED_ROW_BYTES, SINGLE_THREADED_GEMM, SPLIT_UNI
 from lstmcy._threads import (ThreadTuner, _check_count, _process_cpus, blas_single_threaded,
                              blas_small_gemms, is_automatic, threads_for)
 from lstmcy._validation import (SAVED_NAMES, _cached, _check_batch_sizes, _read_only,
-                                check_backward, check_bool, check_int,
+                                check_backward, check_blas_limits, check_bool, check_int,
                                 check_output_mask, check_problem, check_proj_size, check_seed,
                                 is_supported_float, to_compute)
 
@@ -234,14 +234,35 @@ class _LayerSetup:
         self.by_threads = {}
 
 
+def _one_call_at_a_time(method):
+    """Run a plan's ``method`` holding the plan's call lock.
+
+    A plan's work buffers serve one call at a time; a second thread entering the same plan
+    raises at once instead of sharing them (a non-blocking acquire: no waiting, no cost but
+    the lock's when the plan is free)."""
+    @functools.wraps(method)
+    def run(plan, *args, **kwargs):
+        if not plan._in_call.acquire(blocking=False):
+            raise RuntimeError(
+                "this LSTMPlan is running a call in another thread: a plan's work buffers "
+                "serve one call at a time; give each thread its own LSTMPlan (the plain "
+                "lstm_forward / lstm_backward keep one per thread)")
+        try:
+            return method(plan, *args, **kwargs)
+        finally:
+            plan._in_call.release()
+    return run
+
+
 class LSTMPlan:
     """Work buffers kept between calls: plan once, run many times.
 
     The plain :func:`lstm_forward` and :func:`lstm_backward` allocate their work buffers on
     every call. A training loop that calls them repeatedly with the same shapes can use a
     plan instead: :meth:`forward` and :meth:`backward` take the same arguments and return
-    the same results, and reuse the buffers (grown when a larger problem arrives). A plan is
-    not thread-safe; use one per thread.
+    the same results, and reuse the buffers (grown when a larger problem arrives). A plan
+    serves one call at a time: a call entering it while another thread's call runs raises
+    RuntimeError. Use one plan per thread.
 
     Parameters
     ----------
@@ -272,6 +293,7 @@ class LSTMPlan:
         self._last_views = {}  # name -> the view _take last returned of that buffer
         self._tuners = {}  # kind of kernel call -> its ThreadTuner (automatic threads only)
         self._setups = {}  # kind of layer call -> its _LayerSetup (see _remember)
+        self._in_call = threading.Lock()  # held while a call uses the buffers
         self.trace = None
 
     @property
@@ -302,10 +324,21 @@ class LSTMPlan:
         proj_size = check_proj_size(proj_size)
         if proj_size and proj_size >= H:
             raise ValueError(f"proj_size must be smaller than hidden_size ({H}), got {proj_size}")
+        try:
+            # np.dtype(None) is float64: None is refused, not read as a default.
+            supported = dtype is not None and is_supported_float(np.dtype(dtype))
+        except TypeError:
+            supported = False
+        if not supported:
+            raise TypeError("dtype must be float16, bfloat16, float32 or float64, got "
+                            f"{dtype!r}")
         dtype = np.dtype(dtype)
-        if not is_supported_float(dtype):
-            raise TypeError(f"dtype must be float16, bfloat16, float32 or float64, got {dtype}")
         D = 2 if check_bool("bidirectional", bidirectional) else 1
+        backward = check_bool("backward", backward)
+        # Sizes lstm_forward refuses are refused here, before any size-proportional work.
+        check_blas_limits(T, B, input_size, H, num_layers, D, proj_size,
+                          names=("the batch (T, B)", "the width (input_size, hidden_size)",
+                                 "hidden_size"))
         projected = proj_size > 0
         P = proj_size if projected else H
         if batch_sizes is not None:
@@ -528,6 +561,7 @@ class LSTMPlan:
         return y, h_n, c_n, LSTMCache(*_cache_lists(pieces, saved_rows, LD, call),
                                       dropout_masks=masks, call=call)
 
+    @_one_call_at_a_time
     def _run_forward(self, p, train, masks):
         """:meth:`forward` of a checked :class:`~lstmcy._validation.Problem` (``masks``: the
         dropout masks, or None). Callers that build ``p`` themselves (``lstmcy.torch``)
@@ -620,6 +654,7 @@ class LSTMPlan:
 
         return LSTMGradients(*self._run_backward(p, saved_of, arrays, output_mask))
 
+    @_one_call_at_a_time
     def _run_backward(self, p, saved_of, arrays, output_mask):
         """:meth:`backward` of checked arguments: ``p`` and ``arrays`` as
         :func:`~lstmcy._validation.check_backward` returns them (only ``dy``, ``dh``,

@@ -92,8 +92,10 @@ def _on_torch_threads():
 
 
 def _np(tensor):
-    """Zero-copy numpy view of a CPU tensor (None stays None)."""
-    return None if tensor is None else tensor.detach().numpy()
+    """Numpy view of a CPU tensor (None stays None): zero-copy, but for a lazy negated or
+    conjugated view (``z.conj().imag``), whose memory holds other values than the tensor's
+    until it is resolved into a copy."""
+    return None if tensor is None else tensor.detach().resolve_neg().resolve_conj().numpy()
 
 
 def problem_for(input, batch_sizes, h0, c0, weights, cfg):

@@ -345,7 +345,8 @@ def _check_batch_sizes(batch_sizes):
     return sizes
 
 
-def check_blas_limits(T, B, I, H, L, D, proj_size=0):
+def check_blas_limits(T, B, I, H, L, D, proj_size=0,
+                      names=("input", "input", "params (hidden size H)")):
     """Raise ValueError when a matrix the kernels hand to BLAS has a dimension above 2**31 - 1.
 
     ``scipy.linalg.cython_blas`` takes 32-bit ``int`` sizes and leading dimensions; a
@@ -353,7 +354,8 @@ def check_blas_limits(T, B, I, H, L, D, proj_size=0):
     (and ``B`` even when ``T`` is 0);
     column counts and leading dimensions at most ``4*D*H`` or ``max(I, D*P) + D*P`` (and
     ``+ H`` with a projection, P its size, else H).
-    Runs before anything proportional to the sizes is allocated.
+    Runs before anything proportional to the sizes is allocated. ``names``: what the
+    message calls the arguments that set the rows, the widths, and H.
     """
     P = proj_size or H
     width = (max(I, D * P) if L > 1 else I) + D * P + (H if proj_size else 0)
@@ -361,11 +363,12 @@ def check_blas_limits(T, B, I, H, L, D, proj_size=0):
         return  # the common case: no message to format
     columns = ("input size + num_directions*proj_size + H" if proj_size
                else "input size + num_directions*H")
+    rows, widths, hidden = names
     limits = [
-        ("input", B, f"the batch size B = {B}"),
-        ("input", T * B, f"T*B = {T}*{B} = {T * B} time steps times batch"),
-        ("input", width, f"{columns} = {width}"),
-        ("params (hidden size H)", 4 * D * H, f"4*num_directions*H = {4 * D * H}"),
+        (rows, B, f"the batch size B = {B}"),
+        (rows, T * B, f"T*B = {T}*{B} = {T * B} time steps times batch"),
+        (widths, width, f"{columns} = {width}"),
+        (hidden, 4 * D * H, f"4*num_directions*H = {4 * D * H}"),
     ]
     for name, value, what in limits:
         if value > BLAS_INT_MAX:

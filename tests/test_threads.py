@@ -298,3 +298,42 @@ def test_blas_cap_is_reentrant_and_restores_the_setting():
             assert lib.get() == 2
     finally:
         lib.set(before)
+
+
+def test_one_plan_entered_from_two_threads_raises_never_mixes():
+    """A plan's work buffers serve one call at a time: a call entering a plan that another
+    thread's call is running in raises at once; every call that does run gives the
+    serial bits. (Eight threads sharing one plan once returned wrong numbers silently.)"""
+    call = make_call(Config(T=64, B=32, I=64, H=96, L=2, bidirectional=True,
+                            layout="time_major", dtype=np.dtype(np.float32)),
+                     np.random.default_rng(11))
+    serial = forward_backward(call)
+    plan = lstmcy.LSTMPlan(n_threads=1)
+    deadline = time.monotonic() + 120
+    refused, wrong = [], []
+    stop = threading.Event()
+
+    def runner():
+        while not stop.is_set() and time.monotonic() < deadline:
+            try:
+                outputs = forward_backward(call, plan)
+            except RuntimeError as exc:
+                refused.append(str(exc))
+                continue
+            if any(a.tobytes() != b.tobytes() for a, b in zip(serial, outputs)):
+                wrong.append(outputs)
+
+    threads = [threading.Thread(target=runner, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    while not refused and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+    for t in threads:
+        t.join(timeout=max(1.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), "a thread did not finish"
+    assert not wrong, f"{len(wrong)} calls on a shared plan returned other bits"
+    assert refused, "no call was refused: the threads never overlapped in 120 s"
+    assert all("running a call in another thread" in m for m in refused), refused[:3]
+    # The plan still works once the other threads have left it.
+    assert_same_bits(serial, forward_backward(call, plan), "after the overlap")

@@ -20,7 +20,7 @@ from torch import nn  # noqa: E402
 
 import lstmcy.torch  # noqa: E402
 from lstmcy.torch import LSTM  # noqa: E402
-from torch_oracle import assert_close, module_pair  # noqa: E402
+from torch_oracle import assert_close, module_pair, random_states  # noqa: E402
 from torch_oracle import single_torch_thread  # noqa: E402,F401  (autouse fixture)
 
 F64 = torch.float64
@@ -213,3 +213,37 @@ def test_ddp_two_gloo_processes_equal_single_process_training(tmp_path):
         assert torch.equal(states[0][key], states[1][key]), key
         assert_close(states[0][key], value, what=key)
         assert not torch.allclose(value, start[key]), f"{key} did not move"
+
+
+def _negated_view(tensor):
+    """``tensor``'s values in a view with the negative bit set (``z.conj().imag`` of a
+    complex tensor whose imaginary part is ``-tensor``): its memory holds ``-tensor``."""
+    z = torch.complex(torch.zeros_like(tensor), -tensor.detach())
+    view = z.conj().imag
+    assert view.is_neg() and torch.equal(view, tensor)
+    return view
+
+
+@pytest.mark.parametrize("where", ["input", "h0", "c0", "grad"])
+def test_negative_bit_views_are_read_as_their_values(where):
+    """Lazily negated views (``conj().imag``) of the input, the states and the incoming
+    gradient compute what nn.LSTM computes from the same values."""
+    ours, ref = module_pair(3, 4, num_layers=2)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 2, 3, generator=gen, dtype=torch.float64)
+    h0, c0 = (s.detach() for s in random_states(ours, 2))
+    grad = torch.randn(5, 2, 4, generator=gen, dtype=torch.float64)
+    given = dict(input=x, h0=h0, c0=c0, grad=grad)
+    given[where] = _negated_view(given[where])
+    outputs = []
+    for module in (ours, ref):
+        xin = given["input"].detach().clone() if where != "input" else given["input"]
+        leaf = xin.requires_grad_() if not xin.is_neg() else xin
+        y, (h_n, c_n) = module(leaf, (given["h0"], given["c0"]))
+        y.backward(given["grad"])
+        outputs.append((y, h_n, c_n, [p.grad for p in module.parameters()]))
+    (y, h_n, c_n, grads), (y_ref, h_ref, c_ref, grads_ref) = outputs
+    for a, b, name in [(y, y_ref, "y"), (h_n, h_ref, "h_n"), (c_n, c_ref, "c_n")]:
+        assert_close(a, b, what=name)
+    for a, b in zip(grads, grads_ref):
+        assert_close(a, b, what="parameter gradient")

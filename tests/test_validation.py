@@ -16,6 +16,8 @@ import copy
 import functools
 import re
 
+import time
+
 import numpy as np
 import pytest
 
@@ -556,12 +558,35 @@ def test_torch_tensor_requiring_grad_is_a_type_error():
     (dict(dtype=np.int64), TypeError, "dtype must be float16, bfloat16, float32 or float64"),
     (dict(batch_sizes=[5, 1]), ValueError, "batch_sizes must have T = 5 entries, the first B = 3"),
     (dict(batch_sizes=[3, 4, 1, 1, 1]), ValueError, "batch_sizes must be non-increasing"),
+    (dict(dtype=None), TypeError, "dtype must be float16, bfloat16, float32 or float64, got None"),
+    (dict(dtype="no such type"), TypeError, "dtype must be float16"),
+    (dict(backward="no"), TypeError, "backward must be a bool, got str"),
+    # Sizes lstm_forward refuses (the BLAS's 32-bit dimensions), refused before any work
+    # in proportion to them (2**36 once ran an O(H) loop for minutes).
+    (dict(hidden_size=2 ** 31), ValueError, r"the width \(input_size, hidden_size\) is too large"),
+    (dict(hidden_size=2 ** 29), ValueError, r"hidden_size is too large: 4\*num_directions\*H"),
+    (dict(hidden_size=2 ** 36), ValueError, "is too large"),
+    (dict(hidden_size=2 ** 63), ValueError, "is too large"),
+    (dict(input_size=2 ** 63), ValueError, r"the width \(input_size, hidden_size\) is too large"),
+    (dict(T=2 ** 40, batch_sizes=None), ValueError, r"the batch \(T, B\) is too large: T\*B"),
 ])
 def test_required_workspace_refuses_bad_sizes(change, error, message):
     kwargs = dict(T=5, B=3, input_size=4, hidden_size=6)
     kwargs.update(change)
     with pytest.raises(error, match=message):
         lstmcy.LSTMPlan.required_workspace(**kwargs)
+
+
+def test_required_workspace_refuses_what_lstm_forward_refuses_at_once():
+    """The size check runs before anything in proportion to the sizes: every refusal above
+    takes well under a second (it once took 3-4 s at H = 2**31 and minutes at 2**36)."""
+    start = time.perf_counter()
+    for H in (2 ** 31, 2 ** 36, 2 ** 62):
+        with pytest.raises(ValueError, match="too large"):
+            lstmcy.LSTMPlan.required_workspace(1, 1, 1, H)
+    assert time.perf_counter() - start < 0.5
+    # The largest H the BLAS can take is still answered, with a finite number of bytes.
+    assert lstmcy.LSTMPlan.required_workspace(1, 1, 1, (2 ** 31 - 1) // 4 - 1) > 2 ** 31
 
 
 def test_required_workspace_takes_numpy_integers():

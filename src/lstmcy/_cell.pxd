@@ -94,7 +94,15 @@ cdef inline void backward_cell(
         dg[j] = (dc_row[j] * g_row[j]) * (one - i_row[j]) * i_row[j]
     for j in range(w):  # dg
         dg[2 * gs + j] = (dc_row[j] * i_row[j]) * (one - g_row[j] * g_row[j])
-    for j in range(w):  # df
-        dg[gs + j] = (dc_row[j] * c_prev[j]) * (one - f_row[j]) * f_row[j]
+    if floating is float:
+        # df in double, rounded once: c_{t-1} is unbounded, so dc * c_{t-1} can pass
+        # FLT_MAX where the whole product (f (1 - f) <= 1/4) does not; float64 autograd,
+        # whose float32 rounding the float32 results follow, has no such intermediate.
+        for j in range(w):
+            dg[gs + j] = <float>((<double>dc_row[j] * c_prev[j]) * (1.0 - <double>f_row[j])
+                                 * f_row[j])
+    else:
+        for j in range(w):  # df
+            dg[gs + j] = (dc_row[j] * c_prev[j]) * (one - f_row[j]) * f_row[j]
     for j in range(w):  # dc_next = dc * f
         dc_row[j] = dc_row[j] * f_row[j]

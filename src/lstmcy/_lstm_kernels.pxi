@@ -367,7 +367,7 @@ def forward_layer(
     cdef Py_ssize_t n_pieces = _count(T, piece_steps) if piece_steps > 0 else 0
     cdef Py_ssize_t plen
     cdef job_fn job
-    cdef int n_workers
+    cdef int n_workers, n_trace
     _need(1 <= D <= 2 and w_hh.shape[0] == D and bias.shape[0] == D and w_hr.shape[0] == D,
           "D must be 1 or 2")
     _need(w_ih.shape[1] == 4 * H and w_hh.shape[1] == 4 * H and w_hh.shape[2] == P
@@ -479,12 +479,14 @@ def forward_layer(
     try:
         with nogil:
             n_workers = run_job(n_threads, job, &fc, flush_denormals)
+        # The trace's count lives in `events`: read it before `events` is freed.
+        n_trace = min(fc.trace.count[0], fc.trace.capacity)
     finally:
         free(tasks)
         free(events)
         free(claims)
         free(row_start)
-    return n_workers, min(fc.trace.count[0], fc.trace.capacity)
+    return n_workers, n_trace
 
 
 def backward_layer(
@@ -586,7 +588,7 @@ def backward_layer(
     cdef bint packed_dx = schedule.packed_dx
     cdef Py_ssize_t n_chunks, n_blocks, n_dx, n_tasks, d, g, q, c, k, plen, which
     cdef job_fn job
-    cdef int n_workers
+    cdef int n_workers, n_trace
     _need(1 <= D <= 2 and w_hh.shape[0] == D and w_hr.shape[0] == D, "D must be 1 or 2")
     _need(w_ih.shape[1] == G4 and w_hh.shape[1] == G4 and w_hh.shape[2] == P
           and w_hr.shape[2] == H and (w_hr.shape[1] == P if projected else P == H),
@@ -756,12 +758,14 @@ def backward_layer(
     try:
         with nogil:
             n_workers = run_job(n_threads, job, &bc, flush_denormals)
+        # The trace's count lives in `events`: read it before `events` is freed.
+        n_trace = min(bc.trace.count[0], bc.trace.capacity)
     finally:
         free(tasks)
         free(events)
         free(flags)
         free(row_start)
-    return n_workers, min(bc.trace.count[0], bc.trace.capacity)
+    return n_workers, n_trace
 
 
 def _packed_matmul(const floating[:, ::1] a, const floating[:, ::1] w, bint trans,

@@ -341,7 +341,8 @@ static int lstmcy_pool_run(int n_threads, lstmcy_job_fn fn, void *ctx, int flush
     job.n_spares = n_taken - n_now;
     for (int k = 0; k < n_taken; k++) {
         taken[k]->job = &job;
-        taken[k]->part = k + 1;
+        /* atomic: a test build's worker woken late by an earlier go reads it before its CAS */
+        __atomic_store_n(&taken[k]->part, k + 1, __ATOMIC_RELAXED);
     }
     for (int k = 0; k < n_now; k++) {
         __atomic_store_n(&taken[k]->state, LSTMCY_PART_HANDED, __ATOMIC_RELEASE);
