@@ -33,6 +33,14 @@ Writes ``benchmarks/results/estimators.md`` (or ``--out``): accuracy on the test
 (mean and spread over seeds), fit time (median over seeds) and the ratio of the medians,
 with the command, versions and the outside load during the fits; and the same run as JSON
 beside it (``estimators.json``), which ``report.py --estimators`` puts in RESULTS.md.
+
+``--ragged`` measures instead what ragged data costs ``LSTMClassifier``: one long
+sequence among many short ones against the same number of time steps in sequences of
+one length (fit and predict time, numpy's peak memory, the process's peak RSS), each
+measurement in a fresh process; it writes ``benchmarks/results/ragged-estimators.md``
+and ``.json`` (``report.py --ragged`` puts it in RESULTS.md)::
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_estimators.py --ragged
 """
 import os
 import sys
@@ -369,6 +377,168 @@ def estimators_markdown(records, datasets, meta, heading="## " + TITLE):
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- ragged data
+
+RAGGED_TITLE = ("Estimators on ragged data: one long sequence among short ones, against the "
+                "same time steps in equal lengths")
+DEFAULT_RAGGED_OUT = os.path.join(HERE, "results", "ragged-estimators.md")
+# 1023 sequences of 5 steps and one of 2053: 7168 steps, as 1024 sequences of 7.
+RAGGED_N, RAGGED_SHORT, RAGGED_EQUAL = 1024, 5, 7
+RAGGED_FEATURES = 16
+RAGGED_EPOCHS = 3
+RAGGED_BATCH = 64  # batch_size='auto' for 1024 sequences
+RAGGED_KINDS = ("one long", "equal")
+
+
+def ragged_data(kind, n=RAGGED_N, seed=0):
+    """``(X, y)``: ``n`` sequences of ``RAGGED_FEATURES`` features, one long among
+    ``RAGGED_SHORT``-step ones (``kind='one long'``) or all of ``RAGGED_EQUAL`` steps, the
+    same steps in all."""
+    rng = np.random.default_rng(seed)
+    if kind == "equal":
+        lengths = [RAGGED_EQUAL] * n
+    else:
+        lengths = [RAGGED_SHORT] * (n - 1) + [RAGGED_EQUAL * n - RAGGED_SHORT * (n - 1)]
+    return ([rng.standard_normal((length, RAGGED_FEATURES)) for length in lengths],
+            rng.integers(0, 2, n))
+
+
+def ragged_measure(kind, memory, n=RAGGED_N, epochs=RAGGED_EPOCHS):
+    """One ``LSTMClassifier`` fit (``epochs`` epochs, no early stopping) and predict on
+    :func:`ragged_data`: their seconds, or with ``memory`` numpy's peak bytes in each
+    (tracemalloc, which slows the calls), and the process's peak RSS."""
+    import resource
+    import tracemalloc
+
+    from lstmcy.estimators import LSTMClassifier
+    X, y = ragged_data(kind, n)
+    clf = LSTMClassifier(max_iter=epochs, n_iter_no_change=None, early_stopping=False,
+                         random_state=0)
+    out = {"kind": kind, "steps": int(sum(len(x) for x in X)), "sequences": n,
+           "max_len": max(len(x) for x in X)}
+    for name, call in (("fit", lambda: clf.fit(X, y)), ("predict", lambda: clf.predict(X))):
+        if memory:
+            tracemalloc.start()
+            call()
+            out[f"{name}_peak"] = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+        else:
+            start = time.perf_counter()
+            call()
+            out[f"{name}_seconds"] = time.perf_counter() - start
+    out["max_rss" if not memory else "max_rss_traced"] = \
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return out
+
+
+def ragged_worker(kind, memory):
+    import machine
+    before = machine.cpu_snapshot()
+    record = ragged_measure(kind, memory)
+    record["others_cores"] = machine.others_cores(before, machine.cpu_snapshot())
+    print(json.dumps(record))
+
+
+def _run(args):
+    command = [sys.executable, os.path.abspath(__file__)] + args
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def ragged_markdown(records, meta, heading="## " + RAGGED_TITLE):
+    """The ragged run's Markdown: a row per kind of data and their ratio."""
+    def median(kind, key):
+        return float(np.median([r[key] for r in records if r["kind"] == kind and key in r]))
+
+    mib = 1 << 20
+    long_len = next(r["max_len"] for r in records if r["kind"] == "one long")
+    longest_batch = long_len + (RAGGED_BATCH - 1) * RAGGED_SHORT
+    lines = [heading, ""] if heading else []
+    lines += [
+        f"`{meta['command']}` — {meta['date']}, lstmcy {meta['commit']}, {meta['machine']}. "
+        f"{meta['versions']}.",
+        "",
+        f"`LSTMClassifier(max_iter={RAGGED_EPOCHS}, n_iter_no_change=None, "
+        f"early_stopping=False)` (64 units, head 'last', batches of {RAGGED_BATCH}) fitted on "
+        f"{RAGGED_N} sequences of {RAGGED_FEATURES} features, then predicting them: "
+        f"{RAGGED_N - 1} of {RAGGED_SHORT} steps and one long one, against {RAGGED_N} of "
+        f"{RAGGED_EQUAL} steps, the same time steps in all. Times: medians of "
+        f"{meta['repeats']} fresh processes per kind, the kinds alternating. Memory: numpy's "
+        f"peak during the call (tracemalloc, a separate process) and the process's peak "
+        f"RSS (interpreter and libraries included). A fit's peak is that of its largest "
+        f"mini-batch: the one holding the long sequence has {longest_batch} time steps, "
+        f"against {RAGGED_BATCH * RAGGED_EQUAL} in any batch of equal lengths; its "
+        f"sequences run as kernel calls padded to at most twice their steps (padded to the "
+        f"long one, the batch would hold {RAGGED_BATCH * long_len}). The long sequence's "
+        f"{long_len} steps run one after the other, one or two sequences a step, where the "
+        f"equal lengths' {RAGGED_EQUAL} steps run {RAGGED_BATCH} sequences at a time.",
+        "",
+        "| data | steps (longest) | fit | predict | fit peak (numpy) | predict peak (numpy) "
+        "| peak RSS |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    cells = {}
+    for kind in RAGGED_KINDS:
+        steps = next(r["steps"] for r in records if r["kind"] == kind)
+        longest = next(r["max_len"] for r in records if r["kind"] == kind)
+        cells[kind] = [median(kind, "fit_seconds"), median(kind, "predict_seconds"),
+                       median(kind, "fit_peak") / mib, median(kind, "predict_peak") / mib,
+                       median(kind, "max_rss") / mib]
+        c = cells[kind]
+        lines.append(f"| {kind} | {steps} ({longest}) | {c[0]:.2f} s | {1e3 * c[1]:.0f} ms | "
+                     f"{c[2]:.1f} MiB | {c[3]:.1f} MiB | {c[4]:.0f} MiB |")
+    ratio = [a / b for a, b in zip(cells["one long"], cells["equal"])]
+    lines.append("| one long / equal | | " + " | ".join(f"{r:.2f}×" for r in ratio) + " |")
+    others = [r["others_cores"] for r in records if r.get("others_cores") is not None]
+    lines += [
+        "",
+        f"Outside load: other processes kept {np.median(others):.1f} cores busy during the "
+        f"median run (from {min(others):.1f} to {max(others):.1f}; the machine has "
+        f"{meta.get('cpus', '?')}); load average {meta['loadavg_start']:.2f} at the start and "
+        f"{meta['loadavg_end']:.2f} at the end. "
+        + ("A run under outside load: the times are not a clean measurement (the memory "
+           "is)." if np.median(others) >= 0.3 else "The machine was quiet."),
+    ]
+    return "\n".join(lines)
+
+
+def run_ragged(out, repeats, argv):
+    import machine
+    niceness = os.nice(0)
+    meta = {"command": "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "
+                       + (f"nice -n {niceness} " if niceness else "")
+                       + "python benchmarks/bench_estimators.py" + "".join(f" {a}" for a in argv),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": git_commit(), "machine": machine.machine_label(),
+            "versions": ragged_versions(), "repeats": repeats,
+            "loadavg_start": os.getloadavg()[0], "cpus": os.cpu_count()}
+    records = []
+    for repeat in range(repeats):
+        kinds = RAGGED_KINDS if repeat % 2 == 0 else RAGGED_KINDS[::-1]
+        for kind in kinds:
+            for memory in (False, True) if repeat == 0 else (False,):
+                record = _run(["--ragged-worker", kind, "memory" if memory else "time"])
+                records.append(record)
+                print(json.dumps(record), flush=True)
+    meta["loadavg_end"] = os.getloadavg()[0]
+    with open(out, "w") as fh:
+        fh.write(ragged_markdown(records, meta) + "\n")
+    with open(os.path.splitext(out)[0] + ".json", "w") as fh:
+        json.dump({"meta": meta, "records": records}, fh, indent=1)
+    print(f"wrote {out}")
+
+
+def ragged_versions():
+    import sklearn
+
+    import lstmcy
+    return f"lstmcy {lstmcy.__version__}, scikit-learn {sklearn.__version__}, numpy {np.__version__}"
+
+
 def write_results(out, records, datasets, meta):
     """``out`` (Markdown) and, beside it, the same run as JSON (``report.py --estimators``
     puts it in RESULTS.md)."""
@@ -391,6 +561,12 @@ def parse_args(argv=None):
                         help="threads of each library (default 0: their own default, 2 here)")
     parser.add_argument("--worker", nargs=4, metavar=("LIBRARY", "DATASET", "SEED", "THREADS"),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--ragged", action="store_true",
+                        help="measure ragged data against equal lengths instead (see above)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="timed processes per kind of data with --ragged (default 5)")
+    parser.add_argument("--ragged-worker", nargs=2, metavar=("KIND", "WHAT"),
+                        help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -399,6 +575,14 @@ def main(argv=None):
     if args.worker:
         library, dataset, seed, threads = args.worker
         worker(library, dataset, int(seed), int(threads))
+        return
+    if args.ragged_worker:
+        kind, what = args.ragged_worker
+        ragged_worker(kind, what == "memory")
+        return
+    if args.ragged:
+        out = DEFAULT_RAGGED_OUT if args.out == DEFAULT_OUT else args.out
+        run_ragged(out, args.repeats, argv if argv is not None else sys.argv[1:])
         return
     datasets = [d for d in args.datasets.split(",") if d]
     niceness = os.nice(0)  # the command as run: under nice or not

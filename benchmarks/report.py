@@ -8,13 +8,14 @@ into Markdown (as pasted into ``RESULTS.md``)::
     python benchmarks/report.py run1.json run2.json ...   # merge: per case the least disturbed run
 
 ``--results-md`` writes the whole of ``RESULTS.md``: how the suite measures, the headline
-run's tables and targets, and (``--scaling``, ``--contention``, ``--estimators``) the
-predicted scaling to N threads, the oversubscription and outside-load runs and the
-estimators against skorch::
+run's tables and targets, and (``--scaling``, ``--contention``, ``--estimators``,
+``--ragged``) the predicted scaling to N threads, the oversubscription and outside-load
+runs, the estimators against skorch and the estimators on ragged data::
 
     python benchmarks/report.py benchmarks/results/<headline>.json \
         --scaling benchmarks/results/scaling.json --contention benchmarks/results/contention.json \
-        --estimators benchmarks/results/estimators.json --results-md benchmarks/RESULTS.md
+        --estimators benchmarks/results/estimators.json \
+        --ragged benchmarks/results/ragged-estimators.json --results-md benchmarks/RESULTS.md
 """
 import argparse
 import glob
@@ -562,9 +563,18 @@ def estimators_section(doc):
                                heading=f"## {TITLE} (`benchmarks/bench_estimators.py`)")
 
 
-def results_md(doc, paths, scaling=None, contention=None, estimators=None):
-    """The whole of ``RESULTS.md`` for a headline run (and optional scaling, contention
-    and estimator runs); ``paths`` names the files, as cited."""
+def ragged_section(doc):
+    """Markdown of a ``benchmarks/bench_estimators.py --ragged`` JSON file
+    (``ragged-estimators.json``)."""
+    from bench_estimators import RAGGED_TITLE, ragged_markdown
+
+    return ragged_markdown(doc["records"], doc["meta"],
+                           heading=f"## {RAGGED_TITLE} (`benchmarks/bench_estimators.py --ragged`)")
+
+
+def results_md(doc, paths, scaling=None, contention=None, estimators=None, ragged=None):
+    """The whole of ``RESULTS.md`` for a headline run (and optional scaling, contention,
+    estimator and ragged-data runs); ``paths`` names the files, as cited."""
     meta = doc["meta"]
     argv = " ".join(meta.get("argv") or ["benchmarks/run.py"])
     parts = ["# Benchmark results", "", METHOD, "",
@@ -579,6 +589,8 @@ def results_md(doc, paths, scaling=None, contention=None, estimators=None):
         parts += ["", contention_section(contention), "", f"From `{paths['contention']}`."]
     if estimators is not None:
         parts += ["", estimators_section(estimators), "", f"From `{paths['estimators']}`."]
+    if ragged is not None:
+        parts += ["", ragged_section(ragged), "", f"From `{paths['ragged']}`."]
     others = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "*.md")))
     if others:
         parts += ["", "## Other results", ""]
@@ -607,12 +619,15 @@ def main(argv=None):
     parser.add_argument("--contention", default=None, help="a contention.py --json file, for --results-md")
     parser.add_argument("--estimators", default=None,
                         help="a bench_estimators.py JSON file (estimators.json), for --results-md")
+    parser.add_argument("--ragged", default=None,
+                        help="a bench_estimators.py --ragged JSON file (ragged-estimators.json), "
+                             "for --results-md")
     args = parser.parse_args(argv)
     if args.results_md:
         if len(args.json) != 1:
             parser.error("--results-md takes one headline JSON")
         extra = {}
-        for key in ("scaling", "contention", "estimators"):
+        for key in ("scaling", "contention", "estimators", "ragged"):
             path = getattr(args, key)
             if path:
                 with open(path) as fh:
@@ -620,7 +635,7 @@ def main(argv=None):
         with open(args.json[0]) as fh:
             doc = json.load(fh)
         paths = {"headline": args.json[0], "scaling": args.scaling, "contention": args.contention,
-                 "estimators": args.estimators}
+                 "estimators": args.estimators, "ragged": args.ragged}
         text = results_md(doc, paths, **extra)
         with open(args.results_md, "w") as fh:
             fh.write(text)

@@ -78,6 +78,16 @@ class Part:
     def steps(self):
         return len(self.batch_sizes)
 
+    def kernel_input(self, dtype=None):
+        """``(input, batch_sizes)`` for ``lstm_forward`` (``input`` in ``dtype`` if given):
+        ``[T, B, F]`` time-major and None where the sequences have one length (the same
+        rows; the kernels check that call quicker), else the packed rows and
+        ``batch_sizes``."""
+        rows = self.input if dtype is None else self.input.astype(dtype, copy=False)
+        if self.uniform:
+            return rows.reshape(self.steps, len(self.lengths), rows.shape[1]), None
+        return rows, self.batch_sizes
+
     @property
     def packed_start(self):
         """First packed row of each step."""

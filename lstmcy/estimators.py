@@ -385,10 +385,11 @@ class _BaseLSTM(BaseEstimator):
         intercept = self.head_intercept_.astype(dtype, copy=False)
         out = np.empty((data.n_samples, self.n_outputs_), dtype=np.float64)
         for part in data.parts(_PREDICT_CHUNK, _PREDICT_TOKENS, _PREDICT_MIN_SEQUENCES):
-            y, h_n, _, _ = lstmcy.lstm_forward(
-                part.input.astype(dtype, copy=False), None, params, train=False,
-                batch_sizes=part.batch_sizes, **self._lstm_kwargs())
-            features = self._features(part, y, h_n)[:len(part.sample_index)]
+            x, batch_sizes = part.kernel_input(dtype)
+            y, h_n, _, _ = lstmcy.lstm_forward(x, None, params, train=False,
+                                               batch_sizes=batch_sizes, **self._lstm_kwargs())
+            rows = y.reshape(len(part.input), -1)  # packed rows (a view)
+            features = self._features(part, rows, h_n)[:len(part.sample_index)]
             out[part.sample_index] = _linear(features, coef, intercept)
         return out
 
@@ -404,9 +405,11 @@ class _BaseLSTM(BaseEstimator):
         masks_from = None if seed is None else np.random.default_rng(seed)
         runs = []
         for part in batch.parts:
+            x, batch_sizes = part.kernel_input()
             y, h_n, _, cache = lstmcy.lstm_forward(
-                part.input, None, self.lstm_params_, train=True, batch_sizes=part.batch_sizes,
-                seed=masks_from, **kwargs)
+                x, None, self.lstm_params_, train=True, batch_sizes=batch_sizes, seed=masks_from,
+                **kwargs)
+            y = y.reshape(len(part.input), -1)  # packed rows (a view)
             runs.append((part, y, h_n, cache, self._features(part, y, h_n)))
         features = runs[0][4] if len(runs) == 1 else np.concatenate([run[4] for run in runs])
         raw = features @ self.head_coef_ + self.head_intercept_
@@ -424,10 +427,12 @@ class _BaseLSTM(BaseEstimator):
             stop = start + len(part_features)
             dy, dh = self._feature_grads(part, y, h_n, d_features[start:stop])
             start = stop
+            x, batch_sizes = part.kernel_input()
             _, _, _, d_part = lstmcy.lstm_backward(
-                part.input, None, self.lstm_params_, dy, dh, None, *cache.saved(),
-                batch_sizes=part.batch_sizes, train=True, output_mask=(False, False, False, True),
-                dropout_masks=cache.dropout_masks, **kwargs)
+                x, None, self.lstm_params_, dy.reshape(x.shape[:-1] + dy.shape[-1:]), dh, None,
+                *cache.saved(), batch_sizes=batch_sizes, train=True,
+                output_mask=(False, False, False, True), dropout_masks=cache.dropout_masks,
+                **kwargs)
             if d_lstm is None:
                 d_lstm = list(d_part)
             else:
@@ -455,22 +460,21 @@ class _BaseLSTM(BaseEstimator):
     def _clip(self, grads):
         """Scale ``grads`` in place to a global L2 norm of at most ``clip_norm``.
 
-        The norm is summed in float64 (float32 squares overflow from a norm of about
-        1.8e19), and over the gradients divided by the largest magnitude where even those
-        squares overflow. A non-finite norm (an inf or NaN gradient) raises, as PyTorch's
+        Where the squares overflow the gradients' dtype (float32's from a norm of about
+        1.8e19), the norm is summed again in float64 over the gradients divided by their
+        largest magnitude. A non-finite norm (an inf or NaN gradient) raises, as PyTorch's
         ``clip_grad_norm_(error_if_nonfinite=True)``: scaling by it would zero (or NaN)
         every gradient and silently stop training.
         """
         if self.clip_norm is None:
             return
-        flats = [g.astype(np.float64, copy=False).ravel() for g in grads]
         with np.errstate(over="ignore", invalid="ignore"):
-            norm = math.sqrt(sum(float(np.dot(flat, flat)) for flat in flats))
-        if norm == math.inf:
-            largest = max(float(np.abs(flat).max(initial=0.0)) for flat in flats)
+            norm = math.sqrt(sum(float(np.vdot(g, g)) for g in grads))
+        if not math.isfinite(norm):
+            largest = max(float(np.abs(g).max(initial=0.0)) for g in grads)
             if math.isfinite(largest):
-                norm = largest * math.sqrt(sum(float(np.dot(flat / largest, flat / largest))
-                                               for flat in flats))
+                norm = largest * math.sqrt(sum(
+                    float(np.square(g.astype(np.float64) / largest).sum()) for g in grads))
         if not math.isfinite(norm):
             raise ValueError(
                 f"The gradients' global norm is {norm}, so it cannot be clipped to clip_norm="
@@ -728,8 +732,9 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
     alpha : float, default=0.0001
         Strength of the L2 penalty on the weights.
     clip_norm : float or None, default=5.0
-        Rescale each mini-batch's gradients so their global L2 norm is at most this;
-        None disables clipping.
+        Rescale each mini-batch's gradients so their global L2 norm (summed in float64)
+        is at most this; None disables clipping. An infinite or NaN gradient raises a
+        ValueError.
     max_iter : int, default=200
         Maximum number of epochs (for each call to ``fit``).
     tol : float, default=1e-4
@@ -754,6 +759,8 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
         Seeds initialisation, shuffling, the validation split and dropout masks.
     warm_start : bool, default=False
         Let ``fit`` continue from the current parameters instead of re-initialising.
+        ``hidden_size``, ``num_layers``, ``bidirectional`` and ``dtype`` cannot change
+        in between (nor between ``partial_fit`` calls): a ValueError names the changed one.
     verbose : bool or int, default=0
         Print the progress of training: one line per epoch with the training loss, the
         validation loss and score, the time elapsed and an upper bound on the time
@@ -768,8 +775,8 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
         Adam's numerical stability term.
     dtype : {numpy.float32, numpy.float64}, default=numpy.float32
         Precision of the parameters and of training. Predictions are computed in
-        float64 from these parameters, so that they do not depend (in the last bits)
-        on which samples are predicted together.
+        float64 from these parameters; a sample's prediction does not depend, to the
+        last bit, on which samples are predicted with it.
     class_weight : dict, 'balanced' or None, default=None
         Weights of the classes, ``{label: weight}``, multiplying ``sample_weight``.
         'balanced' weighs each class by ``n_samples / (n_classes * count)``, counting
@@ -1022,7 +1029,8 @@ class LSTMRegressor(RegressorMixin, _BaseLSTM):
 
     As :class:`LSTMClassifier` with an identity output: the loss is the weighted mean
     over a mini-batch of ``sum((prediction - y)**2) / 2`` (summed over outputs) plus the
-    L2 term. ``y`` may have several columns (multi-output regression).
+    L2 term. ``y`` may have several columns (multi-output regression); with one
+    (1-D, or of shape (n_samples, 1)), predictions are 1-D, as ``MLPRegressor``'s.
 
     Parameters
     ----------

@@ -137,3 +137,23 @@ def test_a_regression_does_not_depend_on_the_other_samples_through_blas_products
     together = model.predict(X)
     alone = np.concatenate([model.predict(X[i:i + 1]) for i in range(12)])
     np.testing.assert_array_equal(together, alone)
+
+
+def test_ragged_benchmark_measures_and_reports():
+    """``benchmarks/bench_estimators.py --ragged`` (its RESULTS.md row) on a small set."""
+    import os
+    import sys
+    bench_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "benchmarks")
+    if bench_dir not in sys.path:
+        sys.path.insert(0, bench_dir)
+    import bench_estimators as bench
+    records = [dict(bench.ragged_measure(kind, memory, n=32, epochs=1), others_cores=0.0)
+               for kind in bench.RAGGED_KINDS for memory in (False, True)]
+    assert {r["steps"] for r in records} == {32 * bench.RAGGED_EQUAL}
+    meta = {"command": "c", "date": "d", "commit": "x", "machine": "m", "versions": "v",
+            "repeats": 1, "cpus": 2, "loadavg_start": 0.0, "loadavg_end": 0.0}
+    text = bench.ragged_markdown(records, meta)
+    rows = [line for line in text.splitlines() if line.startswith("| one long")]
+    assert len(rows) == 2 and rows[0].startswith(f"| one long | {32 * bench.RAGGED_EQUAL} (")
+    assert "The machine was quiet." in text

@@ -23,7 +23,7 @@ def test_results_md_is_generated_from_the_files_it_cites():
     headline = re.search(r"`(benchmarks/results/[^`]+\.json)`, measured with", text).group(1)
     paths = {"headline": headline}
     extra = {}
-    for key in ("scaling", "contention", "estimators"):
+    for key in ("scaling", "contention", "estimators", "ragged"):
         match = re.search(rf"From `(benchmarks/results/{key}[^`]*\.json)`", text)
         if match:
             paths[key] = match.group(1)
