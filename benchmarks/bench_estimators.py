@@ -273,14 +273,7 @@ def worker(library, dataset, seed, threads):
 # --------------------------------------------------------------------------- driver
 
 def run_worker(library, dataset, seed, threads):
-    command = [sys.executable, os.path.abspath(__file__), "--worker", library, dataset, str(seed),
-               str(threads)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
-    if done.returncode != 0:
-        raise RuntimeError(f"{library} on {dataset} (seed {seed}) failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return _run(["--worker", library, dataset, str(seed), str(threads)])
 
 
 def summarise(records, dataset):
@@ -440,6 +433,8 @@ def ragged_worker(kind, memory):
 
 
 def _run(args):
+    """This script with ``args`` in a fresh process (this checkout's lstmcy): the JSON
+    of its last line."""
     command = [sys.executable, os.path.abspath(__file__)] + args
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
