@@ -235,3 +235,74 @@ def test_float32_cell_gradients_do_not_overflow_before_pytorch(config):
             if bad.any():
                 spurious[(seed, name)] = int(bad.sum())
     assert not spurious, spurious
+
+
+def _activations_of(pre):
+    """lstmcy's saved float64 sigmoid and tanh of the pre-activations ``pre`` (one sequence
+    of len(pre) steps, one unit whose four gates all see ``pre[t]``, nothing else)."""
+    pre = np.asarray(pre, np.float64)
+    x = pre.reshape(-1, 1, 1)
+    params = [np.ones((4, 1)), np.zeros((4, 1)), np.zeros(4), np.zeros(4)]
+    _, _, _, cache = lstmcy.lstm_forward(x, None, params)
+    i, g = (np.asarray(a).ravel() for a in cache.saved()[:2])
+    return i, g
+
+
+# Pre-activations around the points where float64 sigmoid and tanh become exactly 0 or 1
+# (in PyTorch: 1 + exp(-x) rounds to 1 from 53 ln2 on; exp(-x) overflows below -709.78;
+# its tanh reaches 1 at 19.0615474654685), each with its neighbouring doubles.
+ENDS = [36.73680056967711, 37.0, 37.42994775023705, -708.3964185322642, -708.7429921225441,
+        -709.782712893384, -709.0, 19.061547465398498, 19.06154746543, 19.061547465468465]
+PROBES = sorted({v for end in ENDS for v in (np.nextafter(end, -np.inf), end,
+                                              np.nextafter(end, np.inf))})
+
+
+@pytest.mark.parametrize("flush", [True, False], ids=["flush", "ieee"])
+def test_float64_activations_saturate_where_pytorchs_do(flush):
+    """sigmoid is exactly 1 (or 0) and tanh exactly 1 at the same pre-activations as
+    torch.sigmoid / torch.tanh in float64: where a gate meets an infinity in the backward,
+    that decides between NaN and Inf."""
+    lstmcy.set_flush_denormals(flush)
+    try:
+        sig, tanh = _activations_of(PROBES)
+    finally:
+        lstmcy.set_flush_denormals(True)
+    t = torch.tensor(PROBES, dtype=torch.float64)
+    want_sig, want_tanh = torch.sigmoid(t).numpy(), torch.tanh(t).numpy()
+    for name, ours, theirs in [("sigmoid", sig, want_sig), ("tanh", tanh, want_tanh)]:
+        for v, a, b in zip(PROBES, ours, theirs):
+            assert (a == 1) == (b == 1) and (a == 0) == (b == 0), f"{name}({v!r}): {a!r}, torch {b!r}"
+            assert abs(a - b) <= max(2.3e-16 * abs(b), 2.3e-308), f"{name}({v!r}): {a!r}, torch {b!r}"
+
+
+def _scaled_normal_case(seed, scale):
+    """L=1, T=1, B=2, I=18, H=17, normal weights times ``scale``, c0[0,1,5] = +inf and
+    b_ih[16] = -inf."""
+    T, B, I, H = 1, 2, 18, 17
+    rng = np.random.default_rng(seed)
+    params = [rng.standard_normal(shape) * scale for shape in [(4 * H, I), (4 * H, H), (4 * H,), (4 * H,)]]
+    x, h0, c0 = (rng.standard_normal(shape) for shape in [(T, B, I), (1, B, H), (1, B, H)])
+    dy, dh, dc = (rng.standard_normal(shape) for shape in [(T, B, H), (1, B, H), (1, B, H)])
+    c0[0, 1, 5] = np.inf
+    params[2][16] = -np.inf
+    return x, (h0, c0), params, dy, dh, dc
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+@pytest.mark.parametrize("seed, scale", [(2337, 100.0), (1337, 3.0)],
+                         ids=["forget-gate-just-above-0", "forget-gate-rounding-to-1"])
+def test_saturated_gate_meeting_an_infinity_gives_pytorchs_nan_or_inf(seed, scale, n_threads):
+    """A forget gate of pre-activation -708.7 (PyTorch: 1.6e-308, not 0) or 37.26 (PyTorch:
+    exactly 1) multiplies c0 = +inf: NaN, +Inf and -Inf land where float64 autograd puts
+    them, in the forward (f * c0) and the backward ((1 - f) f * dc * c0)."""
+    x, hx, params, dy, dh, dc = _scaled_normal_case(seed, scale)
+    plan = lstmcy.LSTMPlan(n_threads=n_threads)
+    y, h_n, c_n, cache = plan.forward(x, hx, params)
+    grads = cache.backward(dy, dh, dc)
+    expected = torch_lstm(x, hx, params, dy=dy, dh=dh, dc=dc)
+    ours = [y, h_n, c_n, grads.dx, grads.dh0, grads.dc0, *grads.dparams]
+    theirs = [expected.y, expected.h_n, expected.c_n, expected.dx, expected.dh_prev,
+              expected.dc_prev, *expected.dparams]
+    assert any(not np.isfinite(a).all() for a in theirs)
+    for k, (a, b) in enumerate(zip(ours, theirs)):
+        assert np.array_equal(classify(a), classify(b)), f"output {k}: NaN/Inf placed otherwise"

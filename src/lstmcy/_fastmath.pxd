@@ -14,6 +14,18 @@
 # exactly 1 from x = 16.6 on instead of 17.3.) Special values are exact: sigmoid(+-inf) =
 # 1 / 0, tanh(+-inf) = +-1, sigmoid(+-0) = 0.5, tanh(+-0) = +-0, and NaN propagates.
 #
+# In float64 the saturated ends are moved to PyTorch's, because there an exact 0 or 1
+# decides whether an infinite factor in the backward ((1 - f) f times an infinite
+# dc * c_{t-1}) gives NaN or Inf, and float64 autograd is the reference for which:
+# sigmoid is exactly 1 from SIGMOID_ONE_FROM = 53 ln2 on (where 1 + exp(-x) rounds to 1),
+# at least the smallest normal number above SIGMOID_NONZERO_FROM (where exp(-x) has not
+# yet overflowed, so PyTorch's result is not 0; a subnormal would be flushed), and tanh
+# is not 1 below TANH_ONE_FROM (PyTorch's tanh reaches 1 about 7e-11 later than the
+# correctly rounded one). Each moves results by at most one ulp, or below the smallest
+# normal number, and only within those windows; the end points were bisected on
+# torch.sigmoid and torch.tanh (float64, every CPU capability), and
+# tests/test_nonfinite.py checks them against PyTorch.
+#
 # The exp serves only these, on arguments <= 0 (or NaN). Its 2**n is one factor built from
 # bits; the argument is clamped at the bottom where that factor's biased exponent is 0, so
 # the factor is +0 and results below ~1e-38 (float) / ~1e-308 (double) are 0 or a nearby
@@ -132,9 +144,28 @@ cdef inline floating _sigmoid_of_nonpositive(floating x) noexcept nogil:
     return e / (<floating>1 + e)
 
 
+cdef extern from *:
+    """
+    #define LSTMCY_SIGMOID_ONE_FROM 36.73680056967711     /* the first double above 53 ln2 */
+    #define LSTMCY_SIGMOID_NONZERO_FROM -709.782712893384  /* exp(-x) is finite from here */
+    #define LSTMCY_TANH_ONE_FROM 19.061547465468465
+    #define LSTMCY_SMALLEST_NORMAL 2.2250738585072014e-308
+    #define LSTMCY_BELOW_ONE 0.99999999999999988898        /* 1 - 2**-53 */
+    """
+    const double SIGMOID_ONE_FROM "LSTMCY_SIGMOID_ONE_FROM"
+    const double SIGMOID_NONZERO_FROM "LSTMCY_SIGMOID_NONZERO_FROM"
+    const double TANH_ONE_FROM "LSTMCY_TANH_ONE_FROM"
+    const double SMALLEST_NORMAL "LSTMCY_SMALLEST_NORMAL"
+    const double BELOW_ONE "LSTMCY_BELOW_ONE"
+
+
 cdef inline floating fast_sigmoid(floating x) noexcept nogil:
     cdef floating s = _sigmoid_of_nonpositive(-fabs_(x))
-    # NaN fails the comparison and keeps s (NaN); -0 takes 1 - s = 0.5 like +0.
+    if floating is double:  # PyTorch's saturated ends (see the top of this file)
+        s = 0.0 if x >= SIGMOID_ONE_FROM else s
+        s = (SMALLEST_NORMAL if x < 0 and x >= SIGMOID_NONZERO_FROM and s < SMALLEST_NORMAL
+             else s)
+    # NaN fails the comparisons and keeps s (NaN); -0 takes 1 - s = 0.5 like +0.
     return <floating>1 - s if x >= 0 else s
 
 
@@ -159,5 +190,7 @@ cdef inline floating fast_tanh(floating x) noexcept nogil:
     # Otherwise tanh(|x|) = 1 - 2 sigmoid(-2|x|), which reaches exactly 1 where the
     # correctly rounded value does.
     large = <floating>1 - <floating>2 * _sigmoid_of_nonpositive(-(ax + ax))
+    if floating is double:  # PyTorch's tanh is not yet 1 (see the top of this file)
+        large = BELOW_ONE if large == 1.0 and ax < TANH_ONE_FROM else large
     # NaN fails the comparison and takes the large branch, which propagates it.
     return copysign_(small if ax < <floating>0.625 else large, x)
