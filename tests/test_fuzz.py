@@ -24,10 +24,13 @@ def run_fuzz(tmp_path, *args, timeout):
 
 
 def test_short_fuzz(tmp_path):
-    """About 15 s of fuzzing (~1000-2000 cases): no crash, no unexpected error."""
+    """About 15 s of fuzzing (~1000-2000 cases): no crash, no unexpected error.
+    ``LSTMCY_FUZZ_SEED`` and ``LSTMCY_FUZZ_SECONDS`` change the seed and the time (CI's
+    sanitizer run fuzzes two minutes with a seed of the day)."""
     seed = int(os.environ.get("LSTMCY_FUZZ_SEED", "0"))
-    proc, summary = run_fuzz(tmp_path, "--time", "15", "--seed", str(seed), "--hang-timeout", "60",
-                             timeout=300)
+    seconds = float(os.environ.get("LSTMCY_FUZZ_SECONDS", "15"))
+    proc, summary = run_fuzz(tmp_path, "--time", str(seconds), "--seed", str(seed),
+                             "--hang-timeout", "60", timeout=seconds + 300)
     assert summary is not None, f"fuzz produced no report:\n{proc.stdout}\n{proc.stderr}"
     counts = summary["counts"]
     assert counts["crash"] == 0 and counts["error"] == 0, proc.stdout[-20000:]

@@ -48,7 +48,6 @@ typedef struct {
     struct lstmcy_worker **spares;  /* reserved workers whose parts wait for a free core */
     int n_spares;
     int next_spare;                 /* spares handed (or claimed) so far */
-    lstmcy_event finished;  /* parts returned, the caller's own excepted */
 } lstmcy_job;
 
 /* A worker's hold on its part of the job it is reserved for: NONE (not handed: idle, or a
@@ -58,9 +57,13 @@ typedef struct {
 enum { LSTMCY_PART_NONE = 0, LSTMCY_PART_HANDED = 1, LSTMCY_PART_RUNNING = 2,
        LSTMCY_PART_DONE = 3, LSTMCY_PART_CLOSED = 4 };
 
+/* A job lives on its caller's stack, so a worker signals its part's end in its own struct
+   (done), which outlives every job: the caller returns once each started part's done has
+   advanced, and the worker's last touch of the job is before that advance. */
 typedef struct lstmcy_worker {
     pthread_t thread;
     lstmcy_event go;        /* jobs handed to this worker so far */
+    lstmcy_event done;      /* parts this worker has returned from, over its life */
     lstmcy_job *job;        /* the job handed with the latest go */
     int part;               /* its worker index in that job */
     int state;              /* LSTMCY_PART_*: the caller withdraws a part still HANDED */
@@ -187,9 +190,9 @@ static void *lstmcy_worker_main(void *arg)
         idle_spin = self->part >= __atomic_load_n(&lstmcy_pool.cpus, __ATOMIC_RELAXED)
                     ? 0 : LSTMCY_IDLE_SPIN_NS;
         lstmcy_run_part(job, self->part);
+        /* job lives on the caller's stack: not touched from here on */
         __atomic_store_n(&self->state, LSTMCY_PART_DONE, __ATOMIC_RELEASE);
-        /* job lives on the caller's stack: not touched after this */
-        lstmcy_event_add(&job->finished, 1);
+        lstmcy_event_add(&self->done, 1);
     }
     return NULL;
 }
@@ -297,6 +300,7 @@ static int lstmcy_pool_run(int n_threads, lstmcy_job_fn fn, void *ctx, int flush
 {
     lstmcy_job job;
     lstmcy_worker *taken[256];
+    int done_before[256];  /* each taken worker's done count before this job */
     int n_taken = 0;
     memset(&job, 0, sizeof job);
     job.fn = fn;
@@ -340,6 +344,8 @@ static int lstmcy_pool_run(int n_threads, lstmcy_job_fn fn, void *ctx, int flush
     job.spares = (struct lstmcy_worker **)(taken + n_now);
     job.n_spares = n_taken - n_now;
     for (int k = 0; k < n_taken; k++) {
+        /* stable: a reserved worker runs no part but this job's */
+        done_before[k] = lstmcy_event_get(&taken[k]->done);
         taken[k]->job = &job;
         /* atomic: a test build's worker woken late by an earlier go reads it before its CAS */
         __atomic_store_n(&taken[k]->part, k + 1, __ATOMIC_RELAXED);
@@ -352,14 +358,15 @@ static int lstmcy_pool_run(int n_threads, lstmcy_job_fn fn, void *ctx, int flush
     if (n_taken > 0) {
         /* Close the spares not handed, withdraw the parts not started yet; wait for the
            others. */
-        int started = 0;
+        int started[256];
         for (int k = 0; k < n_taken; k++) {
+            started[k] = 0;
             int state = __atomic_load_n(&taken[k]->state, __ATOMIC_ACQUIRE);
             for (;;) {
                 int next = state == LSTMCY_PART_NONE ? LSTMCY_PART_CLOSED
                            : state == LSTMCY_PART_HANDED ? LSTMCY_PART_NONE : -1;
                 if (next < 0) {  /* RUNNING or DONE */
-                    started++;
+                    started[k] = 1;
                     break;
                 }
                 if (__atomic_compare_exchange_n(&taken[k]->state, &state, next, 0,
@@ -370,7 +377,10 @@ static int lstmcy_pool_run(int n_threads, lstmcy_job_fn fn, void *ctx, int flush
                 }
             }
         }
-        lstmcy_event_wait(&job.finished, started, lstmcy_pool_spin_ns(job.n_workers));
+        long long spin_ns = lstmcy_pool_spin_ns(job.n_workers);
+        for (int k = 0; k < n_taken; k++)
+            if (started[k])
+                lstmcy_event_wait(&taken[k]->done, done_before[k] + 1, spin_ns);
         pthread_mutex_lock(&lstmcy_pool.lock);
         for (int k = 0; k < n_taken; k++) {
             __atomic_store_n(&taken[k]->state, LSTMCY_PART_NONE, __ATOMIC_RELEASE);
