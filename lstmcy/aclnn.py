@@ -27,6 +27,27 @@ Where to look for CANN (first match wins)
 4. The dynamic loader's own search path (``LD_LIBRARY_PATH``, ``ld.so.cache``),
    by bare library name.
 
+The libraries alone do not run the operator: the aclnn engine loads its
+kernels from ``$ASCEND_HOME_PATH/opp_latest`` or ``$ASCEND_OPP_PATH`` [opp]
+(both set by ``set_env.sh``). Without either, :func:`is_available` is False
+(with an :class:`AclnnWarning` giving the reason, so ``backend="auto"`` says
+why it computes on the CPU) and :func:`lstm_backward` raises before any
+device work.
+
+Sharing the runtime with another owner (torch_npu)
+--------------------------------------------------
+Before each call the calling thread's current device is read
+(``aclrtGetDevice``); when it is not the requested one, ``aclrtSetDevice``
+switches to it and the thread's previous context is made current again
+afterwards, so another library's notion of the thread's device is left as
+it was. When ``aclInit`` was already called by someone else, that owner
+keeps the ACL lifetime: :func:`finalize` (also run at exit) then neither
+resets a device nor calls ``aclFinalize``.
+
+Problems with an empty dimension (T, B, I or H = 0) are accepted by the
+operator, which then returns at once and writes none of its outputs
+[opsrc]; their gradients are computed on the host instead, by the CPU path.
+
 Vendor sources (public headers and documentation) for every signature and
 constant used below, cited inline as [tag]:
 
@@ -49,33 +70,56 @@ constant used below, cited inline as [tag]:
 [opsrc] hicann/ops-nn  rnn/single_layer_lstm_grad/op_api/aclnn_lstm_backward.cpp
         (the exact format checks: input/dy/dx NCL, or ND with batchSizes;
         hx, dh, dc, dhPrev, dcPrev and the gate lists NCL; params/dparams ND;
-        batchSizes ND INT64; outputMask unused)
+        batchSizes ND INT64; outputMask unused; ``EmptyCheck``: when any
+        input tensor has no elements the first phase returns success with
+        workspaceSize 0 and the outputs are never written)
 [codes] hicann/ops-nn  docs/en/context/aclnn_return_codes_nn.md  (ACLNN_*)
 [docs]  hiascend.com CANN API reference (aolapi "operatorlist" pages):
         aclDestroyTensorList also releases the tensors in the list ("The
         aclTensor in the aclTensorList does not need to be destroyed again");
         aclCreateBoolArray copies its values; aclCreateTensor strides are in
-        elements and its data must be 32-byte aligned device memory; a
-        non-repeatable executor is released by the second-phase call;
+        elements and its data must be 32-byte aligned device memory;
         aclrtMalloc refuses size 0.
+[exec]  hicann/opbase  docs/en/api/nnopbase/aclnn/aclSetAclOpExecutorRepeatable.md,
+        aclDestroyAclOpExecutor.md and src/nnopbase/composite_op/aclnn_engine/
+        op_executor.cpp (``CommonOpExecutorRun``): an executor is made
+        repeatable right after the first phase or not at all (``SetRepeatable``
+        reads the calling thread's state of its latest first phase, and some
+        executors refuse); the second phase deletes a non-repeatable executor
+        whatever its result and keeps a repeatable one, which
+        ``aclDestroyAclOpExecutor`` releases.
+[dev]   hicann/runtime  include/external/acl/acl_rt.h, src/acl/aclrt_impl/device.cpp,
+        src/runtime/api/impl/api_impl.cc: ``aclrtSetDevice`` makes the
+        device's default context the calling thread's current one (it is how
+        a thread switches device); ``aclrtGetDevice`` reports the current
+        context's device, or fails without one; streams are launched on and
+        destroyed from their own context; ``aclrtResetDevice`` releases the
+        default context and every stream in it (one call, however many times
+        the device was set, as acl_rt.h documents).
+[opp]   hicann/opbase  src/nnopbase/composite_op/aclnn_engine/kernel_utils.cpp
+        (``GetOppKernelPath``): the aclnn engine loads its kernels from
+        ``$ASCEND_HOME_PATH/opp_latest`` if that exists, else from
+        ``$ASCEND_OPP_PATH``, else fails with ACLNN_ERR_INNER_OPP_PATH_NOT_FOUND.
 [libs]  hicann/ops-nn docs/zh/invocation/quick_op_invocation.md links built-in
         ops against lib64/libopapi_nn.so (CANN split packages); older
         toolkits ship them in lib64/libopapi.so.
 
 Not taken from a header (judgement calls, flagged where used): how an empty
 tensor's data pointer should look (we pass a 32-byte placeholder buffer rather
-than NULL), whether ``aclrtGetDeviceCount`` needs ``aclInit`` first (we call
-it after), and whether a failed second phase still releases its executor (we
-assume it does, as the documentation says for the second phase in general).
+than NULL), and whether ``aclrtGetDeviceCount`` needs ``aclInit`` first (we
+call it after).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
+import itertools
 import os
 import platform
 import threading
+import warnings
 
 import numpy as np
 
@@ -86,20 +130,24 @@ __all__ = [
     "AclnnError",
     "AclnnLibrary",
     "AclnnLibraryNotFound",
+    "AclnnWarning",
     "ENV_DEVICE",
     "ENV_LIBRARY",
     "STATUS_NAMES",
     "finalize",
     "is_available",
+    "kernel_path_problem",
     "load_library",
     "lstm_backward",
     "status_name",
+    "unavailable_reason",
     "unsupported_reason",
 ]
 
 ENV_LIBRARY = "LSTMCY_ACLNN_LIB"
 ENV_DEVICE = "LSTMCY_ACLNN_DEVICE"
 ROOT_ENV_VARS = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
+ENV_OPP_PATH = "ASCEND_OPP_PATH"
 DEFAULT_ROOTS = ("/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/nnae/latest")
 
 # library role -> file names, in order of preference [libs]
@@ -268,6 +316,10 @@ class AclnnLibraryNotFound(AclnnError):
         super().__init__(message)
 
 
+class AclnnWarning(RuntimeWarning):
+    """CANN was found, but the NPU backend cannot run here (see :func:`unavailable_reason`)."""
+
+
 # ---------------------------------------------------------------- binding
 
 _vp = ctypes.c_void_p
@@ -283,6 +335,12 @@ _SIGNATURES = (
     ("aclGetRecentErrMsg", "ascendcl", ctypes.c_char_p, (), True),
     # aclError aclrtSetDevice(int32_t deviceId) [rt]
     ("aclrtSetDevice", "ascendcl", ctypes.c_int, (ctypes.c_int32,), True),
+    # aclError aclrtGetDevice(int32_t *deviceId) [rt]
+    ("aclrtGetDevice", "ascendcl", ctypes.c_int, (ctypes.POINTER(ctypes.c_int32),), True),
+    # aclError aclrtGetCurrentContext(aclrtContext *context) [rt] (aclrtContext = void* [base])
+    ("aclrtGetCurrentContext", "ascendcl", ctypes.c_int, (ctypes.POINTER(_vp),), True),
+    # aclError aclrtSetCurrentContext(aclrtContext context) [rt]
+    ("aclrtSetCurrentContext", "ascendcl", ctypes.c_int, (_vp,), True),
     # aclError aclrtResetDevice(int32_t deviceId) [rt]
     ("aclrtResetDevice", "ascendcl", ctypes.c_int, (ctypes.c_int32,), True),
     # aclError aclrtGetDeviceCount(uint32_t *count) [rt]
@@ -402,8 +460,7 @@ class AclnnLibrary:
         self._lock = threading.RLock()
         self._initialized = False          # aclInit has been called successfully (by anyone)
         self._initialized_by_us = False    # ... by this object: finalize() undoes it
-        self._devices = set()              # devices passed to aclrtSetDevice
-        self._thread_devices = set()       # (thread id, device) already bound
+        self._devices = set()              # devices this object passed to aclrtSetDevice
 
     def _describe_paths(self):
         unique = list(dict.fromkeys(self.paths.values()))
@@ -466,35 +523,61 @@ class AclnnLibrary:
             return 0
         return int(count.value)
 
-    def use_device(self, device_id):
-        """Bind ``device_id`` to the calling thread (once per thread and device)."""
-        key = (threading.get_ident(), int(device_id))
+    @contextlib.contextmanager
+    def on_device(self, device_id):
+        """Run the block with ``device_id`` current on the calling thread.
+
+        The thread's current device is read, never assumed: another call,
+        thread or library (torch_npu) may have switched it [dev]. When it is
+        another device, ``aclrtSetDevice`` switches and the thread's previous
+        context is made current again when the block ends.
+        """
+        device_id = int(device_id)
+        current = ctypes.c_int32(-1)
+        status = self.aclrtGetDevice(ctypes.byref(current))
+        if status == 0 and current.value == device_id:
+            yield
+            return
+        previous = ctypes.c_void_p()
+        if status != 0:
+            self.recent_error_message()  # no current context on this thread: nothing to restore
+        elif self.aclrtGetCurrentContext(ctypes.byref(previous)) != 0:
+            self.recent_error_message()
+            previous = ctypes.c_void_p()
+        self.check(self.aclrtSetDevice(device_id), "aclrtSetDevice")
         with self._lock:
-            if key in self._thread_devices:
-                return
-        self.check(self.aclrtSetDevice(int(device_id)), "aclrtSetDevice")
-        with self._lock:
-            self._thread_devices.add(key)
-            self._devices.add(int(device_id))
+            self._devices.add(device_id)
+        try:
+            yield
+        except BaseException:
+            if previous.value:
+                self.aclrtSetCurrentContext(previous)  # the original error wins
+            raise
+        if previous.value:
+            self.check(self.aclrtSetCurrentContext(previous), "aclrtSetCurrentContext")
 
     def finalize(self):
-        """Reset the devices this object set and undo its ``aclInit``.
+        """Undo what this object set up, when it owns the ACL lifetime.
 
-        Safe to call more than once. Registered with :mod:`atexit` for every
-        library this module initialized.
+        When this object's ``aclInit`` initialised ACL, reset the devices it
+        set and call ``aclFinalize``. When another owner (torch_npu, the
+        application) had initialised it, nothing is reset or finalized: one
+        ``aclrtResetDevice`` releases a device's default context and its
+        streams for every user in the process [dev]. Safe to call more than
+        once. Registered with :mod:`atexit` for every library this module
+        initialized.
         """
         with self._lock:
             first_error = None
-            for device in sorted(self._devices):
-                status = self.aclrtResetDevice(device)
-                if status != 0 and first_error is None:
-                    first_error = (status, "aclrtResetDevice")
-            self._devices.clear()
-            self._thread_devices.clear()
             if self._initialized_by_us:
+                for device in sorted(self._devices):
+                    status = self.aclrtResetDevice(device)
+                    if status != 0 and first_error is None:
+                        first_error = (status, "aclrtResetDevice")
                 status = self.aclFinalize()
                 if status != 0 and first_error is None:
                     first_error = (status, "aclFinalize")
+            self._devices.clear()
             self._initialized = False
             self._initialized_by_us = False
             if first_error is not None:
@@ -681,12 +764,79 @@ def _ensure_initialized(library):
                 _initialized_libraries.append(library)
 
 
+def kernel_path_problem():
+    """Why the aclnn engine would not find its kernels, or None.
+
+    The engine loads them from ``$ASCEND_HOME_PATH/opp_latest`` when that
+    exists, else from ``$ASCEND_OPP_PATH``, and fails otherwise [opp].
+    CANN's ``set_env.sh`` sets both variables; a toolkit found through the
+    default prefixes without it has its libraries but no kernel path.
+
+    Returns
+    -------
+    str or None
+    """
+    home = os.environ.get("ASCEND_HOME_PATH")
+    if home and os.path.exists(os.path.join(home, "opp_latest")):
+        return None
+    opp = os.environ.get(ENV_OPP_PATH)
+    if opp and os.path.exists(opp):
+        return None
+    where = (f"${ENV_OPP_PATH}={opp!r} does not exist" if opp
+             else f"${ENV_OPP_PATH} is not set")
+    return (f"the aclnn engine cannot find its kernels: {where} (nor $ASCEND_HOME_PATH/opp_latest); "
+            "source CANN's set_env.sh (e.g. /usr/local/Ascend/ascend-toolkit/set_env.sh) "
+            f"or set ${ENV_OPP_PATH} to the toolkit's opp directory")
+
+
+def _availability(library):
+    """``(reason or None, library or None)``: why the backend cannot run, and what was found."""
+    try:
+        lib = _resolve(library)
+    except AclnnLibraryNotFound as exc:
+        return str(exc).splitlines()[0], None
+    except (AclnnError, OSError) as exc:
+        return f"CANN could not be loaded: {exc}", None
+    problem = kernel_path_problem()
+    if problem is not None:
+        return problem, lib
+    try:
+        _ensure_initialized(lib)
+        count = lib.device_count()
+    except AclnnError as exc:
+        return str(exc), lib
+    if count == 0:
+        return "the runtime reports no NPU", lib
+    return None, lib
+
+
+def unavailable_reason(library=None):
+    """Why the NPU backend cannot run here, or None when it can.
+
+    Parameters
+    ----------
+    library : str, os.PathLike or AclnnLibrary, optional
+        Where to look (see :func:`load_library`).
+
+    Returns
+    -------
+    str or None
+        For example that CANN was not found, that the aclnn engine's kernel
+        path is missing (see :func:`kernel_path_problem`), that ``aclInit``
+        failed, or that there is no device.
+    """
+    return _availability(library)[0]
+
+
 def is_available(library=None):
     """Whether the NPU backend can run here.
 
-    True when the CANN libraries load, every required entry point binds,
+    True when the CANN libraries load, every required entry point binds, the
+    aclnn engine's kernel path exists (:func:`kernel_path_problem`),
     ``aclInit`` succeeds and the runtime reports at least one device (if it
-    can report a count at all). Never raises.
+    can report a count at all). Raises no exception. When CANN is found but
+    cannot run, an :class:`AclnnWarning` gives the reason (so that
+    ``backend="auto"`` says why it computes on the CPU).
 
     Parameters
     ----------
@@ -697,21 +847,21 @@ def is_available(library=None):
     -------
     bool
     """
-    try:
-        lib = _resolve(library)
-        _ensure_initialized(lib)
-        count = lib.device_count()
-    except (AclnnError, OSError):
-        return False
-    return count is None or count > 0
+    reason, found = _availability(library)
+    if reason is not None and found is not None:
+        warnings.warn(f"CANN found ({found._describe_paths()}) but the Ascend NPU backend cannot run: "
+                      f"{reason}; backend='auto' computes on the CPU", AclnnWarning, stacklevel=2)
+    return reason is None
 
 
 def finalize(library=None):
-    """Release the devices and undo the ``aclInit`` done by this module.
+    """Reset the devices this module set and undo its ``aclInit``.
 
-    Normally not needed: it runs at interpreter exit. Call it at most once
-    per process on real hardware (CANN documents ``aclInit`` as once per
-    process).
+    Only where this module's ``aclInit`` initialised ACL: when another owner
+    (torch_npu) had, the devices and the ACL lifetime are that owner's and
+    nothing is reset (see :meth:`AclnnLibrary.finalize`). Normally not
+    needed: it runs at interpreter exit. Call it at most once per process on
+    real hardware (CANN documents ``aclInit`` as once per process).
 
     Parameters
     ----------
@@ -752,10 +902,10 @@ def _contiguous_strides(shape):
 class _Call:
     """Owns every handle and device buffer of one aclnnLstmBackward call.
 
-    ``close()`` releases them all, in a safe order, whatever happened:
-    tensor lists (which release their tensors [docs]), standalone tensors,
-    bool arrays, an executor the second phase never received, device
-    buffers (after synchronizing the stream if work was launched), and the
+    ``close()`` releases them all, in a safe order, whatever happened: after
+    synchronizing the stream if work was launched, the executor if lstmcy
+    owns it (a repeatable one [exec]), tensor lists (which release their
+    tensors [docs]), standalone tensors, bool arrays, device buffers and the
     stream.
     """
 
@@ -769,6 +919,7 @@ class _Call:
         self.lists = []
         self.bool_arrays = []
         self.executor = None
+        self.owns_executor = False  # repeatable: released by close(), not by the second phase
         self.launched = False
         self.synchronized = False
 
@@ -823,6 +974,31 @@ class _Call:
         self.lists.append(handle)
         return handle
 
+    def adopt_executor(self, executor):
+        """Keep the first phase's executor, made repeatable at once where it can be.
+
+        Only right after the first phase [exec]; a repeatable executor
+        survives the second phase, failed or not, and ``close()`` destroys it
+        (also when the call fails before the second phase). One the runtime
+        refuses stays the runtime's: the second phase deletes it.
+        """
+        self.executor = executor
+        lib = self.lib
+        if lib.aclSetAclOpExecutorRepeatable is None or lib.aclDestroyAclOpExecutor is None:
+            return
+        if lib.aclSetAclOpExecutorRepeatable(executor) == 0:
+            self.owns_executor = True
+        else:
+            lib.recent_error_message()  # not an error: the second phase releases it
+
+    def run(self, workspace, workspace_size):
+        """The second phase on the adopted executor; return its status."""
+        self.launched = True
+        executor = self.executor
+        if not self.owns_executor:
+            self.executor = None  # deleted by the second phase, whatever its result [exec]
+        return self.lib.aclnnLstmBackward(workspace, workspace_size, executor, self.stream)
+
     def bool_array(self, values):
         array = (ctypes.c_bool * len(values))(*[bool(v) for v in values])
         handle = self.lib.aclCreateBoolArray(array, len(values))
@@ -851,6 +1027,11 @@ class _Call:
         if self.launched and not self.synchronized and self.stream is not None:
             # never free memory the device may still be using
             attempt("aclrtSynchronizeStream", lib.aclrtSynchronizeStream(self.stream))
+        if self.executor is not None and self.owns_executor:
+            attempt("aclDestroyAclOpExecutor", lib.aclDestroyAclOpExecutor(self.executor))
+        # An executor the runtime would not make repeatable and whose second phase
+        # never ran has no public release function [exec]: it stays allocated.
+        self.executor = None
         for handle in self.lists:
             attempt("aclDestroyTensorList", lib.aclDestroyTensorList(handle))
         self.lists = []
@@ -860,16 +1041,6 @@ class _Call:
         for handle in self.bool_arrays:
             attempt("aclDestroyBoolArray", lib.aclDestroyBoolArray(handle))
         self.bool_arrays = []
-        if self.executor is not None:
-            # The first phase succeeded but the second never ran, so the runtime
-            # still holds the executor. The only public way to release one is to
-            # make it repeatable and destroy it [meta] [docs].
-            if lib.aclSetAclOpExecutorRepeatable is not None and lib.aclDestroyAclOpExecutor is not None:
-                status = lib.aclSetAclOpExecutorRepeatable(self.executor)
-                attempt("aclSetAclOpExecutorRepeatable", status)
-                if status == 0:
-                    attempt("aclDestroyAclOpExecutor", lib.aclDestroyAclOpExecutor(self.executor))
-            self.executor = None
         for ptr in self.buffers:
             attempt("aclrtFree", lib.aclrtFree(ptr))
         self.buffers = []
@@ -977,10 +1148,13 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
         Which of ``(dx, dh_prev, dc_prev, dparams)`` to return; the NPU
         computes all four regardless (the operator ignores the mask), masked
         ones are returned as None.
+        A problem with an empty dimension (T, B, I or H = 0) is computed on
+        the host by the CPU path: the operator accepts it but writes no output.
     library : str, os.PathLike or AclnnLibrary, optional
         Where CANN is (see :func:`load_library`).
     device_id : int, optional
-        NPU to use; defaults to ``$LSTMCY_ACLNN_DEVICE`` or 0.
+        NPU to use; defaults to ``$LSTMCY_ACLNN_DEVICE`` or 0. Made current on
+        the calling thread for the call only (see the module docstring).
 
     Returns
     -------
@@ -1001,8 +1175,11 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
     AclnnLibraryNotFound
         If CANN is not installed or not found.
     AclnnError
-        If a CANN call fails; carries the status name and number and the
-        runtime's own message. Every handle and device buffer is released
+        If the aclnn engine's kernel path is missing (see
+        :func:`kernel_path_problem`; raised before any device work), or a
+        CANN call fails: then it carries the status name and number and the
+        runtime's own message, and every handle and device buffer is
+        released, and the thread's previous device made current again,
         before it propagates.
     """
     in_arr = np.asarray(input)
@@ -1079,62 +1256,75 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
 
     acl_dtype = _NUMPY_TO_ACL[dtype]
     lib = _resolve(library)
+    device = _default_device() if device_id is None else device_id
+    if _empty_problem([x, h0, c0, dy_h, dh_h, dc_h, *ps, *itertools.chain.from_iterable(gates)]):
+        # The operator would return at once and write no output [opsrc].
+        from lstmcy._core import lstm_backward as cpu_backward
+
+        return tuple(cpu_backward(
+            input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, batch_sizes=batch_sizes,
+            has_bias=has_bias, num_layers=num_layers, dropout=dropout, train=train,
+            bidirectional=bidirectional, batch_first=batch_first, output_mask=mask))
+    problem = kernel_path_problem()
+    if problem is not None:
+        raise AclnnError(f"backend='aclnn': {problem}")
     _ensure_initialized(lib)
-    lib.use_device(_default_device() if device_id is None else device_id)
 
-    call = _Call(lib)
-    try:
-        call.create_stream()
-        t_input = call.upload(x, acl_dtype, seq_format)
-        l_hx = call.tensor_list([call.upload(h0, acl_dtype, ACL_FORMAT_NCL),
-                                 call.upload(c0, acl_dtype, ACL_FORMAT_NCL)])
-        l_params = call.tensor_list([call.upload(p, acl_dtype, ACL_FORMAT_ND) for p in ps])
-        t_dy = call.upload(dy_h, acl_dtype, seq_format)
-        t_dh = call.upload(dh_h, acl_dtype, ACL_FORMAT_NCL)
-        t_dc = call.upload(dc_h, acl_dtype, ACL_FORMAT_NCL)
-        l_gates = [call.tensor_list([call.upload(a, acl_dtype, ACL_FORMAT_NCL) for a in arrays])
-                   for arrays in gates]
-        t_bs = call.upload(bs_h, ACL_INT64, ACL_FORMAT_ND) if bs_h is not None else None
-        b_mask = call.bool_array(mask)
-        t_dx, d_dx, n_dx = call.output(x.shape, dtype, seq_format)
-        t_dhp, d_dhp, n_dhp = call.output(h0.shape, dtype, ACL_FORMAT_NCL)
-        t_dcp, d_dcp, n_dcp = call.output(c0.shape, dtype, ACL_FORMAT_NCL)
-        dparam_out = [call.output(p.shape, dtype, ACL_FORMAT_ND) for p in ps]
-        l_dparams = call.tensor_list([t for t, _, _ in dparam_out])
+    with lib.on_device(device):
+        call = _Call(lib)
+        try:
+            call.create_stream()
+            t_input = call.upload(x, acl_dtype, seq_format)
+            l_hx = call.tensor_list([call.upload(h0, acl_dtype, ACL_FORMAT_NCL),
+                                     call.upload(c0, acl_dtype, ACL_FORMAT_NCL)])
+            l_params = call.tensor_list([call.upload(p, acl_dtype, ACL_FORMAT_ND) for p in ps])
+            t_dy = call.upload(dy_h, acl_dtype, seq_format)
+            t_dh = call.upload(dh_h, acl_dtype, ACL_FORMAT_NCL)
+            t_dc = call.upload(dc_h, acl_dtype, ACL_FORMAT_NCL)
+            l_gates = [call.tensor_list([call.upload(a, acl_dtype, ACL_FORMAT_NCL) for a in arrays])
+                       for arrays in gates]
+            t_bs = call.upload(bs_h, ACL_INT64, ACL_FORMAT_ND) if bs_h is not None else None
+            b_mask = call.bool_array(mask)
+            t_dx, d_dx, n_dx = call.output(x.shape, dtype, seq_format)
+            t_dhp, d_dhp, n_dhp = call.output(h0.shape, dtype, ACL_FORMAT_NCL)
+            t_dcp, d_dcp, n_dcp = call.output(c0.shape, dtype, ACL_FORMAT_NCL)
+            dparam_out = [call.output(p.shape, dtype, ACL_FORMAT_ND) for p in ps]
+            l_dparams = call.tensor_list([t for t, _, _ in dparam_out])
 
-        workspace_size = ctypes.c_uint64(0)
-        executor = ctypes.c_void_p()
-        status = lib.aclnnLstmBackwardGetWorkspaceSize(
-            t_input, l_hx, l_params, t_dy, t_dh, t_dc, *l_gates, t_bs,
-            bool(has_bias), num_layers, float(dropout), bool(train), bool(bidirectional), bool(batch_first),
-            b_mask, t_dx, t_dhp, t_dcp, l_dparams, ctypes.byref(workspace_size), ctypes.byref(executor))
-        lib.check(status, "aclnnLstmBackwardGetWorkspaceSize")
-        call.executor = executor.value
-        workspace = call.device_buffer(workspace_size.value) if workspace_size.value else None
+            workspace_size = ctypes.c_uint64(0)
+            executor = ctypes.c_void_p()
+            status = lib.aclnnLstmBackwardGetWorkspaceSize(
+                t_input, l_hx, l_params, t_dy, t_dh, t_dc, *l_gates, t_bs,
+                bool(has_bias), num_layers, float(dropout), bool(train), bool(bidirectional), bool(batch_first),
+                b_mask, t_dx, t_dhp, t_dcp, l_dparams, ctypes.byref(workspace_size), ctypes.byref(executor))
+            lib.check(status, "aclnnLstmBackwardGetWorkspaceSize")
+            call.adopt_executor(executor.value)
+            workspace = call.device_buffer(workspace_size.value) if workspace_size.value else None
+            lib.check(call.run(workspace, workspace_size.value), "aclnnLstmBackward")
+            status = lib.aclrtSynchronizeStream(call.stream)
+            call.synchronized = True
+            lib.check(status, "aclrtSynchronizeStream")
 
-        call.launched = True
-        run_executor, call.executor = call.executor, None  # the second phase releases it [docs]
-        status = lib.aclnnLstmBackward(workspace, workspace_size.value, run_executor, call.stream)
-        lib.check(status, "aclnnLstmBackward")
-        status = lib.aclrtSynchronizeStream(call.stream)
-        call.synchronized = True
-        lib.check(status, "aclrtSynchronizeStream")
-
-        dx = call.download(d_dx, n_dx, x.shape, dtype) if mask[0] else None
-        dh_prev = call.download(d_dhp, n_dhp, h0.shape, dtype) if mask[1] else None
-        dc_prev = call.download(d_dcp, n_dcp, c0.shape, dtype) if mask[2] else None
-        dparams = ([call.download(d, n, p.shape, dtype) for (_, d, n), p in zip(dparam_out, ps)]
-                   if mask[3] else None)
-    except BaseException:
-        call.close()  # the original error wins over any release failure
-        raise
-    release_error = call.close()
-    if release_error is not None:
-        raise release_error
+            dx = call.download(d_dx, n_dx, x.shape, dtype) if mask[0] else None
+            dh_prev = call.download(d_dhp, n_dhp, h0.shape, dtype) if mask[1] else None
+            dc_prev = call.download(d_dcp, n_dcp, c0.shape, dtype) if mask[2] else None
+            dparams = ([call.download(d, n, p.shape, dtype) for (_, d, n), p in zip(dparam_out, ps)]
+                       if mask[3] else None)
+        except BaseException:
+            call.close()  # the original error wins over any release failure
+            raise
+        release_error = call.close()
+        if release_error is not None:
+            raise release_error
 
     if dx is not None and valid_rows is not None:
         dx = np.ascontiguousarray(dx[valid_rows])
     return dx, dh_prev, dc_prev, dparams
+
+
+def _empty_problem(arrays):
+    """Whether the operator's ``EmptyCheck`` would skip the call (a tensor without elements) [opsrc]."""
+    return any(a.size == 0 for a in arrays)
 
 
 def _pad_rows(packed, valid_rows, padded_rows):

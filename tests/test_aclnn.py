@@ -14,11 +14,21 @@ and computes its outputs by a documented formula:
 two checksums of every input it reads, sum(x) and sum((k + 1) * x[k]), the
 second of which changes under any permutation of the elements.
 
+It also models the runtime behaviour lstmcy depends on (see the stub's
+header): per-thread current devices with several devices, a device reset
+that releases its context for every user, aclInit by another owner, the
+operator's early return on empty tensors (workspace 0, outputs left as the
+poison bytes of new device memory), the kernel path ($ASCEND_OPP_PATH) and
+executors made repeatable only right after the first phase.
+
 What these tests prove: the binding (symbols, argument order and types, enum
 values), the marshalling in both directions (shapes, strides, dtypes,
 formats, list order, scalars, workspace), the release of every handle and
 device buffer (also after a failure at any point), the translation of status
-codes into exceptions, and library discovery through each search route.
+codes into exceptions, library discovery through each search route, and
+lstmcy's conduct towards the runtime: the device of every call, what it
+resets, the kernel-path check, the executor lifecycle, and the host results
+of empty problems.
 What they do not prove: that the NPU computes the right gradient. That needs
 real hardware; see test_real_npu_matches_cpu at the end (skipped unless
 LSTMCY_TEST_REAL_NPU=1 on a machine with CANN and an NPU).
@@ -31,6 +41,8 @@ import platform
 import shutil
 import subprocess
 import sys
+import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +57,7 @@ CC = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil
 ACL_FLOAT, ACL_FLOAT16, ACL_INT64 = 0, 1, 9
 ACL_FORMAT_ND, ACL_FORMAT_NCL = 2, 47
 ROUTE_ENV = ("LSTMCY_ACLNN_LIB", "ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
+POISON = 0xAB  # the stand-in's fill byte for new device memory (STUB_POISON)
 
 
 # ------------------------------------------------------------------ the stub
@@ -106,8 +119,15 @@ class Stub:
     def set_device_count(self, count):
         self.dll.stub_set_device_count(count)
 
+    def current_device(self):
+        """The calling thread's current device, or None (aclrtGetDevice)."""
+        device = ctypes.c_int32(-1)
+        status = self.dll.aclrtGetDevice(ctypes.byref(device))
+        return device.value if status == 0 else None
 
-def _quiet_finalize(lib):
+
+def _quiet_finalize(lib=None):
+    """Finalize ``lib`` (by default every library lstmcy initialised), ignoring errors."""
     try:
         aclnn.finalize(lib)
     except aclnn.AclnnError:
@@ -116,15 +136,24 @@ def _quiet_finalize(lib):
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for name in ROUTE_ENV + (aclnn.ENV_DEVICE, "LSTMCY_STUB_FAIL", "LSTMCY_STUB_WORKSPACE",
-                             "LSTMCY_STUB_DEVICES"):
+    for name in ROUTE_ENV + (aclnn.ENV_DEVICE, aclnn.ENV_OPP_PATH, "LSTMCY_STUB_FAIL",
+                             "LSTMCY_STUB_WORKSPACE", "LSTMCY_STUB_DEVICES"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(aclnn, "DEFAULT_ROOTS", ())
     return monkeypatch
 
 
 @pytest.fixture
-def stub(stub_path, clean_env):
+def opp_path(clean_env, tmp_path):
+    """$ASCEND_OPP_PATH as set_env.sh sets it: where the aclnn engine finds its kernels."""
+    folder = tmp_path / "opp"
+    folder.mkdir()
+    clean_env.setenv(aclnn.ENV_OPP_PATH, str(folder))
+    return folder
+
+
+@pytest.fixture
+def stub(stub_path, clean_env, opp_path):
     """A freshly reset stand-in and the AclnnLibrary bound to it."""
     lib = aclnn.load_library(stub_path)
     handle = Stub(stub_path)
@@ -132,6 +161,7 @@ def stub(stub_path, clean_env):
     handle.reset()
     yield handle, lib
     _quiet_finalize(lib)
+    _quiet_finalize()      # also libraries a test loaded from other paths to the stand-in
     handle.reset()
 
 
@@ -164,7 +194,7 @@ def make_case(seed=0, *, T=3, B=2, I=4, H=5, L=1, bidirectional=False, has_bias=
 
     if batch_sizes is not None:
         bs = np.asarray(batch_sizes, dtype=np.int64)
-        T, B = len(bs), int(bs[0])
+        T, B = len(bs), (int(bs[0]) if len(bs) else B)
         rows = int(bs.sum()) if packed else T * B
         x, dy = rand(rows, I), rand(rows, D * H)
     elif batch_first:
@@ -371,26 +401,83 @@ def test_output_mask_is_passed_and_masked_results_are_none(stub):
     assert_released(handle)
 
 
+EMPTY_SIZES = {"I=0": dict(I=0), "B=0": dict(B=0), "T=0": dict(T=0), "H=0": dict(H=0),
+               "T=B=0": dict(T=0, B=0), "I=H=0": dict(I=0, H=0)}
+EMPTY_LAYOUTS = {
+    "L1-uni-f32": dict(),
+    "L2-bi-f16-batch_first": dict(L=2, bidirectional=True, dtype=np.float16, batch_first=True),
+    "L3-uni-nobias-f32": dict(L=3, has_bias=False),
+    "padded-bi-f32": dict(bidirectional=True, batch_sizes=[2, 2, 1]),
+    "packed-uni-f16": dict(dtype=np.float16, batch_sizes=[2, 1, 1], packed=True),
+}
+
+
+def _empty_cases():
+    for size_id, sizes in EMPTY_SIZES.items():
+        for layout_id, layout in EMPTY_LAYOUTS.items():
+            if "batch_sizes" in layout and ("B" in sizes or "T" in sizes):
+                continue  # T and B come from batch_sizes there: see below
+            yield pytest.param({**layout, **sizes}, id=f"{size_id}-{layout_id}")
+    for layout_id in ("padded-bi-f32", "packed-uni-f16"):
+        layout = dict(EMPTY_LAYOUTS[layout_id], batch_sizes=[])
+        yield pytest.param(layout, id=f"T=0-{layout_id}")
+
+
+def _cpu_backward(case, **overrides):
+    import lstmcy
+
+    args, kwargs = _public_args({**case, **overrides})
+    return lstmcy.lstm_backward(*args, **kwargs)
+
+
+@pytest.mark.parametrize("config", _empty_cases())
+@pytest.mark.parametrize("output_mask", [(True,) * 4, (False, True, False, True)], ids=["all", "masked"])
+def test_empty_problems_give_the_cpu_results(stub, config, output_mask):
+    """T, B, I or H = 0: the operator would write no output; lstmcy gives the CPU path's results."""
+    handle, lib = stub
+    case = make_case(seed=21, **config)
+    got = call(case, lib, output_mask=output_mask)
+    want = _cpu_backward(case, output_mask=output_mask)
+    for name, g, w in zip(("dx", "dh_prev", "dc_prev"), got[:3], want[:3]):
+        if w is None:
+            assert g is None, name
+        else:
+            assert g.dtype == w.dtype and g.shape == w.shape, name
+            np.testing.assert_array_equal(g, w, err_msg=name)
+    if want[3] is None:
+        assert got[3] is None
+    else:
+        assert len(got[3]) == len(want[3])
+        for k, (g, w) in enumerate(zip(got[3], want[3])):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            np.testing.assert_array_equal(g, w, err_msg=f"dparams[{k}]")
+    assert handle.counter("mem.mallocs") == 0          # nothing for the device to do
+    assert handle.counter("calls.aclnnLstmBackwardGetWorkspaceSize") == 0
+    assert_released(handle)
+
+
 @pytest.mark.parametrize("sizes", [dict(I=0), dict(B=0), dict(T=0), dict(H=0)],
                          ids=["I=0", "B=0", "T=0", "H=0"])
-def test_empty_dimensions_get_placeholder_buffers(stub, sizes):
-    """aclrtMalloc refuses size 0: empty tensors still get a small, aligned device buffer."""
+def test_the_operator_writes_no_output_of_an_empty_problem(stub, sizes, monkeypatch):
+    """Why the host computes them: the operator's early return, as the stand-in models it."""
     handle, lib = stub
+    monkeypatch.setattr(aclnn, "_empty_problem", lambda arrays: False)   # send it to the device
     case = make_case(seed=21, **sizes)
     dx, dh_prev, dc_prev, dparams = call(case, lib)
-    assert dx.shape == case["input"].shape
-    assert dh_prev.shape == dc_prev.shape == case["hx"][0].shape
-    assert [p.shape for p in dparams] == [p.shape for p in case["params"]]
-    assert handle.counter("tensors.null_data") == 0
-    assert handle.counter("errors.malloc_zero") == 0
     (plan,) = handle.entries("aclnnLstmBackwardGetWorkspaceSize")
-    assert plan["tensors"]["input"]["shape"] == list(case["input"].shape)
+    (run,) = handle.entries("aclnnLstmBackward")
+    assert plan["empty"] is True and plan["workspace_size"] == 0
+    assert run["empty"] is True and run["workspace"] == 0
+    assert handle.counter("kernel.runs") == 0
+    for out in (dx, dh_prev, dc_prev, *dparams):
+        assert (out.view(np.uint8) == POISON).all()      # device memory as aclrtMalloc left it
+    assert sum(out.size for out in (dx, dh_prev, dc_prev, *dparams)) > 0
+    # aclrtMalloc refuses size 0: empty tensors still get a small, aligned device buffer
+    assert handle.counter("tensors.null_data") == 0
     assert_released(handle)
 
 
 def test_each_thread_binds_the_device(stub):
-    import threading
-
     handle, lib = stub
     case = make_case(seed=22)
     call(case, lib)
@@ -452,9 +539,9 @@ def _all_device_arrays(case):
 # ------------------------------------------------------------------ cleanup
 
 
-FALLIBLE = ("aclrtCreateStream", "aclrtMalloc", "aclrtMemcpy", "aclCreateTensor", "aclCreateTensorList",
-            "aclCreateBoolArray", "aclnnLstmBackwardGetWorkspaceSize", "aclnnLstmBackward",
-            "aclrtSynchronizeStream")
+FALLIBLE = ("aclrtSetDevice", "aclrtCreateStream", "aclrtMalloc", "aclrtMemcpy", "aclCreateTensor",
+            "aclCreateTensorList", "aclCreateBoolArray", "aclnnLstmBackwardGetWorkspaceSize",
+            "aclnnLstmBackward", "aclrtSynchronizeStream")
 NULL_RETURNING = ("aclCreateTensor", "aclCreateTensorList", "aclCreateBoolArray")
 
 
@@ -498,7 +585,35 @@ def test_workspace_allocation_failure_releases_the_unused_executor(stub):
     assert handle.counter("calls.aclnnLstmBackward") == 0
     assert handle.counter("calls.aclSetAclOpExecutorRepeatable") == 1
     assert handle.counter("calls.aclDestroyAclOpExecutor") == 1
-    assert_released(handle)
+    assert_released(handle)          # made repeatable right after the first phase, not late
+
+
+@pytest.mark.parametrize("second_phase", ["succeeds", "fails"])
+def test_executor_is_repeatable_from_the_first_phase_and_destroyed_by_lstmcy(stub, second_phase):
+    """aclSetAclOpExecutorRepeatable right after the first phase; the second phase keeps it."""
+    handle, lib = stub
+    case = make_case(seed=23)
+    if second_phase == "fails":
+        handle.fail("aclnnLstmBackward", 561002)
+        with pytest.raises(aclnn.AclnnError, match="ACLNN_ERR_INNER_TILING_ERROR"):
+            call(case, lib)
+    else:
+        dx, *_ = call(case, lib)
+        np.testing.assert_array_equal(dx, stub_formula(2 * case["input"].astype(np.float64) + 1, np.float32))
+    assert handle.counter("calls.aclSetAclOpExecutorRepeatable") == 1
+    assert handle.counter("calls.aclDestroyAclOpExecutor") == 1
+    assert handle.counter("calls.aclnnLstmBackward") == 1
+    assert_released(handle)          # executors.created == executors.released, no errors.repeatable_late
+
+
+def test_an_executor_the_runtime_will_not_reuse_is_left_to_the_second_phase(stub):
+    handle, lib = stub
+    handle.fail("aclSetAclOpExecutorRepeatable", 561000)     # "cant set executor repeatable ..."
+    case = make_case(seed=24)
+    dx, *_ = call(case, lib)
+    np.testing.assert_array_equal(dx, stub_formula(2 * case["input"].astype(np.float64) + 1, np.float32))
+    assert handle.counter("calls.aclDestroyAclOpExecutor") == 0   # it is not lstmcy's to destroy
+    assert_released(handle)          # the second phase released it
 
 
 def test_release_failure_is_reported_after_releasing_the_rest(stub):
@@ -696,16 +811,116 @@ def test_device_id_argument_and_environment(stub, monkeypatch):
     assert_released(handle)
 
 
+def test_each_call_runs_on_its_device_whatever_the_thread_ran_before(stub):
+    """aclrtSetDevice is how a thread switches device: 0, then 1, then 0 again runs on 0."""
+    handle, lib = stub
+    handle.set_device_count(2)
+    case = make_case(seed=26)
+    for device in (0, 1, 0):
+        call(case, lib, device_id=device)
+    assert [e["device"] for e in handle.entries("aclnnLstmBackwardGetWorkspaceSize")] == [0, 1, 0]
+    assert [e["device"] for e in handle.entries("aclnnLstmBackward")] == [0, 1, 0]
+    assert_released(handle)          # memory, stream and kernel on one device each time
+    aclnn.finalize(lib)
+    assert handle.counter("device.resets") == 2       # lstmcy initialised ACL: it resets what it set
+
+
+def test_a_device_another_owner_made_current_is_current_again_after_the_call(stub):
+    handle, lib = stub
+    handle.set_device_count(2)
+    case = make_case(seed=27)
+    call(case, lib, device_id=0)
+    assert lib.aclrtSetDevice(1) == 0                  # torch_npu switches this thread to device 1
+    call(case, lib, device_id=0)
+    assert [e["device"] for e in handle.entries("aclnnLstmBackward")] == [0, 0]
+    assert handle.current_device() == 1                # as torch_npu left it
+    handle.fail("aclnnLstmBackward", 507011)
+    with pytest.raises(aclnn.AclnnError, match="ACL_ERROR_RT_MODEL_EXECUTE"):
+        call(case, lib, device_id=0)
+    assert handle.current_device() == 1                # also after a failed call
+    assert_released(handle)
+
+
+def test_finalize_leaves_the_devices_of_another_acl_owner_alone(stub):
+    """torch_npu initialised ACL and works on device 0: lstmcy's finalize, and its exit, reset nothing."""
+    handle, lib = stub
+    assert lib.aclInit(None) == 0                      # the other owner
+    assert lib.aclrtSetDevice(0) == 0
+    owner_stream = ctypes.c_void_p()
+    assert lib.aclrtCreateStream(ctypes.byref(owner_stream)) == 0
+    case = make_case(seed=25)
+    results = [call(case, lib)]                        # on the owner's thread
+    worker = threading.Thread(target=lambda: results.append(call(case, lib)))
+    worker.start()                                     # a thread where lstmcy sets the device itself
+    worker.join()
+    assert len(results) == 2
+    aclnn.finalize(lib)
+    aclnn.finalize()                                   # what runs at exit
+    assert handle.counter("device.resets") == 0
+    assert handle.counter("acl.finalizes") == 0
+    assert lib.aclrtSynchronizeStream(owner_stream) == 0   # the owner's context and stream live on
+    assert lib.aclrtDestroyStream(owner_stream) == 0
+    assert_released(handle)
+
+
+def test_without_a_kernel_path_auto_uses_the_cpu_and_says_why(stub, stub_path, tmp_path, clean_env):
+    """CANN found through a default prefix without set_env.sh: libraries, but no $ASCEND_OPP_PATH."""
+    import lstmcy
+
+    handle, lib = stub
+    root = tmp_path / "latest"
+    _install(stub_path, root / "lib64")
+    clean_env.setattr(aclnn, "DEFAULT_ROOTS", (str(root),))
+    clean_env.delenv(aclnn.ENV_OPP_PATH)
+    case = make_case(seed=28)
+    args, kwargs = _public_args(case)
+    with pytest.warns(aclnn.AclnnWarning, match=r"cannot run: the aclnn engine cannot find its kernels: "
+                                                r"\$ASCEND_OPP_PATH is not set.*backend='auto' computes on the CPU"):
+        auto = lstmcy.lstm_backward(*args, backend="auto", **kwargs)
+    cpu = lstmcy.lstm_backward(*args, **kwargs)
+    for a, b in zip(auto[:3], cpu[:3]):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(auto[3], cpu[3]):
+        np.testing.assert_array_equal(a, b)
+    with pytest.warns(aclnn.AclnnWarning):
+        assert aclnn.is_available() is False
+    with pytest.raises(aclnn.AclnnError, match=r"ASCEND_OPP_PATH is not set .*set_env\.sh"):
+        lstmcy.lstm_backward(*args, backend="aclnn", **kwargs)
+    assert handle.counter("calls.aclnnLstmBackwardGetWorkspaceSize") == 0
+    assert handle.counter("mem.mallocs") == 0
+
+    clean_env.setenv(aclnn.ENV_OPP_PATH, str(tmp_path / "missing"))
+    assert f"$ASCEND_OPP_PATH={str(tmp_path / 'missing')!r} does not exist" in aclnn.unavailable_reason()
+    (tmp_path / "home" / "opp_latest").mkdir(parents=True)
+    clean_env.setenv("ASCEND_HOME_PATH", str(tmp_path / "home"))      # the newer layout
+    assert aclnn.kernel_path_problem() is None and aclnn.is_available() is True
+    clean_env.delenv("ASCEND_HOME_PATH")
+    clean_env.setenv(aclnn.ENV_OPP_PATH, str(tmp_path))
+    assert aclnn.kernel_path_problem() is None and aclnn.is_available() is True
+
+    # What the engine itself does without one (lstmcy's check bypassed): the stand-in models it.
+    clean_env.delenv(aclnn.ENV_OPP_PATH)
+    clean_env.setattr(aclnn, "kernel_path_problem", lambda: None)
+    with pytest.raises(aclnn.AclnnError) as info:
+        call(case, lib)
+    assert (info.value.function, info.value.status) == ("aclnnLstmBackwardGetWorkspaceSize", 561103)
+    assert "ASCEND_OPP_PATH" in info.value.detail
+    assert_released(handle)
+
+
 def test_is_available_reflects_devices(stub):
     handle, lib = stub
     assert aclnn.is_available(lib) is True
+    assert aclnn.unavailable_reason(lib) is None
     _quiet_finalize(lib)
     handle.reset()
     handle.set_device_count(0)
-    assert aclnn.is_available(lib) is False
+    with pytest.warns(aclnn.AclnnWarning, match="cannot run: the runtime reports no NPU; backend='auto'"):
+        assert aclnn.is_available(lib) is False
     handle.fail("aclInit", 500001)
     _quiet_finalize(lib)
-    assert aclnn.is_available(lib) is False
+    with pytest.warns(aclnn.AclnnWarning, match="aclInit failed with ACL_ERROR_FAILURE"):
+        assert aclnn.is_available(lib) is False
 
 
 # ------------------------------------------------------------------ discovery
@@ -783,6 +998,7 @@ def test_loader_search_path(stub_path, tmp_path):
     folder = _install(stub_path, tmp_path / "ld")
     env = {k: v for k, v in os.environ.items() if k not in ROUTE_ENV}
     env["LD_LIBRARY_PATH"] = str(folder)
+    env[aclnn.ENV_OPP_PATH] = str(tmp_path)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(aclnn.__file__).parent.parent),
                                                       env.get("PYTHONPATH")]))
     script = (
@@ -824,7 +1040,11 @@ def test_nothing_found_lists_every_route(clean_env, tmp_path):
     assert "loader search path: libascendcl.so" in text
     assert "LSTMCY_ACLNN_LIB" in text and "set_env.sh" in text
     assert len(err.searched) >= 4
-    assert aclnn.is_available() is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                     # no CANN at all: nothing to warn about
+        assert aclnn.is_available() is False
+    assert aclnn.unavailable_reason().startswith("CANN (the Ascend runtime providing aclnnLstmBackward) "
+                                                 "was not found")
     with pytest.raises(aclnn.AclnnLibraryNotFound):
         call(make_case(seed=20), None)
 

@@ -19,9 +19,33 @@
  *
  * "Device" memory is host memory from posix_memalign, tracked in a table so
  * that every pointer handed to aclCreateTensor, aclrtMemcpy, aclrtFree and
- * aclnnLstmBackward can be checked.  New allocations are filled with 0xAB so
- * that an output the caller forgets to write back, or reads before the
- * kernel ran, shows up as garbage.
+ * aclnnLstmBackward can be checked.  New allocations are filled with the
+ * poison byte 0xAB (STUB_POISON) so that an output nobody wrote, or one read
+ * before the kernel ran, shows up as garbage.
+ *
+ * The runtime behaviour lstmcy depends on, modelled after the vendor's
+ * sources (each function cites its own):
+ *   - devices: aclrtSetDevice makes the device's default context the calling
+ *     thread's current one, per thread, with up to MAX_DEVICES devices
+ *     (LSTMCY_STUB_DEVICES); aclrtGetDevice / aclrtGetCurrentContext report
+ *     it and fail without one; aclrtSetCurrentContext switches back.  Memory
+ *     and streams belong to the current context's device; a launch on, or
+ *     the destruction of, a stream of another context fails
+ *     (errors.stream_context); a kernel whose tensors live on another device
+ *     than its stream is flagged (errors.cross_device).
+ *   - aclrtResetDevice releases the device's default context and its streams
+ *     at once, whoever set it (acl_rt.h); aclFinalize releases them all.
+ *     aclInit by another owner first makes lstmcy's aclInit return
+ *     ACL_ERROR_REPEAT_INITIALIZE.
+ *   - the first phase's EmptyCheck: a tensor without elements gives success,
+ *     workspace 0 and an executor that writes no output.
+ *   - kernels are found through $ASCEND_HOME_PATH/opp_latest or
+ *     $ASCEND_OPP_PATH; without either the first phase of a non-empty
+ *     problem fails.
+ *   - executors: aclSetAclOpExecutorRepeatable only right after the first
+ *     phase, on the same thread (errors.repeatable_late otherwise); the
+ *     second phase releases a non-repeatable executor, failed or not, and
+ *     keeps a repeatable one for aclDestroyAclOpExecutor.
  *
  * Validation done by aclnnLstmBackwardGetWorkspaceSize mirrors the public op
  * (rnn/single_layer_lstm_grad/op_api/aclnn_lstm_backward.cpp in ops-nn):
@@ -70,7 +94,8 @@
  * "mem.live_bytes", "mem.malloc_bytes", "streams.created",
  * "streams.destroyed", "executors.created", "executors.released",
  * "memcpy.h2d", "memcpy.d2h", "memcpy.other", "acl.inits", "acl.finalizes",
- * "acl.initialized", "device.sets", "device.resets", "kernel.runs", and
+ * "acl.initialized", "device.sets", "device.resets", "device.contexts_created",
+ * "context.sets", "streams.orphaned_use", "kernel.runs", and
  * "errors.<kind>" for every misuse detected (double destroy, bad free,
  * out-of-bounds copy, use after destroy, ...).  A correct caller leaves
  * every "errors.*" counter at 0.
@@ -83,6 +108,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -95,12 +121,15 @@
 #define ACL_ERROR_RT_PARAM_INVALID 107000
 #define ACL_ERROR_RT_INVALID_DEVICEID 107001
 #define ACL_ERROR_RT_CONTEXT_NULL 107002
+#define ACL_ERROR_RT_STREAM_CONTEXT 107003
 #define ACL_ERROR_RT_MEMORY_ALLOCATION 207001
 #define ACL_ERROR_RT_MEMORY_FREE 207002
 #define ACLNN_SUCCESS 0
 #define ACLNN_ERR_PARAM_NULLPTR 161001
 #define ACLNN_ERR_PARAM_INVALID 161002
+#define ACLNN_ERR_INNER 561000
 #define ACLNN_ERR_INNER_NULLPTR 561103
+#define ACLNN_ERR_INNER_OPP_PATH_NOT_FOUND 561107
 
 /* ---- enum values (acl_base_rt.h, acl_rt.h) */
 #define ACL_FLOAT 0
@@ -121,11 +150,14 @@ typedef int aclrtMemcpyKind;
 typedef int aclrtMemMallocPolicy;
 
 #define MAX_DIMS 8
+#define STUB_POISON 0xAB /* every byte of a new device allocation */
 #define MAGIC_TENSOR 0x7e450001
 #define MAGIC_LIST 0x7e450002
 #define MAGIC_BOOLS 0x7e450003
 #define MAGIC_EXEC 0x7e450004
 #define MAGIC_STREAM 0x7e450005
+#define MAGIC_CONTEXT 0x7e450006
+#define MAX_DEVICES 16
 
 typedef struct aclTensor {
     int magic;
@@ -162,21 +194,33 @@ typedef struct aclOpExecutor {
     int magic;
     int live;
     int repeatable;
+    int empty;              /* planned by the EmptyCheck early return: nothing to run */
+    int device;             /* current device of the thread that planned it */
     uint64_t workspace_size;
     const aclTensor *input, *dy, *dh, *dc, *batch_sizes, *dx, *dh_prev, *dc_prev;
     const aclTensorList *hx, *params, *gates[7], *dparams;
 } aclOpExecutor;
 
+/* A device's default context, made by aclrtSetDevice (acl_rt.h; api_impl.cc
+   ApiImpl::SetDevice retains the primary context and makes it the thread's
+   current one).  Released by aclrtResetDevice or aclFinalize. */
+typedef struct StubContext {
+    int magic;
+    int live;
+    int device;
+} StubContext;
+
 typedef struct StubStream {
     int magic;
     int live;
     int pending;            /* work launched and not yet synchronized */
+    StubContext *ctx;       /* the context current when it was created */
 } StubStream;
 
 /* ------------------------------------------------------------------ state */
 
 typedef struct { char name[96]; long long value; } Counter;
-typedef struct { void *p; size_t size; int live; } Alloc;
+typedef struct { void *p; size_t size; int live; int device; } Alloc;
 typedef struct { char name[96]; int status; long long nth; } Failure;
 
 static Counter g_counters[256];
@@ -194,7 +238,19 @@ static char g_errmsg[512];
 static unsigned long long g_workspace_size = 4096;
 static int g_device_count = 1;
 static int g_initialized;
-static int g_device_set;
+static StubContext *g_primary[MAX_DEVICES]; /* each device's live default context, or NULL */
+static long long g_epoch = 1;               /* bumped by stub_reset: older thread state is void */
+/* The calling thread's current context (the runtime keeps it per thread:
+   InnerThreadLocalContainer::SetCurRef in api_impl.cc). */
+static __thread StubContext *t_ctx;
+static __thread long long t_ctx_epoch;
+/* The executor the calling thread's latest first phase returned, until the
+   thread's next runtime call: aclSetAclOpExecutorRepeatable is only valid
+   then (aclSetAclOpExecutorRepeatable.md: "immediately" after the first
+   phase; op_executor.cpp SetRepeatable reads the thread's state of its latest
+   first phase). */
+static __thread aclOpExecutor *t_planned;
+static __thread long long t_planned_epoch;
 static int g_next_id = 1;
 static int g_pending_streams;   /* streams with launched, unsynchronized work */
 
@@ -246,9 +302,19 @@ static void *track(void *p)
     return p;
 }
 
+static StubContext *current_ctx(void)
+{
+    if (t_ctx_epoch != g_epoch) {
+        t_ctx = NULL;
+        t_ctx_epoch = g_epoch;
+    }
+    return (t_ctx && t_ctx->live) ? t_ctx : NULL;
+}
+
 /* Count the call; return the injected status (0 = succeed). */
 static int enter(const char *fn)
 {
+    if (strcmp(fn, "aclSetAclOpExecutorRepeatable") != 0) t_planned = NULL;
     char name[128];
     snprintf(name, sizeof name, "calls.%s", fn);
     long long n = bump(name, 1);
@@ -561,7 +627,8 @@ EXPORT void stub_reset(void)
     g_workspace_size = 4096;
     g_device_count = 1;
     g_initialized = 0;
-    g_device_set = 0;
+    memset(g_primary, 0, sizeof g_primary); /* the contexts themselves are tracked objects */
+    g_epoch++;
     g_next_id = 1;
     g_pending_streams = 0;
     parse_env();
@@ -638,7 +705,11 @@ EXPORT aclError aclFinalize(void)
         return ACL_ERROR_REPEAT_FINALIZE;
     }
     g_initialized = 0;
-    g_device_set = 0;
+    for (int d = 0; d < MAX_DEVICES; ++d) /* finalizing resets every device */
+        if (g_primary[d]) {
+            g_primary[d]->live = 0;
+            g_primary[d] = NULL;
+        }
     *counter_slot("acl.initialized") = 0;
     return ACL_SUCCESS;
 }
@@ -666,22 +737,85 @@ EXPORT aclError aclrtSetDevice(int32_t deviceId)
         misuse("device_before_init", "aclrtSetDevice before aclInit");
         return ACL_ERROR_UNINITIALIZE;
     }
-    if (deviceId < 0 || deviceId >= g_device_count) {
+    if (deviceId < 0 || deviceId >= g_device_count || deviceId >= MAX_DEVICES) {
         set_errmsg("stub: no device %d (have %d)", deviceId, g_device_count);
         return ACL_ERROR_RT_INVALID_DEVICEID;
     }
+    /* the device's default context, made on first use, becomes the thread's
+       current one: this is how a thread switches device */
+    if (!g_primary[deviceId]) {
+        StubContext *c = track(calloc(1, sizeof *c));
+        if (!c) return ACL_ERROR_RT_MEMORY_ALLOCATION;
+        c->magic = MAGIC_CONTEXT;
+        c->live = 1;
+        c->device = deviceId;
+        g_primary[deviceId] = c;
+        bump("device.contexts_created", 1);
+    }
+    current_ctx();
+    t_ctx = g_primary[deviceId];
     bump("device.sets", 1);
     *counter_slot("device.last") = deviceId;
-    g_device_set = 1;
     return ACL_SUCCESS;
 }
 
+EXPORT aclError aclrtGetDevice(int32_t *deviceId)
+{
+    int st = enter("aclrtGetDevice");
+    if (st) return st;
+    if (!deviceId) return ACL_ERROR_INVALID_PARAM;
+    StubContext *c = current_ctx();
+    if (!c) return ACL_ERROR_RT_CONTEXT_NULL; /* no current context; not logged (api_c_device.cc) */
+    *deviceId = c->device;
+    return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtGetCurrentContext(void **context)
+{
+    int st = enter("aclrtGetCurrentContext");
+    if (st) return st;
+    if (!context) return ACL_ERROR_INVALID_PARAM;
+    StubContext *c = current_ctx();
+    if (!c) {
+        set_errmsg("stub: the thread has no current context");
+        return ACL_ERROR_RT_CONTEXT_NULL;
+    }
+    *context = c;
+    return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtSetCurrentContext(void *context)
+{
+    int st = enter("aclrtSetCurrentContext");
+    if (st) return st;
+    StubContext *c = context;
+    if (!c || c->magic != MAGIC_CONTEXT || !c->live) {
+        misuse("bad_context", "aclrtSetCurrentContext with an unknown or released context");
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    current_ctx();
+    t_ctx = c;
+    bump("context.sets", 1);
+    return ACL_SUCCESS;
+}
+
+/* As acl_rt.h documents: one reset releases the device's default context and
+   every stream in it, however many times the device was set and by whom.
+   (The runtime's own implementation counts references, runtime.cc
+   PrimaryContextRelease; a caller cannot rely on that.) */
 EXPORT aclError aclrtResetDevice(int32_t deviceId)
 {
     int st = enter("aclrtResetDevice");
     if (st) return st;
-    (void)deviceId;
+    if (deviceId < 0 || deviceId >= MAX_DEVICES) {
+        set_errmsg("stub: no device %d", deviceId);
+        return ACL_ERROR_RT_INVALID_DEVICEID;
+    }
     bump("device.resets", 1);
+    if (g_primary[deviceId]) {
+        g_primary[deviceId]->live = 0;
+        g_primary[deviceId] = NULL;
+    }
     return ACL_SUCCESS;
 }
 
@@ -690,14 +824,16 @@ EXPORT aclError aclrtCreateStream(aclrtStream *stream)
     int st = enter("aclrtCreateStream");
     if (st) return st;
     if (!stream) return ACL_ERROR_INVALID_PARAM;
-    if (!g_device_set) {
-        misuse("stream_without_device", "aclrtCreateStream before aclrtSetDevice");
+    StubContext *c = current_ctx();
+    if (!c) {
+        misuse("stream_without_device", "aclrtCreateStream without a current device on this thread");
         return ACL_ERROR_RT_CONTEXT_NULL;
     }
     StubStream *s = track(calloc(1, sizeof *s));
     if (!s) return ACL_ERROR_RT_MEMORY_ALLOCATION;
     s->magic = MAGIC_STREAM;
     s->live = 1;
+    s->ctx = c;
     *stream = s;
     bump("streams.created", 1);
     return ACL_SUCCESS;
@@ -706,7 +842,16 @@ EXPORT aclError aclrtCreateStream(aclrtStream *stream)
 static int stream_ok(aclrtStream stream)
 {
     StubStream *s = (StubStream *)stream;
-    return s && s->magic == MAGIC_STREAM && s->live;
+    return s && s->magic == MAGIC_STREAM && s->live && s->ctx->live;
+}
+
+/* Launching on, or destroying, a stream of another context than the thread's
+   current one fails (api_impl.cc: RT_ERROR_STREAM_CONTEXT). */
+static int stream_in_current_context(aclrtStream stream, const char *what)
+{
+    if (((StubStream *)stream)->ctx == current_ctx()) return 1;
+    misuse("stream_context", what);
+    return 0;
 }
 
 EXPORT aclError aclrtSynchronizeStream(aclrtStream stream)
@@ -718,6 +863,13 @@ EXPORT aclError aclrtSynchronizeStream(aclrtStream stream)
     }
     int st = enter("aclrtSynchronizeStream");
     if (st) return st;
+    StubStream *s = (StubStream *)stream;
+    if (s && s->magic == MAGIC_STREAM && s->live && !s->ctx->live) {
+        /* its context was released (aclrtResetDevice, aclFinalize) under its owner */
+        set_errmsg("stub: the stream's context was released by aclrtResetDevice or aclFinalize");
+        bump("streams.orphaned_use", 1);
+        return ACL_ERROR_RT_STREAM_CONTEXT;
+    }
     if (!stream_ok(stream)) {
         misuse("bad_stream", "aclrtSynchronizeStream on an unknown stream");
         return ACL_ERROR_INVALID_PARAM;
@@ -734,6 +886,8 @@ EXPORT aclError aclrtDestroyStream(aclrtStream stream)
         misuse("bad_stream", "aclrtDestroyStream on an unknown or destroyed stream");
         return ACL_ERROR_INVALID_PARAM;
     }
+    if (!stream_in_current_context(stream, "aclrtDestroyStream of a stream of another context"))
+        return ACL_ERROR_RT_STREAM_CONTEXT;
     if (((StubStream *)stream)->pending) { /* real CANN waits for the work first */
         ((StubStream *)stream)->pending = 0;
         g_pending_streams--;
@@ -748,6 +902,11 @@ EXPORT aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy pol
     int st = enter("aclrtMalloc");
     if (st) return st;
     if (!devPtr) return ACL_ERROR_INVALID_PARAM;
+    StubContext *c = current_ctx();
+    if (!c) { /* memory belongs to the current context's device */
+        misuse("malloc_without_device", "aclrtMalloc without a current device on this thread");
+        return ACL_ERROR_RT_CONTEXT_NULL;
+    }
     if (size == 0) { /* documented: size must not be 0 */
         misuse("malloc_zero", "aclrtMalloc with size 0");
         return ACL_ERROR_INVALID_PARAM;
@@ -755,7 +914,7 @@ EXPORT aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy pol
     if (policy != 0) bump("mem.non_default_policy", 1);
     void *p = NULL;
     if (posix_memalign(&p, 64, size) != 0) return ACL_ERROR_RT_MEMORY_ALLOCATION;
-    memset(p, 0xAB, size);
+    memset(p, STUB_POISON, size); /* what an output never written reads back as */
     if (g_nallocs == g_cap_allocs) {
         size_t cap = g_cap_allocs ? 2 * g_cap_allocs : 256;
         Alloc *grown = realloc(g_allocs, cap * sizeof *grown);
@@ -766,6 +925,7 @@ EXPORT aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy pol
     g_allocs[g_nallocs].p = p;
     g_allocs[g_nallocs].size = size;
     g_allocs[g_nallocs].live = 1;
+    g_allocs[g_nallocs].device = c->device;
     g_nallocs++;
     *devPtr = p;
     bump("mem.mallocs", 1);
@@ -1009,6 +1169,10 @@ EXPORT aclnnStatus aclSetAclOpExecutorRepeatable(aclOpExecutor *executor)
         misuse("bad_executor", "aclSetAclOpExecutorRepeatable on an unknown executor");
         return ACLNN_ERR_INNER_NULLPTR;
     }
+    if (executor != t_planned || t_planned_epoch != g_epoch) {
+        misuse("repeatable_late", "aclSetAclOpExecutorRepeatable not right after the executor's first phase");
+        return ACLNN_ERR_INNER;
+    }
     executor->repeatable = 1;
     return ACLNN_SUCCESS;
 }
@@ -1030,6 +1194,31 @@ EXPORT aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor *executor)
 }
 
 /* ------------------------------------------- aclnnop/aclnn_lstm_backward.h */
+
+static int path_exists(const char *path)
+{
+    struct stat sb;
+    return path && *path && stat(path, &sb) == 0;
+}
+
+static int kernel_path_found(void)
+{
+    const char *home = getenv("ASCEND_HOME_PATH");
+    if (home && *home) {
+        char latest[4096];
+        snprintf(latest, sizeof latest, "%s/opp_latest", home);
+        if (path_exists(latest)) return 1;
+    }
+    return path_exists(getenv("ASCEND_OPP_PATH"));
+}
+
+/* the device of the allocation holding t's data, or -1 */
+static int data_device(const aclTensor *t)
+{
+    int inside = 0;
+    Alloc *a = t && t->data ? find_alloc(t->data, 0, &inside) : NULL;
+    return a ? a->device : -1;
+}
 
 static int check_format(const aclTensor *t, int want, const char *name)
 {
@@ -1179,11 +1368,33 @@ EXPORT aclnnStatus aclnnLstmBackwardGetWorkspaceSize(
     for (int k = 0; k < 7; ++k)
         if (!check_list_format(gates[k], ACL_FORMAT_NCL, GATE_NAMES[k])) return ACLNN_ERR_PARAM_INVALID;
 
+    /* EmptyCheck (aclnn_lstm_backward.cpp): a tensor without elements among
+       input, dy, dh, dc, hx, params and the gate lists ends the first phase
+       with success, workspace 0 and an executor that computes nothing. */
+    int empty = numel(input) == 0 || numel(dy) == 0 || numel(dh) == 0 || numel(dc) == 0;
+    const aclTensorList *checked[] = {hx, params, gates[0], gates[1], gates[2], gates[3], gates[4], gates[5],
+                                      gates[6]};
+    for (size_t k = 0; k < sizeof checked / sizeof checked[0]; ++k)
+        for (uint64_t j = 0; j < checked[k]->n; ++j)
+            if (numel(checked[k]->items[j]) == 0) empty = 1;
+
+    /* Past that check the engine builds the graph and loads the kernels from
+       $ASCEND_HOME_PATH/opp_latest, else $ASCEND_OPP_PATH (kernel_utils.cpp
+       GetOppKernelPath, 561107); the op reports a failed build as
+       ACLNN_ERR_INNER_NULLPTR (CHECK_RET after ExecLstm*Backward). */
+    if (!empty && !kernel_path_found()) {
+        set_errmsg("stub: cannot find the operator kernels: ASCEND_OPP_PATH is not set or does not exist "
+                   "(ACLNN_ERR_INNER_OPP_PATH_NOT_FOUND %d)", ACLNN_ERR_INNER_OPP_PATH_NOT_FOUND);
+        return ACLNN_ERR_INNER_NULLPTR;
+    }
+
     aclOpExecutor *e = track(calloc(1, sizeof *e));
     if (!e) return ACLNN_ERR_INNER_NULLPTR;
     e->magic = MAGIC_EXEC;
     e->live = 1;
-    e->workspace_size = g_workspace_size;
+    e->empty = empty;
+    e->device = current_ctx() ? current_ctx()->device : -1;
+    e->workspace_size = empty ? 0 : g_workspace_size;
     e->input = input; e->dy = dy; e->dh = dh; e->dc = dc; e->batch_sizes = batchSizesOptional;
     e->dx = dxOut; e->dh_prev = dhPrevOut; e->dc_prev = dcPrevOut;
     e->hx = hx; e->params = params; e->dparams = dparamsOut;
@@ -1215,12 +1426,15 @@ EXPORT aclnnStatus aclnnLstmBackwardGetWorkspaceSize(
     log_append(", \"params\": "); log_list(params);
     for (int k = 0; k < 7; ++k) { log_append(", \"%s\": ", GATE_NAMES[k]); log_list(gates[k]); }
     log_append(", \"dparamsOut\": "); log_list(dparamsOut);
-    log_append("}, \"workspace_size\": %llu, \"executor\": %llu", (unsigned long long)e->workspace_size,
-               (unsigned long long)(uintptr_t)e);
+    log_append("}, \"workspace_size\": %llu, \"executor\": %llu, \"empty\": %s, \"device\": %d",
+               (unsigned long long)e->workspace_size, (unsigned long long)(uintptr_t)e, empty ? "true" : "false",
+               e->device);
     log_end_entry();
 
     *workspaceSize = e->workspace_size;
     *executor = e;
+    t_planned = e;
+    t_planned_epoch = g_epoch;
     return ACLNN_SUCCESS;
 }
 
@@ -1246,7 +1460,9 @@ EXPORT aclnnStatus aclnnLstmBackward(void *workspace, uint64_t workspaceSize, ac
         misuse("bad_executor", "aclnnLstmBackward with an unknown or released executor");
         return st ? st : ACLNN_ERR_PARAM_NULLPTR;
     }
-    /* a non-repeatable executor is consumed by the second phase, failed or not */
+    /* a non-repeatable executor is consumed by the second phase, failed or not;
+       a repeatable one is kept for aclDestroyAclOpExecutor (op_executor.cpp,
+       CommonOpExecutorRun) */
     if (!e->repeatable) release_executor(e);
     /* model an asynchronous launch: even a failing second phase may have queued
        work, so the caller must synchronize before freeing or reading memory */
@@ -1258,6 +1474,18 @@ EXPORT aclnnStatus aclnnLstmBackward(void *workspace, uint64_t workspaceSize, ac
     if (!stream_ok(stream)) {
         misuse("bad_stream", "aclnnLstmBackward on an unknown stream");
         return ACLNN_ERR_PARAM_INVALID;
+    }
+    if (!stream_in_current_context(stream, "aclnnLstmBackward on a stream of another context"))
+        return ACL_ERROR_RT_STREAM_CONTEXT;
+    int device = ((StubStream *)stream)->ctx->device;
+    if (e->empty) { /* the EmptyCheck executor: nothing runs, no output is written */
+        log_begin_entry("aclnnLstmBackward");
+        log_append(", \"workspace\": %llu, \"workspace_size\": %llu, \"executor\": %llu, \"stream\": %llu, "
+                   "\"device\": %d, \"empty\": true",
+                   (unsigned long long)(uintptr_t)workspace, (unsigned long long)workspaceSize,
+                   (unsigned long long)(uintptr_t)e, (unsigned long long)(uintptr_t)stream, device);
+        log_end_entry();
+        return ACLNN_SUCCESS;
     }
     if (workspaceSize != e->workspace_size) {
         misuse("bad_workspace", "workspaceSize differs from the planned size");
@@ -1272,11 +1500,14 @@ EXPORT aclnnStatus aclnnLstmBackward(void *workspace, uint64_t workspaceSize, ac
         memset(workspace, 0x5A, e->workspace_size); /* the kernel may scribble on it */
     }
     const aclTensor *singles[] = {e->input, e->dy, e->dh, e->dc, e->batch_sizes, e->dx, e->dh_prev, e->dc_prev};
-    for (size_t k = 0; k < sizeof singles / sizeof singles[0]; ++k)
+    for (size_t k = 0; k < sizeof singles / sizeof singles[0]; ++k) {
         if (singles[k] && !tensor_ok(singles[k])) {
             misuse("use_after_destroy", "tensor destroyed between the two phases");
             return ACLNN_ERR_PARAM_INVALID;
         }
+        if (singles[k] && data_device(singles[k]) != device)
+            misuse("cross_device", "a tensor's memory is on another device than the stream");
+    }
     const aclTensorList *lists[] = {e->hx, e->params, e->dparams, e->gates[0], e->gates[1], e->gates[2],
                                     e->gates[3], e->gates[4], e->gates[5], e->gates[6]};
     for (size_t k = 0; k < sizeof lists / sizeof lists[0]; ++k)
@@ -1286,9 +1517,10 @@ EXPORT aclnnStatus aclnnLstmBackward(void *workspace, uint64_t workspaceSize, ac
         }
 
     log_begin_entry("aclnnLstmBackward");
-    log_append(", \"workspace\": %llu, \"workspace_size\": %llu, \"executor\": %llu, \"stream\": %llu",
+    log_append(", \"workspace\": %llu, \"workspace_size\": %llu, \"executor\": %llu, \"stream\": %llu, "
+               "\"device\": %d, \"empty\": false",
                (unsigned long long)(uintptr_t)workspace, (unsigned long long)workspaceSize,
-               (unsigned long long)(uintptr_t)e, (unsigned long long)(uintptr_t)stream);
+               (unsigned long long)(uintptr_t)e, (unsigned long long)(uintptr_t)stream, device);
     log_append(", \"checksums\": {\"input\": "); log_checksum(e->input);
     log_append(", \"dy\": "); log_checksum(e->dy);
     log_append(", \"dh\": "); log_checksum(e->dh);
