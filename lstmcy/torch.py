@@ -28,13 +28,14 @@ For numpy users, :func:`params_from_state_dict`, :func:`config_from_state_dict` 
 """
 # Absolute imports throughout: this module is itself called ``torch`` inside the package.
 import math
+from typing import Optional, Tuple
 
 try:
     import torch
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("lstmcy.torch needs PyTorch: pip install torch "
                       "(from lstmcy's checkout: pip install -e '.[torch]')") from exc
-from torch import nn
+from torch import Tensor, _VF, nn
 from torch.autograd import forward_ad
 from torch.nn.utils.rnn import PackedSequence
 
@@ -339,8 +340,27 @@ class LSTM(nn.LSTM):
                     raise StateDtypeError(f"{name} has dtype {state.dtype} but input has "
                                           f"{input.dtype}")
 
-    def forward(self, input, hx=None):
+    # The signatures TorchScript compiles ``forward`` for, as ``nn.LSTM`` declares them.
+    @torch._jit_internal._overload_method
+    def forward(self, input: Tensor, hx: Optional[Tuple[Tensor, Tensor]] = None
+                ) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+        pass
+
+    @torch._jit_internal._overload_method  # noqa: F811
+    def forward(self, input: PackedSequence, hx: Optional[Tuple[Tensor, Tensor]] = None
+                ) -> Tuple[PackedSequence, Tuple[Tensor, Tensor]]:
+        pass
+
+    def forward(self, input, hx=None):  # noqa: F811
         """Run the LSTM; same arguments and results as :meth:`torch.nn.LSTM.forward`."""
+        if torch.jit.is_scripting():
+            # TorchScript compiles this branch alone: a scripted module computes with
+            # PyTorch's LSTM kernel (aten::lstm), as a scripted nn.LSTM does.
+            return self._scripted_forward(input, hx)
+        if torch.onnx.is_in_onnx_export() and self.proj_size == 0:
+            # Exported as nn.LSTM is: ONNX's LSTM operator (which has no projection; a
+            # projected LSTM is exported from the torch-operations LSTM, see _run).
+            return super().forward(input, hx)
         proxy = _fx_proxy((input, hx))
         if proxy is not None:
             return self._fx_call(proxy.tracer, input, hx)
@@ -400,6 +420,67 @@ class LSTM(nn.LSTM):
             h_n, c_n = h_n.squeeze(1), c_n.squeeze(1)
         return output, (h_n, c_n)
 
+    @torch._jit_internal._overload_method
+    def _scripted_forward(self, input: Tensor, hx: Optional[Tuple[Tensor, Tensor]]
+                          ) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+        pass
+
+    @torch._jit_internal._overload_method  # noqa: F811
+    def _scripted_forward(self, input: PackedSequence, hx: Optional[Tuple[Tensor, Tensor]]
+                          ) -> Tuple[PackedSequence, Tuple[Tensor, Tensor]]:
+        pass
+
+    def _scripted_forward(self, input, hx):  # noqa: F811
+        """``nn.LSTM.forward`` in TorchScript: ``aten::lstm`` on ``_flat_weights``
+        (compiled by ``torch.jit.script`` only; never run in Python)."""
+        self._update_flat_weights()
+        orig_input = input
+        batch_sizes: Optional[Tensor] = None
+        sorted_indices: Optional[Tensor] = None
+        unsorted_indices: Optional[Tensor] = None
+        is_batched = True
+        # isinstance in a condition: TorchScript refines the type in each overload.
+        if isinstance(orig_input, PackedSequence):
+            input, batch_sizes, sorted_indices, unsorted_indices = input
+            batch = int(batch_sizes[0])
+        else:
+            if input.dim() not in (2, 3):
+                raise ValueError(f"LSTM: Expected input to be 2D or 3D, got {input.dim()}D instead")
+            is_batched = input.dim() == 3
+            if not is_batched:
+                input = input.unsqueeze(0 if self.batch_first else 1)
+            batch = input.size(0) if self.batch_first else input.size(1)
+        if hx is None:
+            states = self.num_layers * (2 if self.bidirectional else 1)
+            h_size = self.proj_size if self.proj_size > 0 else self.hidden_size
+            hx = (torch.zeros(states, batch, h_size, dtype=input.dtype, device=input.device),
+                  torch.zeros(states, batch, self.hidden_size, dtype=input.dtype,
+                              device=input.device))
+        else:
+            want = 3 if is_batched else 2
+            if hx[0].dim() != want or hx[1].dim() != want:
+                raise RuntimeError(f"hx and cx should be {want}-D tensors, got "
+                                   f"({hx[0].dim()}-D, {hx[1].dim()}-D)")
+            if not is_batched:
+                hx = (hx[0].unsqueeze(1), hx[1].unsqueeze(1))
+            self.check_forward_args(input, hx, batch_sizes)
+            hx = self.permute_hidden(hx, sorted_indices)
+        if batch_sizes is None:
+            result = _VF.lstm(input, hx, self._flat_weights, self.bias, self.num_layers,
+                              self.dropout, self.training, self.bidirectional, self.batch_first)
+        else:
+            result = _VF.lstm(input, batch_sizes, hx, self._flat_weights, self.bias,
+                              self.num_layers, self.dropout, self.training, self.bidirectional)
+        output = result[0]
+        hidden = (result[1], result[2])
+        if isinstance(orig_input, PackedSequence):
+            return (PackedSequence(output, batch_sizes, sorted_indices, unsorted_indices),
+                    self.permute_hidden(hidden, unsorted_indices))
+        if not is_batched:
+            return (output.squeeze(0 if self.batch_first else 1),
+                    (hidden[0].squeeze(1), hidden[1].squeeze(1)))
+        return output, hidden
+
     def _fx_call(self, tracer, input, hx):
         """The ``call_module`` node ``torch.fx`` records for ``nn.LSTM``, which its
         default rule keeps whole as a module of ``torch.nn``: the graph calls this module,
@@ -422,7 +503,8 @@ class LSTM(nn.LSTM):
             data, h0, c0 = (None if t is None else t.float() for t in (data, h0, c0))
             weights = [w.float() for w in weights]
             masks = None if masks is None else [m.float() for m in masks]
-        route = _route([data, h0, c0, *weights])
+        # ONNX export of a projected LSTM: standard operators, step by step.
+        route = _REFERENCE if torch.onnx.is_in_onnx_export() else _route([data, h0, c0, *weights])
         if route == _REFERENCE:
             y, h_n, c_n = reference.lstm(
                 data, None if h0 is None else (h0, c0), weights, hidden_size=cfg.hidden_size,
