@@ -74,10 +74,14 @@ else
     export PYTHONMALLOC=malloc
     # CPython and the libraries it loads keep memory until exit by design: leaks are not
     # reported. allocator_may_return_null: a huge request raises MemoryError as it would
-    # without ASan (the tests of refused sizes rely on it).
-    export ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1:abort_on_error=0:exitcode=66:log_path=$REPORTS/asan:${ASAN_OPTIONS:-}"
+    # without ASan (the tests of refused sizes rely on it). detect_stack_use_after_return:
+    # a job lives in its caller's frame, and the pool's workers must be done with it
+    # before that frame returns.
+    export ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1:detect_stack_use_after_return=1:abort_on_error=0:exitcode=66:log_path=$REPORTS/asan:${ASAN_OPTIONS:-}"
     export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:exitcode=66:log_path=$REPORTS/ubsan:${UBSAN_OPTIONS:-}"
-    export TSAN_OPTIONS="suppressions=$CLONE/tools/tsan.supp:exitcode=66:halt_on_error=1:log_path=$REPORTS/tsan:${TSAN_OPTIONS:-}"
+    # die_after_fork=0: a forked child of the threaded parent starts lstmcy's workers anew
+    # (the fork tests check that it does); TSan follows it but by default refuses.
+    export TSAN_OPTIONS="suppressions=$CLONE/tools/tsan.supp:exitcode=66:halt_on_error=1:die_after_fork=0:log_path=$REPORTS/tsan:${TSAN_OPTIONS:-}"
     # libstdc++ with it: ASan intercepts C++ throws (PyTorch's errors) only if libstdc++ is
     # loaded when ASan starts, and the interpreter itself does not link it.
     export LD_PRELOAD="$(gcc -print-file-name=$RUNTIME):$(gcc -print-file-name=libstdc++.so)${LD_PRELOAD:+:$LD_PRELOAD}"
