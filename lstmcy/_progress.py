@@ -91,5 +91,9 @@ class FitProgress:
             line += f", at most {format_seconds(left)} left"
         self._print(line)
 
+    def note(self, message):
+        """A line about the fit (a change of the learning rate)."""
+        self._print(message)
+
     def end(self, message):
         self._print(f"{message} ({format_seconds(time.perf_counter() - self.start)} in all)")

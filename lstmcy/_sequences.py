@@ -18,6 +18,7 @@ sequence, as rows) and cuts those into packed kernel calls (:class:`Part`, PyTor
 ``PackedSequence`` layout) that cost their real time steps: :class:`Batch` es for
 training, :meth:`Sequences.parts` for prediction.
 """
+import sys
 import warnings
 
 import numpy as np
@@ -25,7 +26,8 @@ import scipy.sparse as sp
 from sklearn.utils.validation import check_array
 
 __all__ = ["Batch", "Part", "Sequences", "cut", "is_sequence_list", "check_sequence_list", "check_3d",
-           "from_padded", "trim_nan_padding"]
+           "from_padded", "item_sequences", "pandas_sequences",
+           "trim_nan_padding"]
 
 # A 3-D array whose features outnumber its time steps by this factor (or that has one
 # step) probably is channels-first data read the other way round.
@@ -202,6 +204,12 @@ class Sequences:
         return cls(array.reshape(n * steps, n_features), np.arange(n, dtype=np.intp) * steps,
                    np.full(n, steps, dtype=np.intp))
 
+    def row_index(self):
+        """The index in ``rows`` of every time step of the sequences, one sequence after
+        the other."""
+        ends = np.cumsum(self.lengths)
+        return np.repeat(self.starts - (ends - self.lengths), self.lengths) + np.arange(ends[-1])
+
     def subset(self, index):
         return Sequences(self.rows, self.starts[index], self.lengths[index])
 
@@ -281,6 +289,75 @@ def is_sequence_list(X):
     return len(lengths) > 1
 
 
+def pandas_sequences(X):
+    """The sequences of a pandas collection of time series, as a list of 2-D arrays
+    ``(n_timepoints_i, n_channels)``; None if ``X`` is not one.
+
+    Two layouts are collections: sktime's nested DataFrame (``nested_univ``: one row per
+    series, one column per channel, each cell a Series or array of that channel's time
+    points, whose lengths may differ between rows) and the long DataFrame with a
+    two-level row index ``(instance, time)`` and one column per channel (sktime's
+    ``pd-multiindex``, aeon's and sktime's loaders' other output). Channels and time are
+    explicit in both, so ``channels_first`` does not apply.
+    """
+    pd = sys.modules.get("pandas")
+    if pd is None or not isinstance(X, pd.DataFrame):
+        return None
+    if isinstance(X.index, pd.MultiIndex):
+        if X.index.nlevels != 2:
+            raise ValueError(
+                f"X is a DataFrame with a {X.index.nlevels}-level row index; a collection of "
+                f"series needs two levels, (instance, time), with one column per channel. "
+                f"Drop the outer levels or fit one model per group")
+        try:
+            return [np.ascontiguousarray(frame.to_numpy(dtype=np.float64))
+                    for _, frame in X.groupby(level=0, sort=False)]
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"X is a DataFrame with an (instance, time) row index whose "
+                             f"columns (the channels) must be numeric: {error}") from None
+    if len(X) == 0 or X.shape[1] == 0:
+        return None
+    first = X.iloc[0, 0]
+    if not isinstance(first, (pd.Series, np.ndarray, list)):
+        return None
+    arrays = []
+    for i in range(len(X)):
+        channels = []
+        for c in range(X.shape[1]):
+            cell = X.iloc[i, c]
+            try:
+                channels.append(np.asarray(cell, dtype=np.float64).ravel())
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"X is a nested DataFrame (one series per row, one channel per column), "
+                    f"but X.iloc[{i}, {c}] is {type(cell).__name__!s} {str(cell)[:40]!r}, not "
+                    f"a Series or array of numbers") from None
+        lengths = {len(channel) for channel in channels}
+        if len(lengths) > 1:
+            raise ValueError(
+                f"X is a nested DataFrame (one series per row, one channel per column), but "
+                f"the channels of row {i} have different lengths {sorted(lengths)}: every "
+                f"channel of a series needs the same time points (pad the shorter ones at "
+                f"the end with NaN)")
+        arrays.append(np.stack(channels, axis=1))
+    return arrays
+
+
+def item_sequences(X):
+    """``X``'s items as numpy arrays if it is a collection that numpy cannot make one array
+    of (a ragged nested list, an awkward Array of variable-length sequences); else None."""
+    if isinstance(X, (np.ndarray, str, bytes)) or not hasattr(X, "__len__") \
+            or not hasattr(X, "__iter__"):
+        return None
+    try:
+        items = [np.asarray(item, dtype=np.float64) for item in X]
+    except (TypeError, ValueError):
+        return None
+    if not items or any(item.ndim not in (1, 2) for item in items):
+        return None
+    return items
+
+
 def _channels_first_hint(channels_first):
     if channels_first:
         return ""
@@ -346,7 +423,7 @@ def check_3d(X, dtype, *, channels_first=False, warn_layout=False):
             f"X has shape {array.shape} and is read as (n_samples, n_timesteps, n_features): "
             f"{n_samples} sequences of {steps} time step{'s' if steps > 1 else ''} with "
             f"{n_features} features each. If it is (n_samples, n_channels, n_timepoints), "
-            f"as in sktime and aeon, pass channels_first=True.", UserWarning, stacklevel=5)
+            f"as in sktime and aeon, pass channels_first=True.", UserWarning, stacklevel=6)
     return from_padded(array, dtype)
 
 

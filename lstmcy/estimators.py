@@ -23,7 +23,11 @@ Input ``X`` can be (see :mod:`lstmcy._sequences` and docs/estimators.md)
   may differ: a variable-length batch, packed internally (sorted by length, PyTorch's
   ``PackedSequence`` layout) and returned in the caller's order.
 
-Trailing NaN ends a sequence, so NaN-padded arrays hold variable-length data too.
+* sktime's nested DataFrame or a DataFrame with an ``(instance, time)`` row index.
+
+Trailing NaN ends a sequence, so NaN-padded arrays hold variable-length data too. Each
+feature is standardised with the training data's mean and standard deviation
+(``standardize=True``).
 """
 import functools
 import math
@@ -48,7 +52,7 @@ from lstmcy._optimizers import SGD, Adam
 from lstmcy._schedule import FUSED_INPUT_ROWS
 from lstmcy._progress import FitProgress
 from lstmcy._sequences import (Sequences, check_3d, check_sequence_list, from_padded,
-                               is_sequence_list)
+                               is_sequence_list, item_sequences, pandas_sequences)
 
 __all__ = ["LSTMClassifier", "LSTMRegressor"]
 
@@ -100,7 +104,12 @@ _AUTO_STEPS = 10
 _AUTO_BATCH_MIN = 4
 _AUTO_BATCH_MAX = 64
 # early_stopping='auto' holds out a validation set from this many held-out samples on.
-_AUTO_MIN_VALIDATION = 10
+_AUTO_MIN_VALIDATION = 100
+# learning_rate='adaptive': where the watched loss stops improving, divide the learning
+# rate by _LR_DIVISOR and go on, up to _LR_REDUCTIONS times; a small set's training loss
+# is noisy at the first plateau and still falls at a smaller step.
+_LR_DIVISOR = 5
+_LR_REDUCTIONS = 2
 
 
 def auto_batch_size(n_samples):
@@ -145,7 +154,7 @@ class _BaseLSTM(BaseEstimator):
                  n_iter_no_change=10, early_stopping="auto", validation_fraction=0.1,
                  shuffle=True, random_state=None, warm_start=False, verbose=0, momentum=0.9,
                  nesterovs_momentum=True, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
-                 dtype=np.float32):
+                 dtype=np.float32, standardize=True, learning_rate="adaptive"):
         self.hidden_size = hidden_size
         self.num_layers = num_layers
         self.bidirectional = bidirectional
@@ -172,6 +181,8 @@ class _BaseLSTM(BaseEstimator):
         self.beta_2 = beta_2
         self.epsilon = epsilon
         self.dtype = dtype
+        self.standardize = standardize
+        self.learning_rate = learning_rate
 
     # ------------------------------------------------------------------ parameters
 
@@ -211,6 +222,10 @@ class _BaseLSTM(BaseEstimator):
         _check_number("beta_1", self.beta_1, "real", low=0, high=1, high_open=True)
         _check_number("beta_2", self.beta_2, "real", low=0, high=1, high_open=True)
         _check_number("epsilon", self.epsilon, "real", low=0, low_open=True)
+        _check_flag("standardize", self.standardize)
+        if self.learning_rate not in ("constant", "adaptive"):
+            raise ValueError(f"learning_rate must be 'constant' or 'adaptive', got "
+                             f"{self.learning_rate!r}")
         try:
             dtype = np.dtype(self.dtype)
         except TypeError:
@@ -222,6 +237,38 @@ class _BaseLSTM(BaseEstimator):
     # ------------------------------------------------------------------ input
 
     def _validate_X(self, X, *, reset, dtype=None):
+        """Turn ``X`` into :class:`~lstmcy._sequences.Sequences`; on ``reset`` record its
+        layout, else standardise it as the training data (:meth:`_standardized`)."""
+        data = self._read_X(X, reset=reset, dtype=dtype)
+        return data if reset else self._standardized(data)
+
+    def _fit_standardization(self, data, weights):
+        """``input_mean_`` and ``input_scale_``: each feature's mean and standard deviation
+        over the training time steps, a step weighted by its sample's weight (so that an
+        integer weight counts as copies of the sample); None without ``standardize``."""
+        if not self.standardize:
+            self.input_mean_ = self.input_scale_ = None
+            return
+        rows = data.rows[data.row_index()].astype(np.float64)
+        step_weights = np.repeat(weights, data.lengths)
+        total = step_weights.sum()
+        mean = step_weights @ rows / total
+        rows -= mean
+        scale = np.sqrt(step_weights @ np.square(rows) / total)
+        # A constant feature (up to rounding) is only centred, as StandardScaler does.
+        scale[scale <= 10 * np.finfo(np.float64).eps * np.maximum(1.0, np.abs(mean))] = 1.0
+        self.input_mean_, self.input_scale_ = mean, scale
+
+    def _standardized(self, data):
+        """``data`` standardised with the training data's ``input_mean_`` and
+        ``input_scale_`` (new rows in ``data``'s dtype), or ``data`` without them."""
+        mean = getattr(self, "input_mean_", None)
+        if mean is None:
+            return data
+        rows = ((data.rows - mean) / self.input_scale_).astype(data.rows.dtype, copy=False)
+        return Sequences(rows, data.starts, data.lengths)
+
+    def _read_X(self, X, *, reset, dtype=None):
         """Turn ``X`` into :class:`~lstmcy._sequences.Sequences`; on ``reset`` record its layout.
 
         ``n_features_in_`` is what scikit-learn's tools expect: the number of columns of a
@@ -232,7 +279,10 @@ class _BaseLSTM(BaseEstimator):
             dtype = np.float64
         name = type(self).__name__
         channels_first = bool(self.channels_first)
-        if sp.issparse(X):
+        frames = pandas_sequences(X)
+        if frames is not None:  # channels and time points are explicit
+            X, kind, channels_first = frames, "list", False
+        elif sp.issparse(X):
             kind = "table"
         elif is_sequence_list(X):
             kind = "list"
@@ -241,9 +291,18 @@ class _BaseLSTM(BaseEstimator):
             if ndim is None:
                 try:  # lists, or objects with __array__ only
                     ndim = np.asarray(X).ndim
-                except (ValueError, TypeError):  # e.g. ragged nested lists: let check_array explain
-                    ndim = 2
-            kind = "3d" if ndim is not None and ndim >= 3 else "table"
+                except (ValueError, TypeError):
+                    # ragged: a nested list or an awkward Array of sequences of any lengths
+                    items = item_sequences(X)
+                    if items is None:
+                        raise ValueError(
+                            f"X ({type(X).__name__}) is not an array: numpy cannot read it "
+                            f"as one, and its items are not 1-D or 2-D sequences of numbers. "
+                            f"Pass a 3-D array (n_samples, n_timesteps, n_features), a list "
+                            f"of 2-D arrays (n_timesteps_i, n_features), a list of 1-D "
+                            f"arrays or a nested DataFrame") from None
+                    X, ndim = items, None
+            kind = "list" if ndim is None else "3d" if ndim >= 3 else "table"
 
         if kind == "table":
             if reset or getattr(self, "_fitted_on_table", False):
@@ -527,6 +586,9 @@ class _BaseLSTM(BaseEstimator):
         if not (weights > 0).all():  # a zero weight is the same as leaving the sample out
             keep = np.flatnonzero(weights > 0)
             data, targets, weights = data.subset(keep), targets[keep], weights[keep]
+        if first_pass:  # later passes' data is standardised by _validate_X
+            self._fit_standardization(data, weights)
+            data = self._standardized(data)
         self._train(data, targets, weights, incremental=incremental)
         return self
 
@@ -590,6 +652,7 @@ class _BaseLSTM(BaseEstimator):
             progress.begin(n_samples, 0 if val_data is None else val_data.n_samples, batch_size)
         params = self._all_params()
         stop_message = None
+        reductions = 0  # of the learning rate, this fit
         for _ in range(max_epochs):
             order = random_state.permutation(n_samples) if self.shuffle else np.arange(n_samples)
             loss_sum = weight_sum = 0.0
@@ -637,9 +700,21 @@ class _BaseLSTM(BaseEstimator):
             if self.n_iter_no_change is not None and \
                     self._no_improvement_count > self.n_iter_no_change:
                 watched = "Validation loss" if early_stopping else "Training loss"
-                stop_message = (f"{watched} did not improve more than tol={self.tol} for "
-                                f"{self.n_iter_no_change} consecutive epochs. Stopping.")
                 self._no_improvement_count = 0
+                if self.learning_rate == "adaptive" and reductions < _LR_REDUCTIONS:
+                    reductions += 1
+                    self._optimizer.learning_rate /= _LR_DIVISOR
+                    if progress is not None:
+                        progress.note(f"{watched} did not improve more than tol={self.tol} for "
+                                      f"{self.n_iter_no_change} consecutive epochs: learning "
+                                      f"rate divided by {_LR_DIVISOR} to "
+                                      f"{self._optimizer.learning_rate:.3g}.")
+                    continue
+                stop_message = (f"{watched} did not improve more than tol={self.tol} for "
+                                f"{self.n_iter_no_change} consecutive epochs"
+                                + (f" at the learning rate divided by {_LR_DIVISOR}"
+                                   f"{'' if reductions == 1 else f'^{reductions}'}"
+                                   if reductions else "") + ". Stopping.")
                 break
         if stop_message is None and not incremental:
             stop_message = f"Reached max_iter={self.max_iter}."
@@ -747,8 +822,8 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
         Hold out ``validation_fraction`` of the data (stratified by class), watch the
         weighted loss on it after every epoch, stop when it has not improved by ``tol``
         for ``n_iter_no_change`` epochs and keep the parameters of the epoch where it was
-        lowest. 'auto' does so when the held-out part has at least 10 samples and every
-        class can be on both sides (from 91 samples on in practice); smaller sets, and
+        lowest. 'auto' does so when the held-out part has at least 100 samples and every
+        class can be on both sides (from 991 samples on); smaller sets, and
         False, train on all samples and stop on the training loss. True holds out at any
         size where the split is possible.
     validation_fraction : float in (0, 1), default=0.1
@@ -777,6 +852,15 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
         Precision of the parameters and of training. Predictions are computed in
         float64 from these parameters; a sample's prediction does not depend, to the
         last bit, on which samples are predicted with it.
+    standardize : bool, default=True
+        Standardise each feature (channel) with its mean and standard deviation over
+        the training time steps (weighted by ``sample_weight``), fitted by ``fit`` (or
+        the first ``partial_fit``) and applied to every later input; a constant feature
+        is only centred. False reads the input as it is.
+    learning_rate : {'adaptive', 'constant'}, default='adaptive'
+        'adaptive': when the watched loss has not improved by ``tol`` for
+        ``n_iter_no_change`` epochs, divide the learning rate by 5 and go on, at most
+        twice; the next such plateau stops training. 'constant' stops at the first.
     class_weight : dict, 'balanced' or None, default=None
         Weights of the classes, ``{label: weight}``, multiplying ``sample_weight``.
         'balanced' weighs each class by ``n_samples / (n_classes * count)``, counting
@@ -794,6 +878,8 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
         Column names, when trained on a 2-D DataFrame with string column names.
     input_size_ : int
         Features per time step read by the LSTM.
+    input_mean_, input_scale_ : ndarray of shape (input_size_,) or None
+        The standardisation of the input (None with ``standardize=False``).
     lstm_params_ : list of ndarray
         LSTM parameters in lstmcy's (and ``torch.nn.LSTM``'s) order: per layer, forward
         direction then reverse, ``w_ih [4H, I_l]``, ``w_hh [4H, H]``, ``b_ih``, ``b_hh``.
@@ -845,7 +931,7 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
                  n_iter_no_change=10, early_stopping="auto", validation_fraction=0.1,
                  shuffle=True, random_state=None, warm_start=False, verbose=0, momentum=0.9,
                  nesterovs_momentum=True, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
-                 dtype=np.float32, class_weight=None):
+                 dtype=np.float32, standardize=True, learning_rate="adaptive", class_weight=None):
         super().__init__(
             hidden_size=hidden_size, num_layers=num_layers, bidirectional=bidirectional,
             dropout=dropout, head=head, channels_first=channels_first, solver=solver,
@@ -854,7 +940,8 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
             early_stopping=early_stopping, validation_fraction=validation_fraction,
             shuffle=shuffle, random_state=random_state, warm_start=warm_start, verbose=verbose,
             momentum=momentum, nesterovs_momentum=nesterovs_momentum, beta_1=beta_1,
-            beta_2=beta_2, epsilon=epsilon, dtype=dtype)
+            beta_2=beta_2, epsilon=epsilon, dtype=dtype, standardize=standardize,
+            learning_rate=learning_rate)
         self.class_weight = class_weight
 
     def _validate_params(self):
@@ -1037,13 +1124,14 @@ class LSTMRegressor(RegressorMixin, _BaseLSTM):
     hidden_size, num_layers, bidirectional, dropout, head, channels_first, solver, \
 batch_size, learning_rate_init, alpha, clip_norm, max_iter, tol, n_iter_no_change, \
 early_stopping, validation_fraction, shuffle, random_state, warm_start, verbose, momentum, \
-nesterovs_momentum, beta_1, beta_2, epsilon, dtype
+nesterovs_momentum, beta_1, beta_2, epsilon, dtype, standardize, learning_rate
         As in :class:`LSTMClassifier`. The validation set of early stopping is not
         stratified, and its score is R² (weighted by ``sample_weight``).
 
     Attributes
     ----------
-    n_features_in_, feature_names_in_, input_size_, lstm_params_, loss_curve_, \
+    n_features_in_, feature_names_in_, input_size_, input_mean_, input_scale_, lstm_params_, \
+loss_curve_, \
 validation_loss_curve_, validation_scores_, best_validation_loss_, best_validation_score_, \
 best_loss_, n_iter_, t_
         As in :class:`LSTMClassifier` (validation scores are R²).
