@@ -635,6 +635,35 @@ class LSTMPlan:
             y, h_n, c_n = (_out_dtype(a, p.dtype) for a in (y, h_n, c_n))
         return y, h_n, c_n, saved_block if train else None, saved_all if train else None
 
+    def step(self, x, hx, params, *, has_bias=True):
+        """One inference time step of a one-layer, one-direction LSTM: a cell step.
+
+        The bound form for step-by-step use (streaming inference, a recurrent policy's
+        actor): the shape's setup is made once, and a call of exact float32/float64
+        ndarrays of the expected shapes runs the kernels with nothing derived anew.
+
+        Parameters
+        ----------
+        x : ndarray [B, I]
+            The step's input.
+        hx : tuple of ndarray or None
+            ``(h, c)``, each ``[B, H]`` (as ``torch.nn.LSTMCell`` takes them); None for
+            zeros.
+        params : list of ndarray
+            ``w_ih [4H, I]``, ``w_hh [4H, H]``, ``b_ih [4H]``, ``b_hh [4H]`` (no biases when
+            ``has_bias`` is False).
+        has_bias : bool, default True
+
+        Returns
+        -------
+        h, c : ndarray [B, H]
+            The new states: bitwise ``h_n[0], c_n[0]`` of ``forward(x[None], (h[None],
+            c[None]), params, train=False)``. Other arguments (other dtypes, shapes or
+            types) run that call itself, with its checks and its error messages.
+        """
+        from lstmcy._step import plan_step  # _step builds on this module
+        return plan_step(self, x, hx, params, has_bias)
+
     def backward(self, input, hx, params, dy, dh, dc, i, g=None, f=None, o=None, h=None,
                  c=None, tanhc=None, *, config=None, batch_sizes=None, has_bias=True,
                  num_layers=1, dropout=0.0, train=True, bidirectional=False, batch_first=False,

@@ -42,11 +42,12 @@ from torch.nn.utils.rnn import PackedSequence
 from lstmcy import _torch_engine as engine
 from lstmcy import _torch_func, _torch_ops
 from lstmcy import _torch_reference as reference
+from lstmcy._torch_cell import LSTMCell
 from lstmcy._torch_state_dict import (config_from_state_dict, params_from_state_dict,
                                       params_to_state_dict)
 
-__all__ = ["LSTM", "StateDtypeError", "params_from_state_dict", "config_from_state_dict",
-           "params_to_state_dict"]
+__all__ = ["LSTM", "LSTMCell", "StateDtypeError", "params_from_state_dict",
+           "config_from_state_dict", "params_to_state_dict"]
 
 _KERNEL_DTYPES = (torch.float32, torch.float64)
 # Computed in float32 (inputs, states and weights converted on the way in, results on

@@ -1,0 +1,178 @@
+"""Step-by-step calls: lstmcy against PyTorch where each call is one small time step.
+
+Cases (float32, input 16, hidden 32 unless given), each timed side by side in one process
+(``timing.measure``: rotating order, medians over rounds):
+
+* ``numpy step``: one inference step through the numpy API (``lstm_forward`` with T=1,
+  B=1, and the bound ``LSTMPlan.step``) against ``nn.LSTMCell``'s step (no grad);
+* ``torch LSTM T=1``: ``lstmcy.torch.LSTM`` against ``nn.LSTM``, one step, inference;
+* ``torch cell``: ``lstmcy.torch.LSTMCell`` against ``nn.LSTMCell``, one step, inference;
+* ``unrolled B``: 20 steps of a cell, forward and backward (``h.sum()`` of the last
+  state), ``lstmcy.torch.LSTMCell`` against ``nn.LSTMCell``, B=1 and B=32;
+* ``numpy train T=1``: ``lstm_forward`` + ``cache.backward`` of one step (no PyTorch
+  counterpart).
+
+Run: ``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_step.py
+[--repeats N] [--torch-threads N]``. The report names the kernels that ran (lstmcy's build:
+``LSTMCY_KERNELS`` forces one; OpenBLAS's core type from threadpoolctl) and how many
+cores other processes kept busy meanwhile: a run under outside load is not valid for the
+targets.
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _env import reexec_without_openblas_overrides  # noqa: E402
+
+reexec_without_openblas_overrides()
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import lstmcy  # noqa: E402
+import lstmcy.torch as lt  # noqa: E402
+from lstmcy._dispatch import kernels  # noqa: E402
+from machine import cpu_snapshot, machine_label, others_cores  # noqa: E402
+from timing import measure  # noqa: E402
+
+TITLE = "Step-by-step calls and the LSTM cell (`benchmarks/bench_step.py`)"
+#: Outside load (cores) above which a run is not valid for the targets (as report.py).
+LOAD_LIMIT = 0.3
+#: The ratios the issue asks for: (case, lstmcy's variant, PyTorch's, at least).
+TARGETS = [
+    ("numpy step", "lstmcy.lstm_forward", "nn.LSTMCell", 4.0),
+    ("numpy step", "LSTMPlan.step", "nn.LSTMCell", 4.0),
+    ("torch LSTM T=1", "lstmcy.torch.LSTM", "nn.LSTM", 5.0),
+    ("torch cell", "lstmcy.torch.LSTMCell", "nn.LSTMCell", 2.0),
+    ("unrolled B=1", "lstmcy.torch.LSTMCell", "nn.LSTMCell", 5.0),
+    ("unrolled B=32", "lstmcy.torch.LSTMCell", "nn.LSTMCell", 5.0),
+]
+
+
+def _cells(I, H):
+    torch.manual_seed(0)
+    ref = torch.nn.LSTMCell(I, H)
+    cell = lt.LSTMCell(I, H)
+    cell.load_state_dict(ref.state_dict())
+    return ref, cell
+
+
+def cases(I=16, H=32, steps=20):
+    """name -> {variant: zero-argument callable}."""
+    rng = np.random.default_rng(0)
+    params = [(rng.standard_normal(s) * 0.1).astype(np.float32)
+              for s in [(4 * H, I), (4 * H, H), (4 * H,), (4 * H,)]]
+    x = rng.standard_normal((1, 1, I)).astype(np.float32)
+    h = np.zeros((1, 1, H), np.float32)
+    c = np.zeros((1, 1, H), np.float32)
+    plan = lstmcy.LSTMPlan()
+    ref, cell = _cells(I, H)
+    xt, ht, ct = torch.randn(1, I), torch.zeros(1, H), torch.zeros(1, H)
+
+    def no_grad(fn):
+        def run():
+            with torch.no_grad():
+                fn()
+        return run
+
+    def train_np():
+        y, _, _, cache = lstmcy.lstm_forward(x, (h, c), params)
+        cache.backward(y)
+
+    out = {
+        "numpy step": {
+            "lstmcy.lstm_forward": lambda: lstmcy.lstm_forward(x, (h, c), params, train=False),
+            "LSTMPlan.step": lambda: plan.step(x[0], (h[0], c[0]), params),
+            "nn.LSTMCell": no_grad(lambda: ref(xt, (ht, ct))),
+        },
+        "numpy train T=1": {"lstmcy.lstm_forward + backward": train_np},
+    }
+    torch.manual_seed(0)
+    ref_lstm = torch.nn.LSTM(I, H)
+    lstm = lt.LSTM(I, H)
+    lstm.load_state_dict(ref_lstm.state_dict())
+    x3, h3, c3 = torch.randn(1, 1, I), torch.zeros(1, 1, H), torch.zeros(1, 1, H)
+    out["torch LSTM T=1"] = {
+        "lstmcy.torch.LSTM": no_grad(lambda: lstm(x3, (h3, c3))),
+        "nn.LSTM": no_grad(lambda: ref_lstm(x3, (h3, c3))),
+    }
+    out["torch cell"] = {
+        "lstmcy.torch.LSTMCell": no_grad(lambda: cell(xt, (ht, ct))),
+        "nn.LSTMCell": no_grad(lambda: ref(xt, (ht, ct))),
+    }
+    for B in (1, 32):
+        xs = torch.randn(steps, B, I)
+
+        def unrolled(module, xs=xs, B=B):
+            def run():
+                hh = cc = torch.zeros(B, H)
+                for x_t in xs:
+                    hh, cc = module(x_t, (hh, cc))
+                hh.sum().backward()
+            return run
+        out[f"unrolled B={B}"] = {"lstmcy.torch.LSTMCell": unrolled(cell),
+                                  "nn.LSTMCell": unrolled(ref)}
+    return out
+
+
+def _openblas_cores():
+    import threadpoolctl
+    return ", ".join(sorted({f"{e.get('internal_api')} {e.get('architecture')}"
+                             for e in threadpoolctl.threadpool_info()
+                             if e.get("user_api") == "blas"}))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--min-time", type=float, default=0.05)
+    parser.add_argument("--out", default=None, help="also write the Markdown report here")
+    parser.add_argument("--torch-threads", type=int, default=1,
+                        help="torch's intra-op threads (default 1: the steps are far too "
+                             "small for more, and on a loaded machine its spinning team "
+                             "only slows it down)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.torch_threads)
+    before = cpu_snapshot()
+    results = {name: measure(calls, repeats=args.repeats, min_time=args.min_time)
+               for name, calls in cases().items()}
+    load = others_cores(before, cpu_snapshot())
+    text = markdown(results, load, args)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text)
+
+
+def markdown(results, load, args):
+    """The run as Markdown: machine, kernels, load, the times and the target ratios."""
+    lines = [f"# {TITLE}", "",
+             "Measured with `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python "
+             f"benchmarks/bench_step.py --repeats {args.repeats} --torch-threads "
+             f"{args.torch_threads}`" + (f" (`LSTMCY_KERNELS={os.environ['LSTMCY_KERNELS']}`)"
+                                         if os.environ.get("LSTMCY_KERNELS") else "") + ".",
+             "",
+             f"- machine: {machine_label()}",
+             f"- lstmcy kernels: `{kernels.__name__}`; BLAS (threadpoolctl): {_openblas_cores()}",
+             f"- torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s), "
+             f"{torch.backends.cpu.get_cpu_capability()}",
+             f"- outside load: {load:.2f} cores kept busy by other processes"
+             + (" — **under outside load: not valid for the targets**"
+                if load is None or load > LOAD_LIMIT else ""),
+             "", "| case | variant | median µs | IQR µs |", "|---|---|---|---|"]
+    for name, by_variant in results.items():
+        for variant, r in by_variant.items():
+            lines.append(f"| {name} | {variant} | {r['median'] * 1e6:.1f} | "
+                         f"{r['iqr'] * 1e6:.1f} |")
+    lines += ["", "| case | speed-up (PyTorch / lstmcy, same-run medians) | target | met |",
+              "|---|---|---|---|"]
+    for name, ours, theirs, target in TARGETS:
+        ratio = results[name][theirs]["median"] / results[name][ours]["median"]
+        lines.append(f"| {name} | {theirs} / {ours} = {ratio:.2f}x | >= {target:g}x | "
+                     f"{'yes' if ratio >= target else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""One time step of one LSTM layer, for calls made step by step (a cell).
+
+A step is the one-layer, one-direction, time-major call of one time step (``T = 1``, no
+projection): :class:`StepShape` holds what such calls derive from their sizes alone (the
+checked :class:`~lstmcy._validation.Problem` of the shape, its row maps, the layer-call
+keys of :class:`~lstmcy._core.LSTMPlan`), so that :func:`forward` and :func:`backward`
+hand the kernels their arguments without rebuilding any of it. They run the kernels with
+the plan's layer setups, schedules and thread counts, so their results are bitwise those
+of :meth:`~lstmcy._core.LSTMPlan._run_forward` / ``_run_backward`` on the same arrays.
+
+Arrays are C-contiguous and of the shape's compute dtype (the callers check them): ``x``
+``[B, I]``, ``h0`` and ``c0`` ``[B, H]``, ``w_ih [4H, I]``, ``w_hh [4H, H]``, ``bias
+[4H]`` (``b_ih + b_hh``).
+"""
+import numpy as np
+
+from lstmcy import _fpmode
+from lstmcy._core import (_NO_PROJECTION, _no_cache, _one_call_at_a_time, saved_arrays,
+                          saved_size)
+from lstmcy._dispatch import kernels as _lstm
+from lstmcy._validation import _NATIVE_FLOATS as _FLOATS
+from lstmcy._validation import _cached, check_problem, to_compute
+
+__all__ = ["StepShape", "step_shape", "forward", "backward", "plan_step"]
+
+
+class StepShape:
+    """The size-derived arguments of the step calls of one ``(B, I, H, dtype)``."""
+
+    __slots__ = ("problem", "B", "H", "I", "dtype", "w_hr", "rows", "forward_keys",
+                 "backward_keys", "saved_size", "state_shape")
+
+    def __init__(self, B, I, H, dtype):
+        dtype = np.dtype(dtype)
+        # The problem of the shape, built by the full checks once (zero arrays: only the
+        # sizes, row maps and dtypes are read from it).
+        self.problem = p = check_problem(
+            np.zeros((1, B, I), dtype), None,
+            [np.zeros((4 * H, I), dtype), np.zeros((4 * H, H), dtype)], has_bias=False,
+            num_layers=1, bidirectional=False, batch_first=False, batch_sizes=None)
+        self.B, self.I, self.H, self.dtype = B, I, H, dtype
+        key = (1, H, dtype)
+        w_hr = _NO_PROJECTION.get(key)
+        if w_hr is None:
+            w_hr = _NO_PROJECTION[key] = np.empty((1, 0, H), dtype)
+        self.w_hr = w_hr
+        # x's rows, then the kernels' row tables of x and y (one step: rows packed).
+        self.rows = (p.step_row, p.batch_stride, p.rows_packed, p.batch_sizes, p.packed_start)
+        # LSTMPlan's keys of this layer call (train) and of its backward (dx, dparams).
+        self.forward_keys = {train: ("forward", 0, p.shapes, p.N, p.rows_packed, train, dtype)
+                             for train in (False, True)}
+        self.backward_keys = {
+            (dx, dparams): ("backward", 0, p.shapes, p.N, p.rows_packed, dx, dparams, dtype)
+            for dx in (False, True) for dparams in (False, True)}
+        self.saved_size = saved_size(p)
+        self.state_shape = (1, B, H)
+
+
+_shapes = {}
+
+
+def step_shape(B, I, H, dtype):
+    """The shared :class:`StepShape` of these sizes."""
+    key = (B, I, H, dtype)
+    shape = _shapes.get(key)
+    if shape is None:
+        shape = _cached(_shapes, key, StepShape(B, I, H, dtype))
+    return shape
+
+
+def _kernel_run(plan, kind, setup, p, kernel, args):
+    """Run ``kernel(*args, ...)`` with the thread count and schedule ``plan._call`` picks
+    for this layer call (one thread for small steps, as for any call)."""
+    def run(n_threads):
+        schedule, w_packed = setup.by_threads.get(n_threads) or plan._threads_setup(
+            kind, setup, p, n_threads)
+        return kernel(*args, w_packed, schedule, n_threads, _fpmode._flush)
+    with plan._blas_cap(p):
+        plan._call(setup.tuner_key, p.N, setup.step_flops, setup.flops, run)
+
+
+@_one_call_at_a_time
+def forward(plan, shape, x, h0, c0, w_ih, w_hh, bias, train):
+    """One step forward on ``plan``'s buffers.
+
+    Returns
+    -------
+    h, c : ndarray [B, H]
+        The new states (``h`` is also the step's output).
+    saved : ndarray or None
+        When ``train``, the saved activations: the flat block of
+        :meth:`~lstmcy._core.LSTMPlan._run_forward` (``shape.saved_size`` elements).
+    """
+    p, B, H, dtype = shape.problem, shape.B, shape.H, shape.dtype
+    key = shape.forward_keys[train]
+    setup = plan._setups.get(key)
+    if setup is None:
+        setup = plan._forward_setup(key, p, shape.I, True, train)
+    # y, h_n and c_n in one request; the kernel updates c in place from c0.
+    out = plan._results.empty((3, 1, B, H), dtype)
+    y, h_n, c_n = out
+    c_n[0] = c0
+    if train:
+        saved_block = plan._results.empty((shape.saved_size,), dtype)
+        saved = tuple(saved_arrays(saved_block, p))
+    else:
+        saved_block, saved = None, _no_cache(1, H, H, dtype)
+    step_row, stride, packed, sizes, start = shape.rows
+    args = (x, step_row, stride, packed, w_ih[np.newaxis], w_hh[np.newaxis], bias[np.newaxis],
+            shape.w_hr, sizes, start, y[0], step_row, stride, h0[np.newaxis], h_n, c_n, saved,
+            train, *setup.workspaces)
+    _kernel_run(plan, "forward", setup, p, _lstm.forward_layer, args)
+    return h_n[0], c_n[0], saved_block
+
+
+@_one_call_at_a_time
+def backward(plan, shape, x, h0, c0, w_ih, w_hh, saved_block, dh, dc, want_dx, want_dparams):
+    """Gradients of one :func:`forward` step (its arguments and its ``saved`` block) from
+    ``dh`` and ``dc`` (``[B, H]``, the gradients of ``h`` and ``c``; None for zeros).
+
+    Returns
+    -------
+    dx : ndarray [B, I] or None
+        None unless ``want_dx``.
+    dh0, dc0 : ndarray [B, H]
+    dw_ih, dw_hh, db : ndarray [4H, I], [4H, H], [4H] or None
+        None unless ``want_dparams`` (``db`` is the gradient of either bias).
+    """
+    p, B, H, I, dtype = shape.problem, shape.B, shape.H, shape.I, shape.dtype
+    key = shape.backward_keys[want_dx, want_dparams]
+    setup = plan._setups.get(key)
+    if setup is None:
+        setup = plan._backward_setup(key, p, I, True, want_dx, want_dparams)
+    # The kernel turns the gradients of h_n / c_n into those of h0 / c0 in place. h is
+    # also the output y: its gradient goes in as dy, with a zero dh_n.
+    states = plan._results.empty((2, 1, B, H), dtype)
+    dh_state, dc_state = states
+    dh_state.fill(0)
+    if dc is None:
+        dc_state.fill(0)
+    else:
+        dc_state[0] = dc
+    dy = _zeros(B, H, dtype) if dh is None else dh
+    dx = plan._results.empty((B, I), dtype) if want_dx else _empty((0, I), dtype)
+    if want_dparams:
+        grads = plan._results.empty((4 * H * (I + H + 1),), dtype)
+        dw_ih = grads[:4 * H * I].reshape(1, 4 * H, I)
+        dw_hh = grads[4 * H * I:4 * H * (I + H)].reshape(1, 4 * H, H)
+        db = grads[4 * H * (I + H):].reshape(1, 4 * H)
+    else:
+        dw_ih, dw_hh, db = _empty((1, 0, I), dtype), _empty((1, 0, H), dtype), \
+            _empty((1, 0), dtype)
+    step_row, stride, packed, sizes, start = shape.rows
+    saved = tuple(saved_arrays(saved_block, p))
+    args = (x, step_row, stride, packed, dy, step_row, stride, w_ih[np.newaxis],
+            w_hh[np.newaxis], shape.w_hr, h0[np.newaxis], c0[np.newaxis], saved, sizes, start,
+            dh_state, dc_state, dx, want_dx, dw_ih, dw_hh, db, _empty((1, 0, H), dtype),
+            want_dparams, *setup.workspaces)
+    _kernel_run(plan, "backward", setup, p, _lstm.backward_layer, args)
+    if not want_dparams:
+        return (dx if want_dx else None), dh_state[0], dc_state[0], None, None, None
+    return (dx if want_dx else None), dh_state[0], dc_state[0], dw_ih[0], dw_hh[0], db[0]
+
+
+_constants = {}
+
+
+def _empty(shape, dtype):
+    """A shared empty array (the kernels' placeholder for what a call does not compute)."""
+    key = ("empty", shape, dtype)
+    array = _constants.get(key)
+    if array is None:
+        array = _cached(_constants, key, np.empty(shape, dtype))
+    return array
+
+
+def _zeros(B, H, dtype):
+    """A shared read-only zero gradient ``[B, H]``."""
+    key = ("zeros", B, H, dtype)
+    array = _constants.get(key)
+    if array is None:
+        array = np.zeros((B, H), dtype)
+        array.flags.writeable = False
+        array = _cached(_constants, key, array)
+    return array
+
+
+def plan_step(plan, x, hx, params, has_bias):
+    """:meth:`~lstmcy._core.LSTMPlan.step`: exact ndarrays of one native float dtype and
+    the shapes of a cell run here; anything else as the full forward of ``x[None]``."""
+    if (type(x) is np.ndarray and x.ndim == 2 and x.dtype in _FLOATS
+            and type(has_bias) is bool and type(params) in (list, tuple)
+            and len(params) == (4 if has_bias else 2)):
+        dtype = x.dtype
+        B, I = x.shape
+        w_hh = params[1]
+        H = w_hh.shape[1] if type(w_hh) is np.ndarray and w_hh.ndim == 2 else -1
+        fits = all(type(w) is np.ndarray and w.dtype == dtype and w.shape == size
+                   for w, size in zip(params, ((4 * H, I), (4 * H, H), (4 * H,), (4 * H,))))
+        if hx is None:
+            h0 = c0 = _zeros(B, H, dtype) if fits else None
+        elif type(hx) in (tuple, list) and len(hx) == 2:
+            h0, c0 = hx
+            fits = fits and all(type(s) is np.ndarray and s.dtype == dtype and s.shape == (B, H)
+                                for s in hx)
+        else:
+            fits = False
+        if fits and B > 0:
+            bias = params[2] + params[3] if has_bias else _zeros(1, 4 * H, dtype)[0]
+            h, c, _ = forward(plan, step_shape(B, I, H, dtype), to_compute(x, dtype),
+                              to_compute(h0, dtype), to_compute(c0, dtype),
+                              to_compute(params[0], dtype), to_compute(w_hh, dtype),
+                              to_compute(bias, dtype), False)
+            return h, c
+    lift = _lifted
+    states = hx if hx is None or type(hx) not in (tuple, list) else type(hx)(map(lift, hx))
+    _, h_n, c_n, _ = plan.forward(lift(x), states, params, has_bias=has_bias, train=False)
+    return h_n[0], c_n[0]
+
+
+def _lifted(array):
+    """A 2-D array as one time step (``[1, B, F]``); anything else as given."""
+    return array[np.newaxis] if isinstance(array, np.ndarray) and array.ndim == 2 else array

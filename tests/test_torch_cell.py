@@ -1,0 +1,289 @@
+"""``lstmcy.torch.LSTMCell`` against ``torch.nn.LSTMCell``.
+
+In float64 the cell must compute what ``nn.LSTMCell`` computes (steps unrolled, every
+gradient: input, both states, each parameter), batched and unbatched, with and without
+bias and states; its eager step must be one autograd node whose results are bitwise
+those of the general route (a one-step ``lstmcy.torch.LSTM`` call); errors must be
+``nn.LSTMCell``'s; and it must work under ``torch.compile``, ``torch.func`` and second
+derivatives as the LSTM module does.
+"""
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import lstmcy.torch  # noqa: E402
+from lstmcy.torch import LSTMCell  # noqa: E402
+from torch_oracle import assert_close, single_torch_thread  # noqa: E402,F401
+
+F64 = torch.float64
+
+
+def cell_pair(input_size=5, hidden_size=7, bias=True, dtype=F64, seed=0):
+    torch.manual_seed(seed)
+    ours = LSTMCell(input_size, hidden_size, bias=bias, dtype=dtype)
+    ref = nn.LSTMCell(input_size, hidden_size, bias=bias, dtype=dtype)
+    ref.load_state_dict(ours.state_dict())
+    return ours, ref
+
+
+def _unrolled(module, xs, hx):
+    """Steps over ``xs``; a loss of every step's states."""
+    states = hx
+    loss = 0
+    for k, x in enumerate(xs):
+        states = module(x, states)
+        loss = loss + (states[0] * (k + 1)).sum() + (states[1] ** 2).sum()
+    return states, loss
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("batch", [None, 1, 4])
+@pytest.mark.parametrize("with_states", [True, False])
+def test_unrolled_steps_match_nn_lstmcell_float64(bias, batch, with_states):
+    ours, ref = cell_pair(bias=bias)
+    gen = torch.Generator().manual_seed(3)
+    lead = () if batch is None else (batch,)
+    xs = torch.randn((4,) + lead + (5,), generator=gen, dtype=F64, requires_grad=True)
+    hx = None
+    if with_states:
+        hx = tuple(torch.randn(lead + (7,), generator=gen, dtype=F64, requires_grad=True)
+                   for _ in range(2))
+    inputs = [xs] + (list(hx) if hx else [])
+    results = []
+    for module in (ours, ref):
+        (h, c), loss = _unrolled(module, xs, hx)
+        grads = torch.autograd.grad(loss, inputs + list(module.parameters()))
+        results.append((h, c) + grads)
+    names = ["h", "c", "dx"] + (["dh0", "dc0"] if hx else []) + \
+        [name for name, _ in ref.named_parameters()]
+    for name, a, b in zip(names, *results):
+        assert a.shape == b.shape, name
+        assert_close(a, b, what=name)
+
+
+def test_one_autograd_node_per_step():
+    ours, _ = cell_pair()
+    x = torch.randn(2, 5, dtype=F64, requires_grad=True)
+    h, c = ours(x)
+    assert type(h.grad_fn).__name__ == "_CellStepBackward"
+    assert h.grad_fn is c.grad_fn
+    assert {type(fn).__name__ for fn, _ in h.grad_fn.next_functions if fn is not None} <= {
+        "AccumulateGrad"}
+
+
+def _general(module, x, hx):
+    return module._general_step(x, hx)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("batch", [1, 3, 64])
+@pytest.mark.parametrize("bias", [True, False])
+def test_fast_step_is_bitwise_the_general_route(dtype, batch, bias):
+    ours, _ = cell_pair(16, 32, bias=bias, dtype=dtype)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(batch, 16, generator=gen, dtype=dtype, requires_grad=True)
+    hx = tuple(torch.randn(batch, 32, generator=gen, dtype=dtype, requires_grad=True)
+               for _ in range(2))
+    dh, dc = (torch.randn(batch, 32, generator=gen, dtype=dtype) for _ in range(2))
+    inputs = [x, *hx, *ours.parameters()]
+    results = []
+    for step in (ours, lambda x, hx: _general(ours, x, hx)):
+        h, c = step(x, hx)
+        grads = torch.autograd.grad((h, c), inputs, (dh, dc))
+        with torch.no_grad():
+            inference = step(x, hx)
+        results.append((h, c) + grads + inference)
+    fast, general = results
+    for a, b in zip(fast, general):
+        assert torch.equal(a, b)
+
+
+def test_state_dict_parameters_and_type():
+    ours, ref = cell_pair(bias=True)
+    assert isinstance(ours, nn.LSTMCell)
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in ref.named_parameters()]
+    assert ours.state_dict().keys() == ref.state_dict().keys()
+    torch.manual_seed(4)
+    a = LSTMCell(3, 6)
+    torch.manual_seed(4)
+    b = nn.LSTMCell(3, 6)
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+    assert repr(a).endswith("LSTMCell(3, 6)")
+
+
+def test_weights_changed_between_steps_are_read():
+    """The cell's numpy views of its weights follow in-place changes and replacements."""
+    ours, ref = cell_pair()
+    x = torch.randn(2, 5, dtype=F64)
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.mul_(0.5)
+        ref.load_state_dict(ours.state_dict())
+        for a, b in zip(ours(x), ref(x)):
+            assert_close(a, b)
+        ours.weight_hh.data = torch.randn(28, 7, dtype=F64)
+        ref.weight_hh.data = ours.weight_hh.data.clone()
+        for a, b in zip(ours(x), ref(x)):
+            assert_close(a, b)
+
+
+def test_copies_compute_with_their_own_weights():
+    import copy
+    import io
+    ours, ref = cell_pair()
+    x = torch.randn(2, 5, dtype=F64)
+    ours(x)  # the original's views made
+    buffer = io.BytesIO()
+    torch.save(ours, buffer)
+    buffer.seek(0)
+    for twin in (copy.deepcopy(ours), torch.load(buffer, weights_only=False)):
+        with torch.no_grad():
+            for p in twin.parameters():
+                p.mul_(2.0)
+            for a, b in zip(twin(x), nn.LSTMCell.forward(twin, x)):
+                assert_close(a, b)
+
+
+def test_in_place_change_before_backward_is_refused():
+    ours, _ = cell_pair()
+    h, _ = ours(torch.randn(2, 5, dtype=F64))
+    with torch.no_grad():
+        ours.weight_ih.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        h.sum().backward()
+
+
+@pytest.mark.parametrize("case", ["3-D input", "0-D input", "3-D state", "input size",
+                                  "state batch", "state size", "dtype", "unbatched state"])
+def test_errors_are_nn_lstmcells(case):
+    ours, ref = cell_pair()
+    x = torch.randn(2, 5, dtype=F64)
+    hx = (torch.zeros(2, 7, dtype=F64), torch.zeros(2, 7, dtype=F64))
+    if case == "3-D input":
+        x = x[None]
+    elif case == "0-D input":
+        x = x[0, 0]
+    elif case == "3-D state":
+        hx = (hx[0][None], hx[1])
+    elif case == "input size":
+        x = x[:, :4]
+    elif case == "state batch":
+        hx = (hx[0][:1], hx[1][:1])
+    elif case == "state size":
+        hx = (hx[0][:, :6], hx[1])
+    elif case == "dtype":
+        x = x.float()
+    elif case == "unbatched state":
+        hx = (hx[0][0], hx[1][0])
+    errors = []
+    for module in (ours, ref):
+        with pytest.raises(Exception) as info:
+            module(x, hx)
+        errors.append((type(info.value), str(info.value)))
+    assert errors[0] == errors[1]
+
+
+def test_other_devices_and_state_dtypes_are_refused_as_by_the_lstm_module():
+    ours, _ = cell_pair()
+    x = torch.randn(2, 5, dtype=F64)
+    with pytest.raises(lstmcy.torch.StateDtypeError):
+        ours(x, (torch.zeros(2, 7), torch.zeros(2, 7)))
+    with pytest.raises(ValueError, match="CPU"):
+        ours(x.to("meta"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_is_computed_in_float32(dtype):
+    ours, ref = cell_pair(dtype=torch.float32)
+    ours.to(dtype)
+    x = torch.randn(3, 5)
+    h, c = ours(x.to(dtype))
+    assert h.dtype == c.dtype == dtype
+    with torch.no_grad():
+        h32, c32 = ref(x)
+    assert torch.allclose(h.float(), h32, atol=2e-2) and torch.allclose(c.float(), c32, atol=2e-2)
+
+
+def test_second_derivatives_and_gradcheck():
+    ours, ref = cell_pair(3, 4)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 3, generator=gen, dtype=F64, requires_grad=True)
+    hx = tuple(torch.randn(2, 4, generator=gen, dtype=F64, requires_grad=True) for _ in range(2))
+    results = []
+    for module in (ours, ref):
+        h, c = module(x, hx)
+        g = torch.autograd.grad((h ** 2).sum() + c.sum(), [x, *hx], create_graph=True)
+        results.append(torch.autograd.grad(sum((t ** 2).sum() for t in g),
+                                           [x, *hx, *module.parameters()]))
+    for a, b in zip(*results):
+        assert_close(a, b)
+    assert torch.autograd.gradcheck(lambda x, h, c: ours(x, (h, c)), (x, *hx))
+    assert torch.autograd.gradgradcheck(lambda x, h, c: ours(x, (h, c)), (x, *hx))
+
+
+def test_torch_func_per_sample_gradients_and_jvp():
+    from torch.func import functional_call, grad, jvp, vmap
+    ours, ref = cell_pair(3, 4)
+    params = {name: p.detach() for name, p in ours.named_parameters()}
+    xs = torch.randn(5, 3, dtype=F64)
+
+    def loss(module, params, x):
+        h, c = functional_call(module, params, (x,))
+        return (h ** 2).sum() + c.sum()
+
+    per_sample = vmap(grad(lambda p, x: loss(ours, p, x)), in_dims=(None, 0))(params, xs)
+    for k, x in enumerate(xs):
+        expected = grad(lambda p: loss(ref, p, x[None]))(params)
+        for name in params:
+            assert_close(per_sample[name][k], expected[name], what=name)
+    tangent = torch.ones_like(xs)
+    ours_t = jvp(lambda x: ours(x)[0], (xs,), (tangent,))[1]
+    ref_t = jvp(lambda x: ref(x)[0], (xs,), (tangent,))[1]
+    assert_close(ours_t, ref_t)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_torch_compile(backend):
+    torch._dynamo.reset()
+    allow_rnn = torch._dynamo.config.allow_rnn
+    torch._dynamo.config.allow_rnn = True
+    try:
+        ours, ref = cell_pair(3, 4)
+        x = torch.randn(2, 3, dtype=F64, requires_grad=True)
+
+        def unroll(module, x):
+            h, c = module(x)
+            h, c = module(x, (h, c))
+            return (h * c).sum()
+
+        compiled = torch.compile(lambda x: unroll(ours, x), backend=backend, fullgraph=True)
+        value = compiled(x)
+        (grad,) = torch.autograd.grad(value, x)
+        expected = unroll(ref, x)
+        (expected_grad,) = torch.autograd.grad(expected, x)
+        assert_close(value, expected)
+        assert_close(grad, expected_grad)
+    finally:
+        torch._dynamo.config.allow_rnn = allow_rnn
+        torch._dynamo.reset()
+
+
+def test_fx_records_one_call():
+    ours, _ = cell_pair(3, 4)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cell = ours
+
+        def forward(self, x):
+            return self.cell(x)
+
+    graph = torch.fx.symbolic_trace(Model())
+    calls = [n for n in graph.graph.nodes if n.op == "call_module"]
+    assert [n.target for n in calls] == ["cell"]
+    x = torch.randn(2, 3, dtype=F64)
+    for a, b in zip(graph(x), ours(x)):
+        assert torch.equal(a, b)
