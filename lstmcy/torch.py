@@ -40,7 +40,7 @@ from torch.autograd import forward_ad
 from torch.nn.utils.rnn import PackedSequence
 
 from lstmcy import _torch_engine as engine
-from lstmcy import _torch_func, _torch_ops
+from lstmcy import _torch_func, _torch_ops, _torch_privacy
 from lstmcy import _torch_reference as reference
 from lstmcy._torch_cell import LSTMCell
 from lstmcy._torch_state_dict import (config_from_state_dict, params_from_state_dict,
@@ -134,6 +134,21 @@ def _run_eager(cfg, masks, batch_sizes, x, h0, c0, weights, needs_grad):
         return _LSTMFunction.apply(cfg, masks, batch_sizes, x, h0, c0, *weights)
     y, h_n, c_n, _, _ = engine.forward(x, batch_sizes, h0, c0, weights, masks, cfg, False)
     return y, h_n, c_n
+
+
+@torch.compiler.disable
+def _run_per_sample(per_sample, cfg, masks, batch_sizes, x, h0, c0, weights):
+    return _torch_privacy.PerSampleFunction.apply(per_sample, cfg, masks, batch_sizes, x, h0, c0,
+                                                  *weights)
+
+
+def _batch_of(input, batch_first):
+    """Sequences in a forward's input (1 for an unbatched one)."""
+    if isinstance(input, PackedSequence):
+        return int(input.batch_sizes[0]) if _values_readable(input.batch_sizes) else None
+    if not isinstance(input, torch.Tensor) or input.dim() != 3:
+        return 1
+    return input.shape[0 if batch_first else 1]
 
 
 # ---------------------------------------------------------------------------
@@ -369,6 +384,11 @@ class LSTM(nn.LSTM):
             raise RuntimeError("lstm expects two hidden states")  # as torch.nn.LSTM
         weights = self._weights()
         packed = isinstance(input, PackedSequence)
+        # Per-sample gradients (ExpandedWeights, Opacus): the weights unwrapped.
+        per_sample = _torch_privacy.per_sample_mode(self, weights, input,
+                                                     _batch_of(input, self.batch_first))
+        if per_sample is not None:
+            weights = per_sample.weights
         sorted_indices = unsorted_indices = None
         is_batched = True
         if packed:
@@ -411,7 +431,9 @@ class LSTM(nn.LSTM):
                 self.check_forward_args(data, hx, None)
         self._check_runnable(data, hx, weights)
 
-        output, h_n, c_n = self._run(data, batch_sizes, hx, weights)
+        if per_sample is not None and packed:
+            per_sample.unsorted_indices = unsorted_indices
+        output, h_n, c_n = self._run(data, batch_sizes, hx, weights, per_sample)
 
         if packed:
             output = PackedSequence(output, batch_sizes, sorted_indices, unsorted_indices)
@@ -493,7 +515,7 @@ class LSTM(nn.LSTM):
         args = (input,) if hx is None else (input, hx)
         return tracer.create_proxy("call_module", tracer.path_of_module(self), args, {})
 
-    def _run(self, data, batch_sizes, hx, weights):
+    def _run(self, data, batch_sizes, hx, weights, per_sample=None):
         cfg = engine.Config(self.hidden_size, self.num_layers, self.bidirectional, self.bias,
                             self.batch_first and batch_sizes is None, self.proj_size)
         masks = self._dropout_masks(data, cfg)
@@ -519,7 +541,10 @@ class LSTM(nn.LSTM):
             # checks it by tracing again under no_grad): keep the activations whenever
             # something requires grad.
             needs_grad = needs_grad and (torch.is_grad_enabled() or torch.jit.is_tracing())
-            if route == _FUNC and needs_grad:
+            if per_sample is not None and needs_grad and route == _EAGER:
+                y, h_n, c_n = _run_per_sample(per_sample, cfg, masks, batch_sizes, data, h0, c0,
+                                              weights)
+            elif route == _FUNC and needs_grad:
                 y, h_n, c_n = _torch_func.lstm(cfg, data, batch_sizes, h0, c0, weights, masks)
             elif route != _EAGER:
                 y, h_n, c_n, _ = _torch_ops.lstm_forward(
@@ -570,3 +595,5 @@ except ImportError:  # pragma: no cover - depends on the PyTorch version
     pass
 else:
     register_for_dynamic_quantization(LSTM)
+
+_torch_privacy.register_opacus(LSTM)

@@ -1,0 +1,160 @@
+"""One DP-SGD step (Opacus, per-sample clipping and noise) with ``lstmcy.torch.LSTM``
+against Opacus's ``DPLSTM``, and against a non-private lstmcy step.
+
+The model is an LSTM classifier (a linear layer on the last layer's ``h_n``,
+cross-entropy); every model starts from the same weights and sees the same batch. A step
+is ``zero_grad``, forward, loss, backward, ``optimizer.step()``:
+
+- ``lstmcy DP``: ``PrivacyEngine.make_private`` (hooks) on the lstmcy model: per-sample
+  gradients from lstmcy's kernels, clipped and noised by Opacus's ``DPOptimizer``;
+- ``DPLSTM DP``: the same with ``opacus.layers.DPLSTM`` (an LSTM of ``nn.Linear`` cells
+  whose per-sample gradients Opacus's hooks compute);
+- ``lstmcy``: the lstmcy model with plain SGD (no per-sample gradients);
+- ``nn.LSTM``: ``torch.nn.LSTM`` with plain SGD, for reference.
+
+The steps run in rotating rounds (``timing.rotating_rounds``); the report gives the
+median ms per step, and the same-round ratios ``DPLSTM DP / lstmcy DP`` (speed-up) and
+``lstmcy DP / lstmcy`` (cost of privacy).
+
+Run::
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_dp_sgd.py
+    python benchmarks/bench_dp_sgd.py --shape 50,64,32,128 --rounds 5 --markdown out.md
+"""
+import argparse
+import os
+import statistics
+import sys
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _env import reexec_without_openblas_overrides  # noqa: E402  (no numpy import)
+
+if __name__ == "__main__":
+    reexec_without_openblas_overrides()
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import machine  # noqa: E402
+from timing import rotating_rounds  # noqa: E402
+
+SHAPES = [(50, 64, 32, 128), (100, 128, 64, 256)]  # (T, B, I, H)
+TITLE = "DP-SGD step with Opacus: lstmcy.torch.LSTM against Opacus's DPLSTM"
+
+
+class Classifier(nn.Module):
+    def __init__(self, lstm, hidden, classes=4):
+        super().__init__()
+        self.lstm = lstm
+        self.fc = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        _, (h_n, _) = self.lstm(x)
+        return self.fc(h_n[-1])
+
+
+def _steps(shape, seed=0):
+    """name -> a function running one training step, all on the same weights and batch."""
+    import opacus
+    from opacus.layers import DPLSTM
+
+    from lstmcy.torch import LSTM
+
+    T, B, I, H = shape
+    torch.manual_seed(seed)
+    base = Classifier(LSTM(I, H, batch_first=True), H)
+    lstm_state, fc_state = base.lstm.state_dict(), base.fc.state_dict()
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, I, generator=gen)
+    y = torch.randint(0, 4, (B,), generator=gen)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=B)
+
+    def same_weights(lstm):
+        lstm.load_state_dict(lstm_state)  # DPLSTM renames nn.LSTM's keys itself
+        model = Classifier(lstm, H)
+        model.fc.load_state_dict(fc_state)
+        return model
+
+    def private(lstm):
+        model = same_weights(lstm)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # secure RNG, accountant
+            model, optimizer, _ = opacus.PrivacyEngine().make_private(
+                module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=1.0,
+                max_grad_norm=1.0, poisson_sampling=False)
+        return model, optimizer
+
+    def plain(lstm):
+        model = same_weights(lstm)
+        return model, torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def step_of(model, optimizer):
+        def step():
+            optimizer.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        return step
+
+    return {"lstmcy DP": step_of(*private(LSTM(I, H, batch_first=True))),
+            "DPLSTM DP": step_of(*private(DPLSTM(I, H, batch_first=True))),
+            "lstmcy": step_of(*plain(LSTM(I, H, batch_first=True))),
+            "nn.LSTM": step_of(*plain(nn.LSTM(I, H, batch_first=True)))}
+
+
+def _ratios(times, num, den):
+    return sorted(a / b for a, b in zip(times[num], times[den]))
+
+
+def run(shape, rounds):
+    steps = _steps(shape)
+    before = machine.cpu_snapshot()
+    times = rotating_rounds(steps, rounds, repeats=1, warm_time=0.0)
+    after = machine.cpu_snapshot()
+    return {"shape": shape, "times": times, "others_cores": machine.others_cores(before, after)}
+
+
+def markdown(results, argv):
+    lines = [f"# {TITLE}", "",
+             f"`env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python {' '.join(argv)}`; "
+             f"{machine.machine_label()}, torch {torch.__version__} "
+             f"({torch.get_num_threads()} threads).", "",
+             "One step: zero_grad, forward, cross-entropy on a linear head over h_n, backward, "
+             "optimizer step. DP: `PrivacyEngine.make_private` (hooks; per-sample clipping to "
+             "norm 1, noise multiplier 1). Median ms per step over the rounds; ratios are "
+             "medians of same-round ratios.", "",
+             "| (T, B, I, H) | lstmcy DP | DPLSTM DP | lstmcy | nn.LSTM | DPLSTM DP / lstmcy DP "
+             "| lstmcy DP / lstmcy | outside load (cores) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        t = {k: statistics.median(v) for k, v in r["times"].items()}
+        speed = statistics.median(_ratios(r["times"], "DPLSTM DP", "lstmcy DP"))
+        cost = statistics.median(_ratios(r["times"], "lstmcy DP", "lstmcy"))
+        load = r["others_cores"]
+        lines.append(f"| {tuple(r['shape'])} | {t['lstmcy DP']:.1f} | {t['DPLSTM DP']:.0f} | "
+                     f"{t['lstmcy']:.1f} | {t['nn.LSTM']:.1f} | {speed:.1f}x | {cost:.2f}x | "
+                     f"{'-' if load is None else f'{load:.1f}'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=TITLE)
+    parser.add_argument("--shape", action="append", default=None,
+                        help="T,B,I,H (repeatable; default: " + " and ".join(map(str, SHAPES)) + ")")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--markdown", default=None, help="also write the Markdown table here")
+    args = parser.parse_args(argv)
+    shapes = [tuple(int(v) for v in s.split(",")) for s in args.shape] if args.shape else SHAPES
+    results = []
+    for shape in shapes:
+        results.append(run(shape, args.rounds))
+        print(markdown(results, sys.argv), flush=True)
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(markdown(results, sys.argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

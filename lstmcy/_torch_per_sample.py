@@ -1,0 +1,174 @@
+"""Per-sample weight gradients of :class:`lstmcy.torch.LSTM` from lstmcy's kernels.
+
+Differentially private training (DP-SGD) clips each sample's gradient before summing.
+The backward kernel computes every row's gate gradients ``dgates`` (``[N, 4H]`` per layer
+and direction) on its way to the summed weight gradients; a sample's weight gradient is
+the sum over its own steps only:
+
+- ``dW_ih[b] = sum_t dgates[t, b]^T x[t, b]`` (``x`` the layer's input),
+- ``dW_hh[b] = sum_t dgates[t, b]^T h_prev[t, b]`` (the state before the step, in the
+  direction's processing order),
+- ``db_ih[b] = db_hh[b] = sum_t dgates[t, b]``,
+- with projections, ``dW_hr[b] = sum_t dh[t, b]^T r[t, b]`` (``dh`` the gradient of the
+  projected state, ``r = o * tanh(c)``).
+
+:func:`backward` runs the kernel backward one layer at a time (each layer's gate
+gradients are read from the calling thread's plan before the next layer's call reuses
+its work buffer; the summed weight gradients are not computed) and forms the sums above
+as batched matrix products (``torch.bmm`` over the batch, the steps the inner dimension).
+Padded steps of a packed batch have zero gate gradients, so they add nothing.
+"""
+import numpy as np
+import torch
+
+from lstmcy import _core
+from lstmcy import _engine as kernel_engine
+from lstmcy import _torch_engine as engine
+
+__all__ = ["backward"]
+
+
+def _plan_rows(name, D, rows, width, stride, dtype):
+    """The calling thread's plan buffer ``name`` as ``[D, rows, width]`` (rows ``stride``
+    elements apart), as the last kernel call left it."""
+    plan = _core._thread_plan()
+    buffer, offset = plan._buffers[name], plan._offsets[name]
+    itemsize = np.dtype(dtype).itemsize
+    flat = buffer[offset:offset + D * rows * stride * itemsize].view(dtype)
+    return torch.from_numpy(flat.reshape(D, rows, stride)[:, :, :width])
+
+
+def _padded(rows, problem, fill=None):
+    """Packed ``[N, F]`` rows as time-major ``[T, B, F]`` (zeros, or ``fill``'s rows, at
+    padded positions); padded input is reshaped as it is."""
+    T, B = problem.T, problem.B
+    if problem.layout != "packed":
+        return rows.reshape(T, B, -1)
+    out = rows.new_zeros((T * B, rows.shape[-1])) if fill is None else fill.reshape(T * B, -1).clone()
+    out[torch.from_numpy(engine._packed_rows(problem))] = rows
+    return out.view(T, B, -1)
+
+
+def _active(problem):
+    """``[T, B, 1]`` bool: whether sequence b has step t (None: all have every step)."""
+    if problem.layout != "packed":
+        return None
+    sizes = torch.from_numpy(np.asarray(problem.batch_sizes))
+    return (torch.arange(problem.B)[None, :] < sizes[:, None])[:, :, None]
+
+
+def _previous_states(h, h0, reverse, active):
+    """``h_prev[t, b]``: the state the step of row ``(t, b)`` starts from, in the
+    direction's order (``h [T, B, P]``, ``h0 [B, P]``)."""
+    if not reverse:
+        return torch.cat([h0[None], h[:-1]])
+    following = torch.cat([h[1:], h0[None]])
+    if active is None:
+        return following
+    # A sequence's last step (its first in reverse) starts from h0.
+    has_next = torch.cat([active[1:], torch.zeros_like(active[:1])])
+    return torch.where(has_next, following, h0[None].expand_as(following))
+
+
+def _sum_over_steps(grads, values):
+    """``[B, G, F]``: ``sum_t grads[t, b]^T values[t, b]`` (``[T, B, G]``, ``[T, B, F]``)."""
+    return torch.bmm(grads.permute(1, 2, 0), values.transpose(0, 1))
+
+
+def backward(cfg, x, batch_sizes, h0, c0, weights, masks, saved, dy, dh, dc, want):
+    """Input and state gradients, and the weight gradients of each sequence.
+
+    Parameters
+    ----------
+    cfg : lstmcy._torch_engine.Config
+    x, batch_sizes, h0, c0, weights, masks, saved
+        The forward's arguments and saved block (:func:`lstmcy._torch_engine.forward`).
+    dy, dh, dc : Tensor or None
+        Gradients of ``y``, ``h_n``, ``c_n`` (None: zeros).
+    want : tuple of 3 bool
+        Whether to compute ``dx``, ``dh0``, ``dc0``.
+
+    Returns
+    -------
+    dx, dh0, dc0 : Tensor or None
+    per_sample : list of Tensor
+        ``[B, *w.shape]`` for each of ``weights``, in the batch order of the kernels' call
+        (for packed input, the order of ``PackedSequence.batch_sizes``: sorted).
+    """
+    problem = engine.problem_for(x, batch_sizes, h0, c0, weights, cfg)
+    T, B, H, P, L, D = problem.T, problem.B, problem.H, problem.P, problem.L, problem.D
+    packed = problem.layout == "packed"
+    cdt = problem.compute_dtype
+    dtype = torch.from_numpy(np.empty(0, cdt)).dtype
+    active = _active(problem)
+    parts = dict(zip(kernel_engine.SAVED_NAMES, engine.saved_parts(saved, cfg, T, B)))
+    per_dir = len(weights) // (L * D)
+    if problem.layout == "batch_first":  # the layers run time-major
+        x = x.transpose(0, 1)
+        dy = None if dy is None else dy.transpose(0, 1)
+    layer_cfg = cfg._replace(num_layers=1, batch_first=False)
+    states = L * D
+    zeros_h = x.new_zeros((states, B, P))
+    h0_all = zeros_h if h0 is None else h0
+    dh0 = torch.empty((states, B, P), dtype=x.dtype) if want[1] else None
+    dc0 = torch.empty((states, B, H), dtype=x.dtype) if want[2] else None
+    per_sample = [None] * len(weights)
+    upper = dy  # gradient of the current layer's output
+    dx = None
+    for layer in reversed(range(L)):
+        ks = slice(layer * D, (layer + 1) * D)
+        if layer == 0:
+            layer_x = x
+        else:
+            below = parts["h"][(layer - 1) * D:layer * D]           # [D, T, B, P]
+            layer_x = torch.cat(list(below), dim=-1)                  # [T, B, D*P]
+            if masks:
+                layer_x = layer_x * (_padded(masks[layer - 1], problem) if packed
+                                     else masks[layer - 1])
+            if packed:
+                layer_x = layer_x.reshape(T * B, -1)[torch.from_numpy(engine._packed_rows(problem))]
+        layer_x = layer_x.contiguous()
+        layer_w = weights[layer * D * per_dir:(layer + 1) * D * per_dir]
+        layer_saved = torch.cat([parts[name][ks].reshape(-1) for name in kernel_engine.SAVED_NAMES])
+        lh0 = None if h0 is None else h0[ks].contiguous()
+        lc0 = None if c0 is None else c0[ks].contiguous()
+        layer_problem = engine.problem_for(layer_x, batch_sizes, lh0, lc0, layer_w, layer_cfg)
+        need_dx = layer > 0 or want[0]
+        layer_dy = None if upper is None else upper.contiguous()
+        ldx, ldh0, ldc0, _ = engine.backward(
+            layer_problem, layer_saved, None, layer_dy,
+            None if dh is None else dh[ks].contiguous(), None if dc is None else dc[ks].contiguous(),
+            # dh0 always: a call that asks for nothing returns before the kernels run.
+            (need_dx, True, want[2], False))
+        N = layer_problem.N
+        dgates = _plan_rows("gates", D, N, 4 * H, _core._gate_row_stride(H, cdt), cdt)
+        dh_rows = (_plan_rows("dh_rows", D, N, P, P, cdt).clone() if problem.projected else None)
+        dgates = dgates.clone()  # the next layer's call reuses the buffer
+        values_x = _padded(layer_x.to(dtype), problem)
+        for d in range(D):
+            k = layer * D + d
+            grads = _padded(dgates[d], problem)                     # [T, B, 4H]
+            h_prev = _previous_states(parts["h"][k].to(dtype), h0_all[k].to(dtype), d == 1, active)
+            if active is not None:
+                h_prev = h_prev * active
+            base = k * per_dir
+            per_sample[base] = _sum_over_steps(grads, values_x)
+            per_sample[base + 1] = _sum_over_steps(grads, h_prev)
+            if cfg.has_bias:
+                per_sample[base + 2] = grads.sum(0)
+                per_sample[base + 3] = per_sample[base + 2].clone()
+            if problem.projected:
+                r = parts["o"][k].to(dtype) * parts["tanhc"][k].to(dtype)
+                per_sample[base + per_dir - 1] = _sum_over_steps(_padded(dh_rows[d], problem), r)
+        if want[1]:
+            dh0[ks] = ldh0
+        if want[2]:
+            dc0[ks] = ldc0
+        if layer > 0:
+            upper = ldx * masks[layer - 1] if masks else ldx
+        else:
+            dx = ldx
+    if dx is not None and problem.layout == "batch_first":
+        dx = dx.transpose(0, 1).contiguous()
+    per_sample = [g.to(w.dtype) for g, w in zip(per_sample, weights)]
+    return dx, dh0, dc0, per_sample

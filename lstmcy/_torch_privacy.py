@@ -1,0 +1,233 @@
+"""Per-sample gradients of :class:`lstmcy.torch.LSTM` for differentially private training.
+
+Two consumers ask a module for each sample's weight gradients:
+
+- PyTorch's ExpandedWeights (``torch.nn.utils._per_sample_grad.call_for_per_sample_grads``,
+  Opacus's ``grad_sample_mode="ew"``): the module's weights arrive wrapped as
+  ``ExpandedWeight``; the per-sample gradients go to ``orig_weight.grad_sample`` as
+  ExpandedWeights' own layers put them (scaled by the batch size for a mean loss; no
+  ``.grad``).
+- Opacus's ``GradSampleModule`` with hooks (``make_private``'s default): the grad sampler
+  registered here for the class (when ``opacus.grad_sample`` is imported, before or after
+  ``lstmcy.torch``) hands Opacus the gradients the module's backward computed. Opacus's
+  hook sees only the gradient of ``output``, not those of ``h_n`` and ``c_n``, so the
+  module computes them itself, in its backward, from every output's gradient.
+
+Either way the forward runs :class:`PerSampleFunction`, whose backward is
+:func:`lstmcy._torch_per_sample.backward`: the kernels' gate gradients summed over each
+sample's own steps.
+"""
+import functools
+import importlib.abc
+import importlib.util
+import sys
+
+import torch
+
+from lstmcy import _torch_engine as engine
+from lstmcy import _torch_per_sample
+
+__all__ = ["PerSample", "PerSampleFunction", "per_sample_mode", "register_opacus"]
+
+
+class PerSample:
+    """Where one forward's per-sample gradients go.
+
+    Parameters
+    ----------
+    weights : list of Tensor
+        The tensors the kernels compute with (ExpandedWeights unwrapped).
+    targets : list of Tensor or None
+        For each weight, the parameter whose ``grad_sample`` receives its gradients
+        (ExpandedWeights), or None (Opacus: stored on ``module``).
+    scale : float
+        Multiplier of the gradients (the batch size for a mean-reduced loss).
+    module : Module or None
+        Opacus's: the module whose grad sampler returns ``module._lstmcy_grad_samples``.
+    summed : bool
+        Also return the summed weight gradients to autograd (``.grad``).
+    batch_size : int or None
+        The batch the per-sample gradients must have (ExpandedWeights'), or None.
+    """
+
+    def __init__(self, weights, targets, scale, module=None, summed=False, batch_size=None):
+        self.weights, self.targets, self.scale = weights, targets, scale
+        self.module, self.summed, self.batch_size = module, summed, batch_size
+        self.unsorted_indices = None  # packed input: batch order of the sorted sequences
+        # Opacus: its backward hook, and whether it sees the input (a tensor, not packed).
+        self.hook, self.tensor_input = None, True
+
+    def deliver(self, per_sample, hook_follows=True):
+        """Hand over ``per_sample`` (``[B, *w.shape]`` per weight, in the kernels' order);
+        ``hook_follows``: Opacus's backward hook runs after this backward."""
+        if self.unsorted_indices is not None:
+            per_sample = [g[self.unsorted_indices] for g in per_sample]
+        if self.scale != 1:
+            per_sample = [g * self.scale for g in per_sample]
+        if self.batch_size is not None and per_sample and per_sample[0].shape[0] != self.batch_size:
+            raise RuntimeError(f"ExpandedWeights' batch size is {self.batch_size} but the "
+                               f"LSTM's batch has {per_sample[0].shape[0]} sequences")
+        if self.module is not None:
+            module = self.module
+            params = [module._parameters.get(name) for name in module._flat_weights_names]
+            pairs = [(param, grad.to(param.dtype)) for param, grad in zip(params, per_sample)
+                     if param is not None and param.requires_grad]
+            if module.__dict__.get("_lstmcy_deferred", 0) > 0:
+                # Opacus's hook ran first (no input needed a gradient: it fires with the
+                # output's) and stored the zeros _grad_sampler gave it: add into them.
+                module._lstmcy_deferred -= 1
+                for param, grad in pairs:
+                    stored = param.grad_sample
+                    stored = stored[-1] if isinstance(stored, list) else stored
+                    stored[:grad.shape[0]] += grad
+                return
+            stored = module.__dict__.get("_lstmcy_grad_samples") or {}
+            for param, grad in pairs:
+                # A module called twice in one step (tied weights): Opacus adds them.
+                stored[param] = stored[param] + grad if param in stored else grad
+            module._lstmcy_grad_samples = stored
+            if not hook_follows:
+                # Opacus's hook sees only tensors among the module's inputs and outputs,
+                # and runs with their gradients: with neither (packed input and output,
+                # or an unused output and an input without gradient), it is called here.
+                self.hook(module, (), (stored[next(iter(stored))].new_zeros(1),))
+            return
+        for target, grad in zip(self.targets, per_sample):
+            if target is None or not target.requires_grad:
+                continue
+            grad = grad.to(target.dtype)
+            existing = getattr(target, "grad_sample", None)
+            target.grad_sample = grad if existing is None else existing + grad
+
+
+class PerSampleFunction(torch.autograd.Function):
+    """``(x, h0, c0, *weights) -> (y, h_n, c_n)``, whose backward also gives each
+    sample's weight gradients to ``sink`` (a :class:`PerSample`)."""
+
+    @staticmethod
+    def forward(ctx, sink, cfg, masks, batch_sizes, x, h0, c0, *weights):
+        y, h_n, c_n, saved, _ = engine.forward(x, batch_sizes, h0, c0, weights, masks, cfg, True)
+        ctx.set_materialize_grads(False)
+        masks = masks or ()
+        ctx.save_for_backward(x, h0, c0, batch_sizes, saved, *masks, *weights)
+        ctx.sink, ctx.cfg, ctx.num_masks = sink, cfg, len(masks)
+        return y, h_n, c_n
+
+    @staticmethod
+    def backward(ctx, dy, dh, dc):
+        x, h0, c0, batch_sizes, saved, *rest = ctx.saved_tensors
+        masks, weights = rest[:ctx.num_masks], rest[ctx.num_masks:]
+        needs = ctx.needs_input_grad
+        want = (needs[4], h0 is not None and needs[5], c0 is not None and needs[6])
+        dx, dh0, dc0, per_sample = _torch_per_sample.backward(
+            ctx.cfg, x, batch_sizes, h0, c0, list(weights), list(masks), saved, dy, dh, dc, want)
+        sink = ctx.sink
+        # Opacus's hook runs only once the output's gradient has reached it.
+        sink.deliver(per_sample, sink.tensor_input and dy is not None)
+        if sink.summed:
+            dweights = [g.sum(0) if need else None for g, need in zip(per_sample, needs[7:])]
+        else:
+            dweights = [None] * len(weights)
+        return (None, None, None, None, dx if want[0] else None, dh0 if want[1] else None,
+                dc0 if want[2] else None, *dweights)
+
+
+# ---------------------------------------------------------------------------
+# which mode a forward runs in
+# ---------------------------------------------------------------------------
+
+def _expanded_weight_type():
+    module = sys.modules.get("torch.nn.utils._expanded_weights.expanded_weights_impl")
+    return None if module is None else module.ExpandedWeight
+
+
+def _opacus_hook(module):
+    """The backward hook of the Opacus ``GradSampleModule`` hooking ``module`` (a
+    ``functools.partial`` of ``capture_backprops_hook``), or None: not hooked, or its
+    hooks disabled."""
+    for hook in module._backward_hooks.values():
+        if (isinstance(hook, functools.partial)
+                and getattr(hook.func, "__name__", "") == "capture_backprops_hook"):
+            owner = getattr(hook.func, "__self__", None)
+            if owner is not None and not getattr(owner, "hooks_enabled", True):
+                return None
+            return hook
+    return None
+
+
+def per_sample_mode(module, weights, input, batch):
+    """The :class:`PerSample` of a forward of ``module`` on ``input`` (``batch``
+    sequences) whose weights are ``weights``, or None (no per-sample gradients asked
+    for)."""
+    expanded = _expanded_weight_type()
+    if expanded is not None and any(isinstance(w, expanded) for w in weights):
+        first = next(w for w in weights if isinstance(w, expanded))
+        plain = [w.orig_weight if isinstance(w, expanded) else w for w in weights]
+        targets = [w.orig_weight if isinstance(w, expanded) else None for w in weights]
+        scale = first.batch_size if first.loss_reduction == "mean" else 1
+        return PerSample(plain, targets, scale, batch_size=first.batch_size)
+    hook = _opacus_hook(module) if module._backward_hooks else None
+    if hook is None or not module.training or not torch.is_grad_enabled():
+        return None
+    # Opacus reads the batch size from here (its own guess reads the input's first axis).
+    module.max_batch_len = batch
+    reduction = hook.keywords.get("loss_reduction", "mean")
+    sink = PerSample(list(weights), None, batch if reduction == "mean" else 1, module=module,
+                     summed=True)
+    sink.hook, sink.tensor_input = hook, isinstance(input, torch.Tensor)
+    return sink
+
+
+# ---------------------------------------------------------------------------
+# Opacus
+# ---------------------------------------------------------------------------
+
+def _grad_sampler(layer, activations, backprops):
+    """Opacus grad sampler: the per-sample gradients the layer's backward computed.
+
+    Opacus calls it from a module backward hook, which runs after the module's backward
+    when an input needs a gradient, else as soon as ``output``'s gradient is known,
+    before it: then it returns zeros, into which the backward adds its gradients.
+    """
+    stored = layer.__dict__.pop("_lstmcy_grad_samples", None)
+    if stored:
+        return stored
+    layer._lstmcy_deferred = layer.__dict__.get("_lstmcy_deferred", 0) + 1
+    batch = layer.max_batch_len
+    return {param: param.new_zeros((batch,) + tuple(param.shape))
+            for param in layer.parameters(recurse=False) if param.requires_grad}
+
+
+def register_opacus(cls):
+    """Register ``cls``'s grad sampler with Opacus now if ``opacus.grad_sample`` is
+    imported, else when it is."""
+    if "opacus.grad_sample" in sys.modules and hasattr(sys.modules["opacus.grad_sample"],
+                                                        "register_grad_sampler"):
+        sys.modules["opacus.grad_sample"].register_grad_sampler(cls)(_grad_sampler)
+        return
+    if importlib.util.find_spec("opacus") is None:
+        return
+    sys.meta_path.insert(0, _OnImport("opacus.grad_sample", lambda mod: register_opacus(cls)))
+
+
+class _OnImport(importlib.abc.MetaPathFinder):
+    """Runs ``callback(module)`` once ``name`` has been imported (then removes itself):
+    importing opacus takes seconds, so ``lstmcy.torch`` does not import it."""
+
+    def __init__(self, name, callback):
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module, callback = spec.loader.exec_module, self.callback
+
+        def exec_then_register(module):
+            exec_module(module)
+            callback(module)
+        spec.loader.exec_module = exec_then_register
+        return spec
