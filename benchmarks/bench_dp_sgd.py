@@ -39,7 +39,7 @@ from torch import nn  # noqa: E402
 import machine  # noqa: E402
 from timing import rotating_rounds  # noqa: E402
 
-SHAPES = [(50, 64, 32, 128), (100, 128, 64, 256)]  # (T, B, I, H)
+SHAPES = [(50, 64, 32, 128), (50, 128, 64, 256)]  # (T, B, I, H)
 TITLE = "DP-SGD step with Opacus: lstmcy.torch.LSTM against Opacus's DPLSTM"
 
 

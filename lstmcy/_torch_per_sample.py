@@ -70,12 +70,32 @@ def _previous_states(h, h0, reverse, active):
     return torch.where(has_next, following, h0[None].expand_as(following))
 
 
-def _sum_over_steps(grads, values):
-    """``[B, G, F]``: ``sum_t grads[t, b]^T values[t, b]`` (``[T, B, G]``, ``[T, B, F]``)."""
-    return torch.bmm(grads.permute(1, 2, 0), values.transpose(0, 1))
+def _sum_over_steps(grads, values, scale, add_to=None):
+    """``[B, G, F]``: ``scale * sum_t grads[t, b]^T values[t, b]`` (``[T, B, G]``,
+    ``[T, B, F]``), added to ``add_to`` if given. One batched product over the batch, the
+    steps its inner dimension (the strided views are read in place)."""
+    a, b = grads.permute(1, 2, 0), values.transpose(0, 1)
+    if add_to is not None:
+        return add_to.baddbmm_(a, b, alpha=scale)
+    return torch.baddbmm(a.new_zeros(()), a, b, beta=0, alpha=scale)
 
 
-def backward(cfg, x, batch_sizes, h0, c0, weights, masks, saved, dy, dh, dc, want):
+def _state_sums(grads, h, h0, reverse, active, scale):
+    """``dW_hh`` per sequence: ``scale * sum_t grads[t, b]^T h_prev[t, b]``. Without
+    packing, ``h_prev`` is ``h`` shifted by one step (h0 at the first): two products on
+    views, no shifted copy."""
+    if active is not None:
+        h_prev = _previous_states(h, h0, reverse, active) * active
+        return _sum_over_steps(grads, h_prev, scale)
+    inner, first = (slice(None, -1), -1) if reverse else (slice(1, None), 0)
+    states = slice(1, None) if reverse else slice(None, -1)
+    out = _sum_over_steps(grads[inner], h[states], scale)
+    if h0 is not None:  # the step that starts from h0 (zeros otherwise: nothing to add)
+        out.baddbmm_(grads[first].unsqueeze(2), h0.unsqueeze(1), alpha=scale)
+    return out
+
+
+def backward(cfg, x, batch_sizes, h0, c0, weights, masks, saved, dy, dh, dc, want, scale=1.0):
     """Input and state gradients, and the weight gradients of each sequence.
 
     Parameters
@@ -87,13 +107,16 @@ def backward(cfg, x, batch_sizes, h0, c0, weights, masks, saved, dy, dh, dc, wan
         Gradients of ``y``, ``h_n``, ``c_n`` (None: zeros).
     want : tuple of 3 bool
         Whether to compute ``dx``, ``dh0``, ``dc0``.
+    scale : float
+        Multiplier of the per-sample gradients (the batch size, for a mean loss).
 
     Returns
     -------
     dx, dh0, dc0 : Tensor or None
     per_sample : list of Tensor
-        ``[B, *w.shape]`` for each of ``weights``, in the batch order of the kernels' call
-        (for packed input, the order of ``PackedSequence.batch_sizes``: sorted).
+        ``[B, *w.shape]`` for each of ``weights`` (times ``scale``), in the batch order of
+        the kernels' call (for packed input, the order of ``PackedSequence.batch_sizes``:
+        sorted).
     """
     problem = engine.problem_for(x, batch_sizes, h0, c0, weights, cfg)
     T, B, H, P, L, D = problem.T, problem.B, problem.H, problem.P, problem.L, problem.D
@@ -108,8 +131,7 @@ def backward(cfg, x, batch_sizes, h0, c0, weights, masks, saved, dy, dh, dc, wan
         dy = None if dy is None else dy.transpose(0, 1)
     layer_cfg = cfg._replace(num_layers=1, batch_first=False)
     states = L * D
-    zeros_h = x.new_zeros((states, B, P))
-    h0_all = zeros_h if h0 is None else h0
+    h0_all = h0 if h0 is not None or not packed else x.new_zeros((states, B, P))
     dh0 = torch.empty((states, B, P), dtype=x.dtype) if want[1] else None
     dc0 = torch.empty((states, B, H), dtype=x.dtype) if want[2] else None
     per_sample = [None] * len(weights)
@@ -129,7 +151,8 @@ def backward(cfg, x, batch_sizes, h0, c0, weights, masks, saved, dy, dh, dc, wan
                 layer_x = layer_x.reshape(T * B, -1)[torch.from_numpy(engine._packed_rows(problem))]
         layer_x = layer_x.contiguous()
         layer_w = weights[layer * D * per_dir:(layer + 1) * D * per_dir]
-        layer_saved = torch.cat([parts[name][ks].reshape(-1) for name in kernel_engine.SAVED_NAMES])
+        layer_saved = saved if L == 1 else torch.cat(
+            [parts[name][ks].reshape(-1) for name in kernel_engine.SAVED_NAMES])
         lh0 = None if h0 is None else h0[ks].contiguous()
         lc0 = None if c0 is None else c0[ks].contiguous()
         layer_problem = engine.problem_for(layer_x, batch_sizes, lh0, lc0, layer_w, layer_cfg)
@@ -140,26 +163,26 @@ def backward(cfg, x, batch_sizes, h0, c0, weights, masks, saved, dy, dh, dc, wan
             None if dh is None else dh[ks].contiguous(), None if dc is None else dc[ks].contiguous(),
             # dh0 always: a call that asks for nothing returns before the kernels run.
             (need_dx, True, want[2], False))
+        # Read before the next layer's call reuses the buffers.
         N = layer_problem.N
         dgates = _plan_rows("gates", D, N, 4 * H, _core._gate_row_stride(H, cdt), cdt)
-        dh_rows = (_plan_rows("dh_rows", D, N, P, P, cdt).clone() if problem.projected else None)
-        dgates = dgates.clone()  # the next layer's call reuses the buffer
+        dh_rows = _plan_rows("dh_rows", D, N, P, P, cdt) if problem.projected else None
         values_x = _padded(layer_x.to(dtype), problem)
         for d in range(D):
             k = layer * D + d
             grads = _padded(dgates[d], problem)                     # [T, B, 4H]
-            h_prev = _previous_states(parts["h"][k].to(dtype), h0_all[k].to(dtype), d == 1, active)
-            if active is not None:
-                h_prev = h_prev * active
             base = k * per_dir
-            per_sample[base] = _sum_over_steps(grads, values_x)
-            per_sample[base + 1] = _sum_over_steps(grads, h_prev)
+            per_sample[base] = _sum_over_steps(grads, values_x, scale)
+            per_sample[base + 1] = _state_sums(grads, parts["h"][k].to(dtype),
+                                               None if h0_all is None else h0_all[k].to(dtype),
+                                               d == 1, active, scale)
             if cfg.has_bias:
-                per_sample[base + 2] = grads.sum(0)
+                per_sample[base + 2] = grads.sum(0).mul_(scale)
                 per_sample[base + 3] = per_sample[base + 2].clone()
             if problem.projected:
                 r = parts["o"][k].to(dtype) * parts["tanhc"][k].to(dtype)
-                per_sample[base + per_dir - 1] = _sum_over_steps(_padded(dh_rows[d], problem), r)
+                per_sample[base + per_dir - 1] = _sum_over_steps(_padded(dh_rows[d], problem), r,
+                                                                 scale)
         if want[1]:
             dh0[ks] = ldh0
         if want[2]:

@@ -62,8 +62,6 @@ class PerSample:
         ``hook_follows``: Opacus's backward hook runs after this backward."""
         if self.unsorted_indices is not None:
             per_sample = [g[self.unsorted_indices] for g in per_sample]
-        if self.scale != 1:
-            per_sample = [g * self.scale for g in per_sample]
         if self.batch_size is not None and per_sample and per_sample[0].shape[0] != self.batch_size:
             raise RuntimeError(f"ExpandedWeights' batch size is {self.batch_size} but the "
                                f"LSTM's batch has {per_sample[0].shape[0]} sequences")
@@ -74,12 +72,16 @@ class PerSample:
                      if param is not None and param.requires_grad]
             if module.__dict__.get("_lstmcy_deferred", 0) > 0:
                 # Opacus's hook ran first (no input needed a gradient: it fires with the
-                # output's) and stored the zeros _grad_sampler gave it: add into them.
+                # output's) and stored zeros for _grad_sampler's placeholders.
                 module._lstmcy_deferred -= 1
                 for param, grad in pairs:
                     stored = param.grad_sample
-                    stored = stored[-1] if isinstance(stored, list) else stored
-                    stored[:grad.shape[0]] += grad
+                    if isinstance(stored, list):  # accumulated over steps: this step's is last
+                        stored[-1] = stored[-1] + grad
+                    elif stored.shape == grad.shape and not stored.any():
+                        param.grad_sample = grad  # the zeros: replaced, not added to
+                    else:
+                        param.grad_sample = stored + grad
                 return
             stored = module.__dict__.get("_lstmcy_grad_samples") or {}
             for param, grad in pairs:
@@ -119,13 +121,17 @@ class PerSampleFunction(torch.autograd.Function):
         masks, weights = rest[:ctx.num_masks], rest[ctx.num_masks:]
         needs = ctx.needs_input_grad
         want = (needs[4], h0 is not None and needs[5], c0 is not None and needs[6])
-        dx, dh0, dc0, per_sample = _torch_per_sample.backward(
-            ctx.cfg, x, batch_sizes, h0, c0, list(weights), list(masks), saved, dy, dh, dc, want)
         sink = ctx.sink
+        dx, dh0, dc0, per_sample = _torch_per_sample.backward(
+            ctx.cfg, x, batch_sizes, h0, c0, list(weights), list(masks), saved, dy, dh, dc, want,
+            sink.scale)
         # Opacus's hook runs only once the output's gradient has reached it.
         sink.deliver(per_sample, sink.tensor_input and dy is not None)
         if sink.summed:
-            dweights = [g.sum(0) if need else None for g, need in zip(per_sample, needs[7:])]
+            # numpy's single-threaded sum: torch's reduction spends more in its threads'
+            # start-up than in the additions here.
+            dweights = [torch.from_numpy(g.numpy().sum(0) / sink.scale) if need else None
+                        for g, need in zip(per_sample, needs[7:])]
         else:
             dweights = [None] * len(weights)
         return (None, None, None, None, dx if want[0] else None, dh0 if want[1] else None,
@@ -139,6 +145,13 @@ class PerSampleFunction(torch.autograd.Function):
 def _expanded_weight_type():
     module = sys.modules.get("torch.nn.utils._expanded_weights.expanded_weights_impl")
     return None if module is None else module.ExpandedWeight
+
+
+def _batch_of(input, batch_first):
+    """Sequences in a forward's input (1 for an unbatched one)."""
+    if not isinstance(input, torch.Tensor):  # PackedSequence
+        return int(input.batch_sizes[0])
+    return input.shape[0 if batch_first else 1] if input.dim() == 3 else 1
 
 
 def _opacus_hook(module):
@@ -155,10 +168,9 @@ def _opacus_hook(module):
     return None
 
 
-def per_sample_mode(module, weights, input, batch):
-    """The :class:`PerSample` of a forward of ``module`` on ``input`` (``batch``
-    sequences) whose weights are ``weights``, or None (no per-sample gradients asked
-    for)."""
+def per_sample_mode(module, weights, input):
+    """The :class:`PerSample` of a forward of ``module`` on ``input`` whose weights are
+    ``weights``, or None (no per-sample gradients asked for)."""
     expanded = _expanded_weight_type()
     if expanded is not None and any(isinstance(w, expanded) for w in weights):
         first = next(w for w in weights if isinstance(w, expanded))
@@ -170,7 +182,7 @@ def per_sample_mode(module, weights, input, batch):
     if hook is None or not module.training or not torch.is_grad_enabled():
         return None
     # Opacus reads the batch size from here (its own guess reads the input's first axis).
-    module.max_batch_len = batch
+    module.max_batch_len = batch = _batch_of(input, module.batch_first)
     reduction = hook.keywords.get("loss_reduction", "mean")
     sink = PerSample(list(weights), None, batch if reduction == "mean" else 1, module=module,
                      summed=True)
@@ -187,14 +199,15 @@ def _grad_sampler(layer, activations, backprops):
 
     Opacus calls it from a module backward hook, which runs after the module's backward
     when an input needs a gradient, else as soon as ``output``'s gradient is known,
-    before it: then it returns zeros, into which the backward adds its gradients.
+    before it: then it returns empty placeholders, and the backward puts its gradients
+    where Opacus stored zeros for them.
     """
     stored = layer.__dict__.pop("_lstmcy_grad_samples", None)
     if stored:
         return stored
     layer._lstmcy_deferred = layer.__dict__.get("_lstmcy_deferred", 0) + 1
-    batch = layer.max_batch_len
-    return {param: param.new_zeros((batch,) + tuple(param.shape))
+    # No rows: Opacus makes zeros of the batch's size and copies nothing into them.
+    return {param: param.new_zeros((0,) + tuple(param.shape))
             for param in layer.parameters(recurse=False) if param.requires_grad}
 
 

@@ -142,15 +142,6 @@ def _run_per_sample(per_sample, cfg, masks, batch_sizes, x, h0, c0, weights):
                                                   *weights)
 
 
-def _batch_of(input, batch_first):
-    """Sequences in a forward's input (1 for an unbatched one)."""
-    if isinstance(input, PackedSequence):
-        return int(input.batch_sizes[0]) if _values_readable(input.batch_sizes) else None
-    if not isinstance(input, torch.Tensor) or input.dim() != 3:
-        return 1
-    return input.shape[0 if batch_first else 1]
-
-
 # ---------------------------------------------------------------------------
 # route choice
 # ---------------------------------------------------------------------------
@@ -385,8 +376,7 @@ class LSTM(nn.LSTM):
         weights = self._weights()
         packed = isinstance(input, PackedSequence)
         # Per-sample gradients (ExpandedWeights, Opacus): the weights unwrapped.
-        per_sample = _torch_privacy.per_sample_mode(self, weights, input,
-                                                     _batch_of(input, self.batch_first))
+        per_sample = _torch_privacy.per_sample_mode(self, weights, input)
         if per_sample is not None:
             weights = per_sample.weights
         sorted_indices = unsorted_indices = None
