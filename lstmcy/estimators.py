@@ -7,7 +7,7 @@ reads each sequence, a head turns its last hidden state (or the mean of its
 outputs over time) into features, and one linear layer maps those to class
 scores (softmax) or to the regression targets (identity). Training is mini-batch
 Adam or SGD with momentum; the head's gradients are computed in numpy and every
-gradient of the LSTM comes from ``lstmcy.lstm_backward``.
+gradient of the LSTM comes from the forward's ``LSTMCache.backward``.
 
 This module needs scikit-learn (the ``[sklearn]`` extra: ``pip install -e ".[sklearn]"``); ``import lstmcy``
 does not import it.
@@ -405,9 +405,10 @@ class _BaseLSTM(BaseEstimator):
         """Which entries of :meth:`_all_params` get the L2 penalty (weights, not biases)."""
         return [k % 4 < 2 for k in range(len(self.lstm_params_))] + [True, False]
 
-    def _lstm_kwargs(self):
-        return dict(has_bias=True, num_layers=self.num_layers, bidirectional=self.bidirectional,
-                    dropout=self.dropout)
+    def _lstm_config(self, train):
+        """The :class:`lstmcy.LSTMConfig` of the estimator's LSTM calls."""
+        return lstmcy.LSTMConfig(num_layers=self.num_layers, bidirectional=self.bidirectional,
+                                 has_bias=True, dropout=self.dropout, train=train)
 
     def _features(self, part, y, h_n):
         """The head's input ``[B, D*H]`` from the LSTM's packed output ``y`` and final
@@ -445,8 +446,8 @@ class _BaseLSTM(BaseEstimator):
         out = np.empty((data.n_samples, self.n_outputs_), dtype=np.float64)
         for part in data.parts(_PREDICT_CHUNK, _PREDICT_TOKENS, _PREDICT_MIN_SEQUENCES):
             x, batch_sizes = part.kernel_input(dtype)
-            y, h_n, _, _ = lstmcy.lstm_forward(x, None, params, train=False,
-                                               batch_sizes=batch_sizes, **self._lstm_kwargs())
+            y, h_n, _, _ = lstmcy.lstm_forward(x, None, params, config=self._lstm_config(False),
+                                               batch_sizes=batch_sizes)
             rows = y.reshape(len(part.input), -1)  # packed rows (a view)
             features = self._features(part, rows, h_n)[:len(part.sample_index)]
             out[part.sample_index] = _linear(features, coef, intercept)
@@ -460,16 +461,17 @@ class _BaseLSTM(BaseEstimator):
         batch's samples ``i`` (``weights``), as MLP's with ``sample_weight``. The LSTM's
         gradients are the sums of its parts' (one kernel call each).
         """
-        kwargs = self._lstm_kwargs()
+        config = self._lstm_config(True)
         masks_from = None if seed is None else np.random.default_rng(seed)
         runs = []
         for part in batch.parts:
             x, batch_sizes = part.kernel_input()
             y, h_n, _, cache = lstmcy.lstm_forward(
-                x, None, self.lstm_params_, train=True, batch_sizes=batch_sizes, seed=masks_from,
-                **kwargs)
+                x, None, self.lstm_params_, config=config, batch_sizes=batch_sizes,
+                seed=masks_from)
+            y_shape = y.shape
             y = y.reshape(len(part.input), -1)  # packed rows (a view)
-            runs.append((part, y, h_n, cache, self._features(part, y, h_n)))
+            runs.append((part, y, h_n, cache, self._features(part, y, h_n), y_shape))
         features = runs[0][4] if len(runs) == 1 else np.concatenate([run[4] for run in runs])
         raw = features @ self.head_coef_ + self.head_intercept_
         weight_sum = float(weights.sum())
@@ -482,16 +484,12 @@ class _BaseLSTM(BaseEstimator):
         d_lstm = None
         start = 0
         while runs:
-            part, y, h_n, cache, part_features = runs.pop(0)  # its cache freed once used
+            part, y, h_n, cache, part_features, y_shape = runs.pop(0)  # its cache freed once used
             stop = start + len(part_features)
             dy, dh = self._feature_grads(part, y, h_n, d_features[start:stop])
             start = stop
-            x, batch_sizes = part.kernel_input()
-            _, _, _, d_part = lstmcy.lstm_backward(
-                x, None, self.lstm_params_, dy.reshape(x.shape[:-1] + dy.shape[-1:]), dh, None,
-                *cache.saved(), batch_sizes=batch_sizes, train=True,
-                output_mask=(False, False, False, True), dropout_masks=cache.dropout_masks,
-                **kwargs)
+            d_part = cache.backward(dy.reshape(y_shape), dh,
+                                    output_mask=(False, False, False, True)).dparams
             if d_lstm is None:
                 d_lstm = list(d_part)
             else:
