@@ -244,7 +244,8 @@ def _one_call_at_a_time(method):
     def run(plan, *args, **kwargs):
         if not plan._in_call.acquire(blocking=False):
             raise RuntimeError(
-                "this LSTMPlan is running a call in another thread: a plan's work buffers "
+                "this LSTMPlan is already running a call (in another thread, or in this one "
+                "from inside that call): a plan's work buffers "
                 "serve one call at a time; give each thread its own LSTMPlan (the plain "
                 "lstm_forward / lstm_backward keep one per thread)")
         try:

@@ -20,6 +20,7 @@ float32 runs are held to PyTorch float64 on the same float32 values (max-norm re
 not keep gigabytes of work buffers.
 """
 import gc
+import os
 
 import numpy as np
 import pytest
@@ -125,6 +126,9 @@ def _release_buffers():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("size", sorted(SIZES))
 def test_long_and_tall_problems_match_pytorch_on_windows(size, dtype, layout, n_threads):
+    if size == "tall" and os.environ.get("LSTMCY_BUILD_KIND") == "tsan":
+        pytest.skip("2M rows take minutes each under ThreadSanitizer; the 100,000-step "
+                    "problems run there, the 2M-row ones in the other builds")
     problem = Problem(size, layout, dtype)
     T, B, H = problem.T, problem.B, problem.H
     rtol = RTOL[dtype]

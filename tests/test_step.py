@@ -141,7 +141,7 @@ def test_plan_step_refuses_a_second_thread():
     plan = lstmcy.LSTMPlan()
     plan._in_call.acquire()
     try:
-        with pytest.raises(RuntimeError, match="running a call in another thread"):
+        with pytest.raises(RuntimeError, match="already running a call"):
             plan.step(x, (h, c), params)
     finally:
         plan._in_call.release()

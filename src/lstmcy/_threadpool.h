@@ -63,7 +63,7 @@ enum { LSTMCY_PART_NONE = 0, LSTMCY_PART_HANDED = 1, LSTMCY_PART_RUNNING = 2,
 typedef struct lstmcy_worker {
     pthread_t thread;
     lstmcy_event go;        /* jobs handed to this worker so far */
-    lstmcy_event done;      /* parts this worker has returned from, over its life */
+    lstmcy_event done;      /* 1 once it has returned from its part of the current job */
     lstmcy_job *job;        /* the job handed with the latest go */
     int part;               /* its worker index in that job */
     int state;              /* LSTMCY_PART_*: the caller withdraws a part still HANDED */
@@ -173,7 +173,8 @@ static void *lstmcy_worker_main(void *arg)
     int seen = 0;
     long long idle_spin = LSTMCY_IDLE_SPIN_NS;
     for (;;) {
-        lstmcy_event_wait(&self->go, seen + 1, idle_spin);
+        /* the count wraps after 2**31 jobs: the next one computed without overflow */
+        lstmcy_event_wait(&self->go, (int)((unsigned)seen + 1u), idle_spin);
         /* Every go up to now: one whose part was withdrawn before this worker woke is void
            (its job may be gone); the latest part, if still handed, is this worker's. */
         seen = lstmcy_event_get(&self->go);
@@ -300,7 +301,6 @@ static int lstmcy_pool_run(int n_threads, lstmcy_job_fn fn, void *ctx, int flush
 {
     lstmcy_job job;
     lstmcy_worker *taken[256];
-    int done_before[256];  /* each taken worker's done count before this job */
     int n_taken = 0;
     memset(&job, 0, sizeof job);
     job.fn = fn;
@@ -344,8 +344,9 @@ static int lstmcy_pool_run(int n_threads, lstmcy_job_fn fn, void *ctx, int flush
     job.spares = (struct lstmcy_worker **)(taken + n_now);
     job.n_spares = n_taken - n_now;
     for (int k = 0; k < n_taken; k++) {
-        /* stable: a reserved worker runs no part but this job's */
-        done_before[k] = lstmcy_event_get(&taken[k]->done);
+        /* Counted from 0 for each job (a life's count would wrap): no increment of an
+           earlier job is pending, since its caller saw it before releasing the worker. */
+        __atomic_store_n(&taken[k]->done.value, 0, __ATOMIC_RELAXED);
         taken[k]->job = &job;
         /* atomic: a test build's worker woken late by an earlier go reads it before its CAS */
         __atomic_store_n(&taken[k]->part, k + 1, __ATOMIC_RELAXED);
@@ -380,7 +381,7 @@ static int lstmcy_pool_run(int n_threads, lstmcy_job_fn fn, void *ctx, int flush
         long long spin_ns = lstmcy_pool_spin_ns(job.n_workers);
         for (int k = 0; k < n_taken; k++)
             if (started[k])
-                lstmcy_event_wait(&taken[k]->done, done_before[k] + 1, spin_ns);
+                lstmcy_event_wait(&taken[k]->done, 1, spin_ns);
         pthread_mutex_lock(&lstmcy_pool.lock);
         for (int k = 0; k < n_taken; k++) {
             __atomic_store_n(&taken[k]->state, LSTMCY_PART_NONE, __ATOMIC_RELEASE);
