@@ -59,12 +59,6 @@ class Problem:
         self.c0 = rng.uniform(-1, 1, (1, B, H)).astype(dtype)
         self.rng = rng
 
-    def rows(self, t, b):
-        """Row of step t of sequence b in the layout's 2-D arrays."""
-        if self.layout == "packed":
-            return np.concatenate([[0], np.cumsum(self.batch_sizes)])[t] + b
-        return t * self.B + b
-
     def to_layout(self, values):
         """``[T, B, F]`` time-major values in the layout (packed: the valid rows only)."""
         if self.layout == "time_major":
