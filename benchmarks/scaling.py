@@ -39,7 +39,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import lstmcy  # noqa: E402
-from lstmcy import _core, _schedule, _threads  # noqa: E402
+from lstmcy import _schedule, _threads  # noqa: E402
 from cases import CASES, lstm_kwargs, make_inputs  # noqa: E402
 from machine import machine_label, short_commit  # noqa: E402
 
@@ -66,25 +66,24 @@ def traced_calls(case, inputs, n_model, n_run, repeats, units=False):
     backward = _schedule.backward_schedule
     if units:
         forward, backward = _units_schedule(forward), _units_schedule(backward)
-    saved = (_core.forward_schedule, _core.backward_schedule)
-    _core.forward_schedule = lambda T, B, I, H, D, n, projected=False, itemsize=4: forward(
-        T, B, I, H, D, n_model, projected, itemsize=itemsize)
-    _core.backward_schedule = lambda T, B, I, H, D, n, projected=False, small_gemms=False: backward(
-        T, B, I, H, D, n_model, projected, small_gemms=small_gemms)
-    try:
-        plan = lstmcy.LSTMPlan(n_threads=n_run)
-        kw = lstm_kwargs(case)
-        hx = (inputs["h0"], inputs["c0"])
-        runs = []
-        for repeat in range(repeats + 1):
-            plan.trace = []
-            y, h_n, c_n, cache = plan.forward(inputs["x"], hx, inputs["params"], **kw)
-            plan.backward(inputs["x"], hx, inputs["params"], inputs["dy"], inputs["dh"],
-                          inputs["dc"], *cache.saved(), **kw)
-            if repeat:  # the first run warms up
-                runs.append(plan.trace)
-    finally:
-        _core.forward_schedule, _core.backward_schedule = saved
+    # The schedules of n_model threads, whatever the thread count of the run.
+    policy = _schedule.SchedulePolicy(
+        lambda T, B, I, H, D, n, projected=False, itemsize=4: forward(
+            T, B, I, H, D, n_model, projected, itemsize=itemsize),
+        lambda T, B, I, H, D, n, projected=False, small_gemms=False: backward(
+            T, B, I, H, D, n_model, projected, small_gemms=small_gemms),
+        cap_at_cpus=False)
+    plan = lstmcy.LSTMPlan(n_threads=n_run, schedules=policy)
+    kw = lstm_kwargs(case)
+    hx = (inputs["h0"], inputs["c0"])
+    runs = []
+    for repeat in range(repeats + 1):
+        plan.trace = []
+        y, h_n, c_n, cache = plan.forward(inputs["x"], hx, inputs["params"], **kw)
+        plan.backward(inputs["x"], hx, inputs["params"], inputs["dy"], inputs["dh"],
+                      inputs["dc"], *cache.saved(), **kw)
+        if repeat:  # the first run warms up
+            runs.append(plan.trace)
     calls = []
     for k, (kind, layer, first) in enumerate(runs[0]):
         durations = np.median([run[k][2][:, END] - run[k][2][:, START] for run in runs], axis=0)

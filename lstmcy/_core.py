@@ -20,9 +20,8 @@ from lstmcy._cache import (ForwardCall, LSTMCache, LSTMGradients, SavedList,
                            check_same_call, refuse_cache)
 from lstmcy._config import config_of
 from lstmcy._pool import ALIGN, ResultPool, aligned_empty, aligned_offset
-from lstmcy._schedule import (ALIASED_ROW_BYTES, SINGLE_THREADED_GEMM, SPLIT_UNITS,
-                              TUNED_STEP_FLOPS, backward_lanes, backward_schedule,
-                              forward_schedule)
+from lstmcy._schedule import (ALIASED_ROW_BYTES, DEFAULT_POLICY, SINGLE_THREADED_GEMM,
+                              TUNED_STEP_FLOPS, SchedulePolicy)
 from lstmcy._threads import (ThreadTuner, _check_count, _process_cpus, blas_single_threaded,
                              blas_small_gemms, is_automatic, threads_for)
 from lstmcy._validation import (SAVED_NAMES, _cached, _check_batch_sizes, _read_only,
@@ -202,6 +201,48 @@ def _packed_weights_len(kind, H, P, I, projected, schedule, dtype):
                                      schedule.packed_dx, is_double)
 
 
+def layer_workspace(kind, T, B, N, D, I, H, P, dtype, *, in_packed=False, want_dx=True,
+                    want_dparams=True, small_gemms=False, policy=DEFAULT_POLICY):
+    """The work buffers of one layer call but its packed weights, in the kernel object's
+    order: a tuple of ``(name, shape, dtype)``.
+
+    The one description of a call's work buffers: :class:`LSTMPlan`'s setups take these
+    (buffers of one name are shared by every call of a plan, grown to the largest), and
+    :meth:`LSTMPlan.required_workspace` bounds them. ``kind`` is "forward" or "backward";
+    ``T, B, N, D, I, H, P`` the steps, batch rows, packed rows, directions, input
+    features, units and size of h (``P < H``: projected); ``dtype`` the compute dtype
+    (float32 or float64); ``in_packed``: the input rows are in packed order (no gathered
+    copy); ``want_dx``, ``want_dparams``: what a backward computes; ``small_gemms``: the
+    BLAS has a small-GEMM path; ``policy``: the plan's
+    :class:`~lstmcy._schedule.SchedulePolicy`.
+    """
+    dtype = np.dtype(dtype)
+    projected = P != H
+    gates = ("gates", (D, N, _gate_row_stride(H, dtype)), dtype)
+    if kind == "forward":
+        return (gates,
+                ("r_rows", (D, N if projected else 0, H), dtype),
+                ("packed_rows", (0 if in_packed else N, I), dtype))
+    rows = N if projected else 0
+    # Each lane of the weight gradients sums its own dW (shape only); [x | h_{t-1}] rows
+    # are gathered as rows, or in panels for lstmcy's own product.
+    shape_only = policy.backward(T, B, I, H, D, 1, projected, small_gemms=small_gemms)
+    lanes = shape_only.lanes
+    if shape_only.panel_weights:
+        z_width = _packed_len(I + P, 1, dtype)
+    else:
+        z_width = I + P + (H if projected else 0)
+    grad_rows = lanes * 4 * H if want_dparams else 0
+    return (gates,
+            ("dh_rows", (D, rows, P), dtype),
+            ("r_rows", (D, rows, H), dtype),
+            ("z", (D, N if want_dparams else 0, z_width), dtype),
+            ("dw", (D, grad_rows, I + P), dtype),
+            ("db_acc", (D, grad_rows), np.dtype(np.float64)),
+            ("dw_hr_acc", (D, lanes * P if projected and want_dparams else 0, H), dtype),
+            ("packed_rows", (N if want_dx and not in_packed else 0, I), dtype))
+
+
 def _draw_masks(problem, dropout, rng):
     """``L - 1`` masks ``[T, B, D*P]`` of 0 or ``1 / (1 - dropout)`` in the caller's dtype."""
     rng = rng if rng is not None else np.random.default_rng()
@@ -214,24 +255,38 @@ def _draw_masks(problem, dropout, rng):
 class _LayerSetup:
     """What one kind of layer call derives from its shapes alone.
 
-    ``workspaces``: the kernel's workspace views, in its argument order; ``tuner_key``,
-    ``step_flops`` and ``flops``: :meth:`LSTMPlan._call`'s arguments; ``in_size``: the
-    layer's input features; ``want_dx``: a backward computes the layer's input gradient;
-    ``by_threads``: the call's ``(schedule, w_packed)`` per thread count (its packed
-    weights' size depends on the schedule).
+    ``key``: the plan's key of the kind of call; ``kind``: "forward" or "backward";
+    ``sizes``: ``(T, B, N, D, I, H, P)`` (T: the batch layout's steps, none when B is 0;
+    I: the layer's input features); ``flags``: the kernel object's flags after the sizes
+    (forward: ``training, x_rows_packed``; backward: ``want_dx, want_dparams,
+    x_rows_packed``); ``workspaces``: its work buffers but the packed weights, in its
+    order; ``tuner_key``, ``step_flops`` and ``flops``: :meth:`LSTMPlan._call`'s arguments;
+    ``by_threads``: the call's kernel object (:class:`ForwardLayer` /
+    :class:`BackwardLayer` of ``lstmcy._lstm``) per thread count (its schedule, and so
+    its packed weights' size, depends on the count).
     """
 
-    __slots__ = ("workspaces", "tuner_key", "step_flops", "flops", "in_size", "want_dx",
-                 "by_threads")
+    __slots__ = ("key", "kind", "sizes", "flags", "workspaces", "tuner_key", "step_flops",
+                 "flops", "by_threads")
 
-    def __init__(self, workspaces, tuner_key, step_flops, flops, in_size, want_dx=False):
+    def __init__(self, key, kind, sizes, flags, workspaces, tuner_key, step_flops, flops):
+        self.key = key
+        self.kind = kind
+        self.sizes = sizes
+        self.flags = flags
         self.workspaces = workspaces
         self.tuner_key = tuner_key
         self.step_flops = step_flops
         self.flops = flops
-        self.in_size = in_size
-        self.want_dx = want_dx
         self.by_threads = {}
+
+    @property
+    def in_size(self):
+        return self.sizes[4]
+
+    @property
+    def want_dx(self):
+        return self.kind == "backward" and self.flags[0]
 
 
 def _one_call_at_a_time(method):
@@ -272,6 +327,10 @@ class LSTMPlan:
         :func:`lstmcy.set_num_threads` (when that is automatic too: the CPUs the process
         may use, as far as a call has work for them, and small calls on one thread while
         more are slower; see :mod:`lstmcy._threads`).
+    schedules : lstmcy._schedule.SchedulePolicy, optional
+        The functions that schedule the layer calls (tests and benchmarks run others
+        through it); lstmcy's own by default. Results are bitwise the same for every
+        valid schedule.
 
     Attributes
     ----------
@@ -285,8 +344,12 @@ class LSTMPlan:
         None (the default) traces nothing.
     """
 
-    def __init__(self, n_threads=None):
+    def __init__(self, n_threads=None, *, schedules=None):
         self.n_threads = _check_count("n_threads", n_threads)
+        if schedules is not None and not isinstance(schedules, SchedulePolicy):
+            raise TypeError("schedules must be a lstmcy._schedule.SchedulePolicy, got "
+                            f"{type(schedules).__name__}")
+        self.schedules = DEFAULT_POLICY if schedules is None else schedules
         self._buffers = {}
         self._offsets = {}  # name -> aligned_offset of that buffer
         # Result arrays come from here: their memory is reused once the caller drops them.
@@ -340,8 +403,7 @@ class LSTMPlan:
         check_blas_limits(T, B, input_size, H, num_layers, D, proj_size,
                           names=("the batch (T, B)", "the width (input_size, hidden_size)",
                                  "hidden_size"))
-        projected = proj_size > 0
-        P = proj_size if projected else H
+        P = proj_size if proj_size else H
         if batch_sizes is not None:
             sizes = _check_batch_sizes(batch_sizes)
             if sizes.shape[0] != T or (T and sizes[0] != B):
@@ -350,37 +412,30 @@ class LSTMPlan:
             N = int(sizes.sum())
         else:
             N = T * B
-        width = max(input_size, D * P) if num_layers > 1 else input_size
-        itemsize = max(np.dtype(dtype).itemsize, 4)  # float16/bfloat16 compute in float32
-        is_double = itemsize == 8
-        # gates (their rows maybe padded), packed rows
-        elements = D * N * _gate_row_stride(H, np.float64 if is_double else np.float32) \
-            + N * width
-        if projected:
-            elements += D * N * H  # r = o * tanh(c) of every row (forward), dh @ w_hr (backward)
-        # The recurrent weights packed: by rows, or by units in up to H / 16 parts (each
-        # part's panels padded apart), with w_ih (the forward's fused_input, the
-        # backward's packed_dx); the backward's packing.
+        # float16/bfloat16 compute in float32
+        cdt = np.dtype(np.float64 if dtype.itemsize == 8 else np.float32)
+        in_sizes = {input_size, D * P} if num_layers > 1 else {input_size}
+        # Each named buffer grows to the largest of its layer calls: every layer's input
+        # size, gathered input rows, every BLAS (its small-GEMM path or not).
+        largest = {}
+        for I in in_sizes:
+            for kind in ("forward", "backward") if backward else ("forward",):
+                for small in (False, True):
+                    for name, shape, of in layer_workspace(kind, T, B, N, D, I, H, P, cdt,
+                                                           small_gemms=small):
+                        largest[name] = max(largest.get(name, 0), math.prod(shape) * of.itemsize)
+        # The packed weights: by rows, or by units in up to H / 16 parts (each part's
+        # panels padded apart), with w_ih (the forward's fused_input, the backward's
+        # packed_dx).
         parts = max(1, H // 16)
-        packed = max(
-            [_lstm.forward_packed_len(H, P, width, projected, split, groups, True, is_double)
-             for split, groups in [(0, 1), (1, parts)]]
-            + [_lstm.backward_packed_len(H, P, width, projected, split, groups, True,
-                                         is_double)
-               for split, groups in [(0, 1), (1, parts)] if backward])
-        elements += D * packed
-        extra_bytes = 9 * (ALIGN - 1)  # room to align each of the (at most 9) named buffers
-        if backward:
-            # rows of [x | h (| r)], or panels of [x | h] (see backward_schedule)
-            z_width = max(width + P + (H if projected else 0),
-                          _lstm.packed_elements(width + P, 1, is_double))
-            lanes = max(backward_lanes(T, B, I, H, small) for I in {input_size, width}
-                        for small in (False, True))
-            elements += D * (N * z_width + lanes * 4 * H * (width + P))
-            if projected:
-                elements += D * N * P + D * lanes * P * H  # dh of every row, dW_hr's lanes
-            extra_bytes += D * lanes * 4 * H * 8
-        return int(elements * itemsize + extra_bytes)
+        is_double = cdt == np.float64
+        largest["w_packed"] = cdt.itemsize * D * max(
+            [_lstm.forward_packed_len(H, P, I, P != H, split, groups, True, is_double)
+             for I in in_sizes for split, groups in [(0, 1), (1, parts)]]
+            + [_lstm.backward_packed_len(H, P, I, P != H, split, groups, True, is_double)
+               for I in in_sizes for split, groups in [(0, 1), (1, parts)] if backward])
+        # Each buffer is aligned within its allocation (see _take).
+        return int(sum(largest.values()) + len(largest) * (ALIGN - 1))
 
     def _take(self, name, shape, dtype):
         """A C-contiguous ``shape`` view into the named buffer (grown if too small)."""
@@ -414,13 +469,15 @@ class LSTMPlan:
         """The :class:`_LayerSetup` of a forward layer call with ``in_size`` input features
         (``in_packed``: its input rows are in packed order)."""
         D, N, H, P, cdt = p.D, p.N, p.H, p.P, p.compute_dtype
-        workspaces = (self._take("gates", (D, N, _gate_row_stride(H, cdt)), cdt),
-                      self._take("r_rows", (D, N if p.projected else 0, H), cdt),
-                      self._take("packed_rows", (0 if in_packed else N, in_size), cdt))
+        workspaces = tuple(self._take(*buffer) for buffer in layer_workspace(
+            "forward", p.T, p.B, N, D, in_size, H, P, cdt, in_packed=in_packed,
+            policy=self.schedules))
         flops_per_row = 8.0 * D * H * (in_size + P) + (2.0 * D * H * P if p.projected else 0)
         return self._remember(key, _LayerSetup(
-            workspaces, ("forward", p.B, in_size, H, P, D, train, cdt), p.B * flops_per_row,
-            N * flops_per_row, in_size))
+            key, "forward", (len(p.batch_sizes), p.B, N, D, in_size, H, P), (train, in_packed),
+            workspaces,
+            ("forward", p.B, in_size, H, P, D, train, cdt), p.B * flops_per_row,
+            N * flops_per_row))
 
     def _backward_setup(self, key, p, in_size, in_packed, want_dx, want_dparams):
         """The :class:`_LayerSetup` of a backward layer call with ``in_size`` input features
@@ -428,54 +485,48 @@ class LSTMPlan:
         input gradient)."""
         T, B, D, N, H, P, cdt = p.T, p.B, p.D, p.N, p.H, p.P, p.compute_dtype
         projected = p.projected
-        hr = P if projected else 0
-        scattered = want_dx and not in_packed  # dx through packed row order
-        rows = N if projected else 0
-        # Each lane of the weight gradients sums its own dW (shape only); [x | h_{t-1}]
-        # rows are gathered as rows, or in panels for lstmcy's own product.
-        shape_only = backward_schedule(T, B, in_size, H, D, 1, projected,
-                                       small_gemms=blas_small_gemms())
-        lanes = shape_only.lanes
-        if shape_only.panel_weights:
-            z_width = _lstm.packed_elements(in_size + P, 1, cdt == np.float64)
-        else:
-            z_width = in_size + P + (H if projected else 0)
-        grad_rows = lanes * 4 * H if want_dparams else 0
-        workspaces = (
-            self._take("gates", (D, N, _gate_row_stride(H, cdt)), cdt),
-            self._take("dh_rows", (D, rows, P), cdt),
-            self._take("r_rows", (D, rows, H), cdt),
-            self._take("z", (D, N if want_dparams else 0, z_width), cdt),
-            self._take("dw", (D, grad_rows, in_size + P), cdt),
-            self._take("db_acc", (D, grad_rows), np.dtype(np.float64)),
-            self._take("dw_hr_acc", (D, lanes * hr if want_dparams else 0, H), cdt),
-            self._take("packed_rows", (N if scattered else 0, in_size), cdt))
+        workspaces = tuple(self._take(*buffer) for buffer in layer_workspace(
+            "backward", T, B, N, D, in_size, H, P, cdt, in_packed=in_packed, want_dx=want_dx,
+            want_dparams=want_dparams, small_gemms=blas_small_gemms(), policy=self.schedules))
         flops_per_row = 16.0 * D * H * (in_size + P) + (6.0 * D * H * P if projected else 0)
         return self._remember(key, _LayerSetup(
+            key, "backward", (len(p.batch_sizes), B, N, D, in_size, H, P),
+            (want_dx, want_dparams, in_packed),
             workspaces, ("backward", B, in_size, H, P, D, want_dx, want_dparams, cdt),
-            B * flops_per_row, N * flops_per_row, in_size, want_dx))
+            B * flops_per_row, N * flops_per_row))
 
-    def _threads_setup(self, kind, setup, p, n_threads):
-        """``(schedule, w_packed)`` of a ``kind`` ("forward" or "backward") layer call on
-        ``n_threads`` threads. The schedule is that of at most the process's CPUs: threads
-        beyond them cannot run the recurrence's groups or parts at once, and thinner ones
-        would only add work (the extra threads take the other tasks)."""
+    def _layer_call(self, setup, p, n_threads):
+        """The kernel object of ``setup``'s layer call on ``n_threads`` threads (made once).
+        The schedule is that of at most the process's CPUs (unless the plan's
+        :class:`~lstmcy._schedule.SchedulePolicy` says otherwise): threads beyond them
+        cannot run the recurrence's groups or parts at once, and thinner ones would only
+        add work (the extra threads take the other tasks)."""
         D, H, P, cdt = p.D, p.H, p.P, p.compute_dtype
-        cpus = min(n_threads, _process_cpus())
-        if kind == "forward":
-            schedule = forward_schedule(p.T, p.B, setup.in_size, H, D, cpus, p.projected,
-                                        itemsize=cdt.itemsize)
+        policy = self.schedules
+        cpus = min(n_threads, _process_cpus()) if policy.cap_at_cpus else n_threads
+        if setup.kind == "forward":
+            schedule = policy.forward(p.T, p.B, setup.in_size, H, D, cpus, p.projected,
+                                      itemsize=cdt.itemsize)
+            kernel = _lstm.ForwardLayer
         else:
-            schedule = backward_schedule(p.T, p.B, setup.in_size, H, D, cpus, p.projected,
-                                         small_gemms=blas_small_gemms())
+            schedule = policy.backward(p.T, p.B, setup.in_size, H, D, cpus, p.projected,
+                                       small_gemms=blas_small_gemms())
             if not setup.want_dx:  # no dx: no room for a packed w_ih
                 schedule = schedule._replace(packed_dx=False)
+            kernel = _lstm.BackwardLayer
         w_packed = self._take(
             "w_packed",
-            (D * _packed_weights_len(kind, H, P, setup.in_size, p.projected, schedule, cdt),),
+            (D * _packed_weights_len(setup.kind, H, P, setup.in_size, p.projected, schedule,
+                                     cdt),),
             cdt)
-        setup.by_threads[n_threads] = schedule, w_packed
-        return schedule, w_packed
+        if self._setups.get(setup.key) is not setup:
+            # w_packed grew, which dropped the setups: this one's other buffers are current,
+            # its kernel objects of other counts hold the old w_packed.
+            setup.by_threads.clear()
+            self._remember(setup.key, setup)
+        call = setup.by_threads[n_threads] = kernel(
+            setup.sizes, *setup.flags, schedule, setup.workspaces + (w_packed,), n_threads)
+        return call
 
     def _call(self, key, rows, step_flops, flops, run):
         """``run(n_threads)``, with the thread count for a call of ``flops`` work. When the
@@ -500,18 +551,18 @@ class LSTMPlan:
         tuner.record(n_threads, start, (perf_counter() - start) / rows)
         return result
 
-    def _kernel(self, kind, layer, kernel):
-        """``kernel`` itself, or when :attr:`trace` asks for it a wrapper that appends a
-        trace of its tasks there (the plain kernel takes the arguments once, as given)."""
+    def _run_layer(self, setup, layer, p, n_threads, args):
+        """Run ``setup``'s layer call of ``layer`` on ``n_threads`` threads with the
+        per-call arrays ``args`` (its kernel object's ``run`` arguments before
+        ``flush_denormals``), appending a trace of its tasks to :attr:`trace` when that
+        asks for one."""
+        call = setup.by_threads.get(n_threads) or self._layer_call(setup, p, n_threads)
         if self.trace is None:
-            return kernel
-
-        def traced(*args):
-            entries = np.zeros((1 << 16, 8), dtype=np.int64)
-            result = kernel(*args, entries)
-            self.trace.append((kind, layer, entries[:result[1]]))
-            return result
-        return traced
+            return call.run(*args, _fpmode._flush)
+        entries = np.zeros((1 << 16, 8), dtype=np.int64)
+        n_trace = call.run(*args, _fpmode._flush, entries)
+        self.trace.append((setup.kind, layer, entries[:n_trace]))
+        return n_trace
 
     def _blas_cap(self, problem):
         """Cap BLAS to one thread (results must not depend on the BLAS thread count, and
@@ -615,15 +666,11 @@ class LSTMPlan:
                 key = ("forward", layer, p.shapes, N, in_packed, train, cdt)
                 setup = self._setups.get(key) or self._forward_setup(key, p, in_size, in_packed, train)
                 states = (p.h0, h_n, c_n) if L == 1 else (p.h0[ks], h_n[ks], c_n[ks])
-                args = (layer_in, in_step_row, in_stride, in_packed, w_ih, w_hh, bias, w_hr,
-                        p.batch_sizes, p.packed_start, out, out_step_row, out_stride,
-                        *states, saved, train, *setup.workspaces)
+                args = ((layer_in, in_step_row, in_stride), (out, out_step_row, out_stride),
+                        (w_ih, w_hh, bias, w_hr), states, saved, (p.batch_sizes, p.packed_start))
 
                 def run(n_threads, args=args, layer=layer, setup=setup):
-                    schedule, w_packed = setup.by_threads.get(n_threads) or self._threads_setup(
-                        "forward", setup, p, n_threads)
-                    return self._kernel("forward", layer, _lstm.forward_layer)(
-                        *args, w_packed, schedule, n_threads, _fpmode._flush)
+                    return self._run_layer(setup, layer, p, n_threads, args)
 
                 self._call(setup.tuner_key, N, setup.step_flops, setup.flops, run)
                 if not last:
@@ -762,18 +809,12 @@ class LSTMPlan:
                     h0, c0, dh_layer, dc_layer = p.h0, p.c0, dh_state, dc_state
                 else:
                     h0, c0, dh_layer, dc_layer = p.h0[ks], p.c0[ks], dh_state[ks], dc_state[ks]
-                args = (layer_in, in_step_row, in_stride, in_packed,
-                        upper_dy, dy_step_row, dy_stride,
-                        w_ih, w_hh, w_hr, h0, c0, saved,
-                        p.batch_sizes, p.packed_start, dh_layer, dc_layer,
-                        layer_dx, layer_dx_needed, dw_ih, dw_hh, db, dw_hr, want_dparams,
-                        *setup.workspaces)
+                args = ((layer_in, in_step_row, in_stride), (upper_dy, dy_step_row, dy_stride),
+                        layer_dx, (w_ih, w_hh, w_hr), (h0, c0, dh_layer, dc_layer), saved,
+                        (dw_ih, dw_hh, db, dw_hr), (p.batch_sizes, p.packed_start))
 
                 def run(n_threads, args=args, layer=layer, setup=setup):
-                    schedule, w_packed = setup.by_threads.get(n_threads) or self._threads_setup(
-                        "backward", setup, p, n_threads)
-                    return self._kernel("backward", layer, _lstm.backward_layer)(
-                        *args, w_packed, schedule, n_threads, _fpmode._flush)
+                    return self._run_layer(setup, layer, p, n_threads, args)
 
                 self._call(setup.tuner_key, N, setup.step_flops, setup.flops, run)
                 if want_dparams:
@@ -828,6 +869,18 @@ def _thread_plan():
     if plan is None:
         plan = _per_thread.plan = LSTMPlan()
     return plan
+
+
+def use_thread_plan(plan):
+    """Run the calling thread's plain calls on ``plan`` (an :class:`LSTMPlan`, or None for
+    a fresh one on the next call) and return the plan they ran on (None if none yet): the
+    seam through which tests and benchmarks run the plain functions with other schedules
+    (``LSTMPlan(schedules=...)``)."""
+    if plan is not None and not isinstance(plan, LSTMPlan):
+        raise TypeError(f"plan must be an LSTMPlan or None, got {type(plan).__name__}")
+    previous = getattr(_per_thread, "plan", None)
+    _per_thread.plan = plan
+    return previous
 
 
 def release_workspaces():

@@ -22,6 +22,7 @@ small calls to one thread while more are slower.
 import functools
 import math
 from collections import namedtuple
+from typing import Callable, NamedTuple
 
 #: Work (floating-point operations) per thread before another one is worth its start.
 FLOPS_PER_THREAD = 1e6
@@ -307,3 +308,23 @@ def packed_dx(I, H):
     """Whether a backward layer of ``I`` input features and ``H`` units takes dx with
     lstmcy's own product from w_ih packed once (shape only; see PACKED_DX_FEATURES)."""
     return I >= PACKED_DX_FEATURES and H >= PACKED_DX_UNITS
+
+
+class SchedulePolicy(NamedTuple):
+    """How an :class:`~lstmcy.LSTMPlan` schedules its layer calls: the seam for tests and
+    benchmarks that run other schedules (the default is lstmcy's own).
+
+    ``forward(T, B, I, H, D, n_threads, projected, itemsize=...)`` and ``backward(T, B, I,
+    H, D, n_threads, projected, small_gemms=...)`` return a call's :class:`ForwardSchedule` /
+    :class:`BackwardSchedule` (as :func:`forward_schedule` and :func:`backward_schedule`
+    do); ``cap_at_cpus``: they see the call's thread count capped at the process's CPUs
+    (threads beyond them cannot run the recurrence's groups at once), else as given.
+    """
+
+    forward: Callable = forward_schedule
+    backward: Callable = backward_schedule
+    cap_at_cpus: bool = True
+
+
+#: lstmcy's own schedules.
+DEFAULT_POLICY = SchedulePolicy()

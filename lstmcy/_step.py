@@ -14,10 +14,8 @@ Arrays are C-contiguous and of the shape's compute dtype (the callers check them
 """
 import numpy as np
 
-from lstmcy import _fpmode
 from lstmcy._core import (_NO_PROJECTION, _no_cache, _one_call_at_a_time, saved_arrays,
                           saved_size)
-from lstmcy._dispatch import kernels as _lstm
 from lstmcy._validation import _NATIVE_FLOATS as _FLOATS
 from lstmcy._validation import _cached, check_problem, to_compute
 
@@ -68,13 +66,11 @@ def step_shape(B, I, H, dtype):
     return shape
 
 
-def _kernel_run(plan, kind, setup, p, kernel, args):
-    """Run ``kernel(*args, ...)`` with the thread count and schedule ``plan._call`` picks
-    for this layer call (one thread for small steps, as for any call)."""
+def _kernel_run(plan, setup, p, args):
+    """Run ``setup``'s layer call on the arrays ``args`` with the thread count
+    ``plan._call`` picks for it (one thread for small steps, as for any call)."""
     def run(n_threads):
-        schedule, w_packed = setup.by_threads.get(n_threads) or plan._threads_setup(
-            kind, setup, p, n_threads)
-        return kernel(*args, w_packed, schedule, n_threads, _fpmode._flush)
+        return plan._run_layer(setup, 0, p, n_threads, args)
     with plan._blas_cap(p):
         plan._call(setup.tuner_key, p.N, setup.step_flops, setup.flops, run)
 
@@ -106,10 +102,10 @@ def forward(plan, shape, x, h0, c0, w_ih, w_hh, bias, train):
     else:
         saved_block, saved = None, _no_cache(1, H, H, dtype)
     step_row, stride, packed, sizes, start = shape.rows
-    args = (x, step_row, stride, packed, w_ih[np.newaxis], w_hh[np.newaxis], bias[np.newaxis],
-            shape.w_hr, sizes, start, y[0], step_row, stride, h0[np.newaxis], h_n, c_n, saved,
-            train, *setup.workspaces)
-    _kernel_run(plan, "forward", setup, p, _lstm.forward_layer, args)
+    args = ((x, step_row, stride), (y[0], step_row, stride),
+            (w_ih[np.newaxis], w_hh[np.newaxis], bias[np.newaxis], shape.w_hr),
+            (h0[np.newaxis], h_n, c_n), saved, (sizes, start))
+    _kernel_run(plan, setup, p, args)
     return h_n[0], c_n[0], saved_block
 
 
@@ -152,11 +148,11 @@ def backward(plan, shape, x, h0, c0, w_ih, w_hh, saved_block, dh, dc, want_dx, w
             _empty((1, 0), dtype)
     step_row, stride, packed, sizes, start = shape.rows
     saved = tuple(saved_arrays(saved_block, p))
-    args = (x, step_row, stride, packed, dy, step_row, stride, w_ih[np.newaxis],
-            w_hh[np.newaxis], shape.w_hr, h0[np.newaxis], c0[np.newaxis], saved, sizes, start,
-            dh_state, dc_state, dx, want_dx, dw_ih, dw_hh, db, _empty((1, 0, H), dtype),
-            want_dparams, *setup.workspaces)
-    _kernel_run(plan, "backward", setup, p, _lstm.backward_layer, args)
+    args = ((x, step_row, stride), (dy, step_row, stride), dx,
+            (w_ih[np.newaxis], w_hh[np.newaxis], shape.w_hr),
+            (h0[np.newaxis], c0[np.newaxis], dh_state, dc_state), saved,
+            (dw_ih, dw_hh, db, _empty((1, 0, H), dtype)), (sizes, start))
+    _kernel_run(plan, setup, p, args)
     if not want_dparams:
         return (dx if want_dx else None), dh_state[0], dc_state[0], None, None, None
     return (dx if want_dx else None), dh_state[0], dc_state[0], dw_ih[0], dw_hh[0], db[0]

@@ -153,28 +153,27 @@ def run_with_threads(call, threads):
     return [np.array(a) for a in (y, h_n, c_n, dx, dh, dc, *dparams)], (args, kwargs)
 
 
-def force_schedules(monkeypatch, forward=None, backward=None):
-    """Make every kernel call use the schedules ``forward(T, B, I, H, D, n_threads)`` /
-    ``backward(...)`` return (None: lstmcy's own); ``monkeypatch`` is pytest's fixture."""
-    from lstmcy import _core
+def force_schedules(request, forward=None, backward=None):
+    """Make the calling thread's plain calls use the schedules ``forward(T, B, I, H, D,
+    n_threads, projected, itemsize=...)`` / ``backward(..., small_gemms=...)`` return
+    (None: lstmcy's own) until the test ends (``request``: pytest's fixture). The schedules
+    see the thread count of the call, not the CPUs' cap on it, so that splits finer than
+    this machine's cores are run too."""
+    import lstmcy
+    from lstmcy import _core, _schedule
 
-    # A plan keeps the schedules of the kinds of call it has run: the calling thread gets
-    # a fresh plan for the forced schedules, and its own back afterwards.
-    monkeypatch.setattr(_core._per_thread, "plan", _core.LSTMPlan(), raising=False)
-    # The schedules see the thread count of the call, not the CPUs' cap on it, so that
-    # splits finer than this machine's cores are run too.
-    monkeypatch.setattr(_core, "_process_cpus", lambda: 1 << 10)
-    if forward is not None:
-        monkeypatch.setattr(_core, "forward_schedule", forward)
-    if backward is not None:
-        monkeypatch.setattr(_core, "backward_schedule", backward)
+    policy = _schedule.SchedulePolicy(forward or _schedule.forward_schedule,
+                                      backward or _schedule.backward_schedule,
+                                      cap_at_cpus=False)
+    previous = _core.use_thread_plan(lstmcy.LSTMPlan(schedules=policy))
+    request.addfinalizer(lambda: _core.use_thread_plan(previous))
 
 
-def most_split(monkeypatch, split="rows"):
+def most_split(request, split="rows"):
     """Schedules with the recurrences split as finely as the thread count allows: a row
     group per thread and direction however few rows each gets (``split="rows"``), or the
     hidden units cut in as many parts (``"units"``, forward and backward, where there is no
-    projection); the bit-fixing parts are lstmcy's own."""
+    projection); the bit-fixing parts are lstmcy's own (``request``: pytest's fixture)."""
     from lstmcy import _schedule
 
     def finest(own, B, D, n_threads, projected):
@@ -192,7 +191,7 @@ def most_split(monkeypatch, split="rows"):
         own = _schedule.backward_schedule(T, B, I, H, D, n_threads, projected, small_gemms)
         return finest(own, B, D, n_threads, projected)
 
-    force_schedules(monkeypatch, forward, backward)
+    force_schedules(request, forward, backward)
 
 
 def random_config(rng, max_size=4, allow_zero=True, dtypes=FLOAT_DTYPES):

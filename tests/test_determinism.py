@@ -162,12 +162,12 @@ GRID_IDS = ["f32-packed-H56", "f64-2-layers-batch-first", "f32-H24", "f64-bi-pad
 
 @pytest.mark.parametrize("split", ["default", "rows", "units"])
 @pytest.mark.parametrize("cfg", GRID, ids=GRID_IDS)
-def test_thread_counts_and_splits_give_the_same_bits(cfg, split, monkeypatch):
+def test_thread_counts_and_splits_give_the_same_bits(cfg, split, monkeypatch, request):
     """Forward (training and inference) and backward on 1, 2, 3, 4 and 8 threads, with
     lstmcy's schedules and with the recurrences split as finely as the threads allow (by
     rows, and the forward by units): the same bits, and right."""
     if split != "default":
-        most_split(monkeypatch, split)
+        most_split(request, split)
     call = get_call(cfg)
     first, _ = run_with_threads(call, 1)
     saved = lstmcy.get_num_threads()

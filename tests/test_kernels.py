@@ -543,62 +543,148 @@ def test_padded_gate_rows_change_no_bit(dtype, H, monkeypatch):
             assert a.tobytes() == b.tobytes(), f"output {k} on {n} threads"
 
 
-def _kernel_args(kind, monkeypatch, **kwargs):
-    """The kernel ``kind``'s arguments in the last layer call of a small forward and
-    backward (and the kernel itself)."""
-    from lstmcy import _core
-    real = getattr(_core._lstm, kind)
-    calls = []
-
-    def spy(*args):
-        calls.append(args)
-        return real(*args)
-
-    monkeypatch.setattr(_core._lstm, kind, spy)
+def _kernel_args(kind, batch_first=False):
+    """The kernel object of a small one-layer call of ``kind`` ("forward" or "backward",
+    made by a plan) and the arguments of its ``run`` for that call, built here."""
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((5, 3, 4))
-    params = [rng.standard_normal(s) for s in [(8, 4), (8, 2), (8,), (8,)]]
+    T, B, I, H = 5, 3, 4, 2
+    x = rng.standard_normal((B, T, I) if batch_first else (T, B, I))
+    params = [rng.standard_normal(s) for s in [(4 * H, I), (4 * H, H), (4 * H,), (4 * H,)]]
     plan = lstmcy.LSTMPlan(n_threads=1)
-    y, h_n, c_n, cache = plan.forward(x, None, params, **kwargs)
-    plan.backward(x, None, params, np.ones_like(y), None, None, *cache.saved(), **kwargs)
-    return real, list(calls[-1])
+    for _ in range(2):  # the second time on buffers that do not grow (which drops setups)
+        y, h_n, c_n, cache = plan.forward(x, None, params, batch_first=batch_first)
+        if kind == "backward":
+            plan.backward(x, None, params, np.ones_like(y), None, None, *cache.saved(),
+                          batch_first=batch_first)
+    call = next(c for s in plan._setups.values() for c in s.by_threads.values()
+                if type(c).__name__ == kind.capitalize() + "Layer")
+    # The row tables of x and y: time-major rows t*B + b, batch-first b*T + t.
+    step_row = np.arange(T) * (1 if batch_first else B)
+    stride = T if batch_first else 1
+    steps = (np.full(T, B, dtype=np.intp), np.arange(T, dtype=np.intp) * B)
+    rows = (np.ascontiguousarray(x.reshape(T * B, I)), step_row.astype(np.intp), stride)
+    out = (np.zeros((T * B, H)), step_row.astype(np.intp), stride)
+    zeros = [np.zeros((1, B, H)) for _ in range(4)]
+    saved = tuple(rng.standard_normal((1, T * B, H)) for _ in range(7))
+    w_ih, w_hh = params[0][None], params[1][None]
+    if kind == "forward":
+        args = [rows, out, (w_ih, w_hh, (params[2] + params[3])[None], np.zeros((1, 0, H))),
+                tuple(zeros[:3]), saved, steps]
+    else:
+        args = [rows, out, np.zeros((T * B, I)), (w_ih, w_hh, np.zeros((1, 0, H))),
+                tuple(zeros), saved,
+                (np.zeros((1, 4 * H, I)), np.zeros((1, 4 * H, H)), np.zeros((1, 4 * H)),
+                 np.zeros((1, 0, H))), steps]
+    return call, args
 
 
-@pytest.mark.parametrize("kind", ["forward_layer", "backward_layer"])
-def test_kernels_refuse_saved_activations_of_the_wrong_shape(kind, monkeypatch):
-    # The entry points check the seven saved arrays themselves (defence in depth behind
+@pytest.mark.parametrize("kind", ["forward", "backward"])
+def test_kernels_refuse_saved_activations_of_the_wrong_shape(kind):
+    # The kernel objects check the seven saved arrays themselves (defence in depth behind
     # the Python layer's validation): a wrong count or shape is a ValueError naming it.
-    real, args = _kernel_args(kind, monkeypatch)
+    call, args = _kernel_args(kind)
     index = next(k for k, a in enumerate(args) if isinstance(a, tuple) and len(a) == 7)
     saved = args[index]
     wrong = list(saved)
     wrong[4] = np.ascontiguousarray(saved[4][:, 1:])  # h one row short
     args[index] = tuple(wrong)
     with pytest.raises(ValueError, match=r"saved h must be \[1, 15, 2\]"):
-        real(*args)
+        call.run(*args)
     args[index] = tuple(saved[:6])
     with pytest.raises(ValueError, match="must hold the 7 activations"):
-        real(*args)
+        call.run(*args)
 
 
-@pytest.mark.parametrize("kind, rows_of", [("forward_layer", (0, 10)),
-                                           ("backward_layer", (0, 4))])
+@pytest.mark.parametrize("kind", ["forward", "backward"])
 @pytest.mark.parametrize("batch_first", [False, True])
-def test_kernels_refuse_row_tables_that_run_past_their_arrays(kind, rows_of, batch_first,
-                                                              monkeypatch):
+def test_kernels_refuse_row_tables_that_run_past_their_arrays(kind, batch_first):
     # Defence in depth behind the Python checks: every row a step table names (x and y in
     # the forward, x and dy in the backward) must lie in its array, and no step may have
     # more rows than h0. A short array is a ValueError, not a read or write past its end.
-    real, args = _kernel_args(kind, monkeypatch, batch_first=batch_first)
-    for index in rows_of:
+    call, args = _kernel_args(kind, batch_first=batch_first)
+    for index in (0, 1):
         short = list(args)
-        short[index] = np.ascontiguousarray(args[index][:-1])
+        rows, step_row, stride = args[index]
+        short[index] = (np.ascontiguousarray(rows[:-1]), step_row, stride)
         with pytest.raises(ValueError, match="must hold every row their step tables name"):
-            real(*short)
-    sizes = 8 if kind == "forward_layer" else 13  # batch_sizes' position
+            call.run(*short)
     wide = list(args)
-    wide[sizes] = args[sizes].copy()
-    wide[sizes][0] += 1  # one row more than h0 has at the first step
+    sizes = args[-1][0].copy()
+    sizes[0] += 1  # one row more than h0 has at the first step
+    wide[-1] = (sizes, args[-1][1])
     with pytest.raises(ValueError, match="batch_sizes must be at most B"):
-        real(*wide)
-    real(*args)  # the arguments as given still run
+        call.run(*wide)
+    call.run(*args)  # the arguments as given still run
+
+
+@pytest.mark.parametrize("kind", ["forward", "backward"])
+def test_a_kernel_object_is_set_up_once(kind):
+    call, _ = _kernel_args(kind)
+    flags = (True, False) if kind == "forward" else (True, True, False)
+    with pytest.raises(ValueError, match="is set up once"):
+        call.__init__((5, 3, 15, 1, 4, 2, 2), *flags, call.schedule, call.workspace, 1)
+
+
+@pytest.mark.parametrize("kind", ["forward", "backward"])
+def test_a_kernel_object_keeps_its_work_buffers(kind):
+    # The object holds the buffers its struct points into: with the plan that made them
+    # gone, a call still runs in them (under AddressSanitizer: no use after free) and
+    # gives the same bits.
+    import gc
+    call, args = _kernel_args(kind)
+    states = args[3] if kind == "forward" else args[4]  # (c and the gradients: in and out)
+    for state in states:
+        state[...] = 0
+    call.run(*args)
+    first = [np.array(a) for a in _outputs(kind, args)]
+    gc.collect()
+    assert all(sys.getrefcount(w) > 1 for w in call.workspace)
+    for state in states:
+        state[...] = 0
+    call.run(*args)
+    for a, b in zip(first, _outputs(kind, args)):
+        assert a.tobytes() == b.tobytes()
+
+
+def _outputs(kind, args):
+    """The arrays a kernel object's call writes, from its ``run`` arguments."""
+    if kind == "forward":
+        return [args[1][0], *args[3][1:]]
+    return [args[2], *args[4][2:], *args[6]]
+
+
+def test_a_kernel_object_refuses_a_second_call_while_one_runs():
+    # One object, two threads: the second call raises instead of sharing the first's
+    # buffers and synchronisation. The first call is long enough to be caught running.
+    import threading
+    rng = np.random.default_rng(1)
+    T, B, I, H = 40000, 2, 8, 32
+    x = rng.standard_normal((T, B, I))
+    params = [rng.standard_normal(s) * 0.1 for s in [(4 * H, I), (4 * H, H), (4 * H,), (4 * H,)]]
+    plan = lstmcy.LSTMPlan(n_threads=1)
+    for _ in range(2):
+        plan.forward(x, None, params, train=False)
+    call = next(c for s in plan._setups.values() for c in s.by_threads.values())
+    steps = (np.full(T, B, dtype=np.intp), np.arange(T, dtype=np.intp) * B)
+    rows = np.arange(T, dtype=np.intp) * B
+    args = ((x.reshape(T * B, I), rows, 1), (np.zeros((T * B, H)), rows, 1),
+            (params[0][None], params[1][None], (params[2] + params[3])[None],
+             np.zeros((1, 0, H))),
+            tuple(np.zeros((1, B, H)) for _ in range(3)),
+            tuple(np.zeros((1, 0, H)) for _ in range(7)), steps)
+    worker = threading.Thread(target=call.run, args=args, daemon=True)
+    refused = 0
+    for _ in range(20):  # until a call is caught running
+        worker = threading.Thread(target=call.run, args=args, daemon=True)
+        worker.start()
+        while worker.is_alive() and not refused:
+            if call.running:
+                with pytest.raises(RuntimeError, match="already running a call"):
+                    call.run(*args)
+                refused += 1
+        worker.join(timeout=120)
+        assert not worker.is_alive(), "the first call did not end"
+        if refused:
+            break
+    assert refused == 1
+    assert not call.running

@@ -143,9 +143,9 @@ def test_projection_gradient_matches_finite_differences():
 
 @pytest.mark.parametrize("split", ["default", "rows"])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
-def test_same_bits_on_any_number_of_threads(cfg, split, monkeypatch):
+def test_same_bits_on_any_number_of_threads(cfg, split, monkeypatch, request):
     if split == "rows":
-        most_split(monkeypatch, "rows")
+        most_split(request, "rows")
     _, x, hx, params, dy, dh, dc, kwargs = make(cfg, "float32")
     results = {}
     try:

@@ -99,8 +99,8 @@ FORWARD_IDS = [f"{'units' if s else 'rows'}-piece{p}{'-fused' if f else ''}" for
                               for f, c, b, n, d, p in BACKWARD])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_schedule_matches_reference_and_is_thread_independent(name, backward, forward, calls,
-                                                              monkeypatch):
-    force_schedules(monkeypatch, *schedules(backward, forward))
+                                                              monkeypatch, request):
+    force_schedules(request, *schedules(backward, forward))
     check_thread_counts(calls[name], THREADS[1:])
 
 
@@ -191,12 +191,12 @@ def test_which_blas_has_the_small_path(api, architecture, small, monkeypatch):
 @pytest.mark.parametrize("small_gemms", [False, True])
 @pytest.mark.parametrize("name", ["f32-time-major", "f64-packed", "f64-batch-first-2-layers"])
 def test_either_blas_rule_matches_the_reference_on_any_thread_count(name, small_gemms, calls,
-                                                                   monkeypatch):
+                                                                   monkeypatch, request):
     # lstmcy's own schedules under either answer about the BLAS: the same bits on 1, 2, 3
     # and 8 threads, and the reference's values.
     from lstmcy import _core
     monkeypatch.setattr(_core, "blas_small_gemms", lambda: small_gemms)
-    force_schedules(monkeypatch)
+    force_schedules(request)
     check_thread_counts(calls[name], (2, 3, 8))
 
 
@@ -221,12 +221,12 @@ BAD = [("backward", dict(first=0)), ("backward", dict(chunk=0)), ("backward", di
 
 
 @pytest.mark.parametrize("kind, bad", BAD, ids=[f"{k}-{next(iter(b))}" for k, b in BAD])
-def test_kernels_refuse_a_bad_schedule(kind, bad, calls, monkeypatch):
+def test_kernels_refuse_a_bad_schedule(kind, bad, calls, monkeypatch, request):
     own = getattr(_schedule, f"{kind}_schedule")
     def schedule(*shape, **machine):
         return own(*shape, **machine)._replace(**bad)
 
-    force_schedules(monkeypatch, **{kind: schedule})
+    force_schedules(request, **{kind: schedule})
     with pytest.raises(ValueError, match="bad schedule"):
         run_with_threads(calls["f32-time-major"], 1)
 
@@ -244,8 +244,9 @@ def backward(T, B, I, H, D, n_threads, projected=False, small_gemms=False):
     return _schedule.BackwardSchedule(_schedule.SPLIT_ROWS, max(1, min(n_threads // D, B)), 1, 1,
                                       16, 4, 1, n_threads)
 
-_core.backward_schedule = backward
-_core._process_cpus = lambda: 1 << 10  # the schedule of 8 threads, not of the 2 CPUs
+# The schedule of 8 threads, not of the 2 CPUs.
+_core.use_thread_plan(_core.LSTMPlan(schedules=_schedule.SchedulePolicy(
+    backward=backward, cap_at_cpus=False)))
 call = make_call(Config(T=12, B=8, I=16, H=16, bidirectional=True, dtype=np.dtype(np.float64)),
                  np.random.default_rng(3), seed=0)
 want = [a.tobytes() for a in run_with_threads(call, 1)[0]]
@@ -285,7 +286,7 @@ def test_the_split_rule(which):
 
 
 @pytest.mark.parametrize("name", ["f32-time-major", "f64-bidirectional-padded", "f64-packed"])
-def test_threads_without_a_unit_part_give_the_same_bits(name, calls, monkeypatch):
+def test_threads_without_a_unit_part_give_the_same_bits(name, calls, monkeypatch, request):
     # Two unit parts per direction on up to 8 threads: the threads with no part of their
     # own leave the recurrence to the others (and take the backward's gradients).
     def two_parts(schedule_of):
@@ -294,7 +295,7 @@ def test_threads_without_a_unit_part_give_the_same_bits(name, calls, monkeypatch
             return own._replace(split=_schedule.SPLIT_UNITS, groups=2, pack_pieces=1)
         return schedule
 
-    force_schedules(monkeypatch, two_parts(_schedule.forward_schedule),
+    force_schedules(request, two_parts(_schedule.forward_schedule),
                     two_parts(_schedule.backward_schedule))
     check_thread_counts(calls[name], (3, 5, 8))
 

@@ -14,7 +14,7 @@ import pytest
 import threadpoolctl
 
 import lstmcy
-from lstmcy import _lstm, _schedule, _threadpool, _threads
+from lstmcy import _core, _schedule, _threadpool, _threads
 
 
 def write(path, text):
@@ -135,34 +135,24 @@ def test_explicit_counts_are_obeyed(machine, monkeypatch, n):
     """set_num_threads(n) and LSTMPlan(n_threads=n) run the kernels on n threads, more
     than the CPUs included, whatever the work rule says."""
     machine(2)
-    seen = []
-    real_forward, real_backward = _lstm.forward_layer, _lstm.backward_layer
-
-    def forward(*args):
-        n_workers, _ = real_forward(*args)
-        seen.append((args[-2], n_workers))
-        return n_workers, 0
-
-    def backward(*args):
-        n_workers, _ = real_backward(*args)
-        seen.append((args[-2], n_workers))
-        return n_workers, 0
-
-    from lstmcy import _core
-    monkeypatch.setattr(_core._lstm, "forward_layer", forward)
-    monkeypatch.setattr(_core._lstm, "backward_layer", backward)
     import numpy as np
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 2, 2))  # tiny: the work rule alone would give one thread
     params = [rng.standard_normal(s) for s in [(8, 2), (8, 2), (8,), (8,)]]
     plan = lstmcy.LSTMPlan(n_threads=n)
     y, h_n, c_n, cache = plan.forward(x, None, params)
+    seen = [(call.n_threads, call.n_workers) for call in _layer_calls(plan, "ForwardLayer")]
     plan.backward(x, None, params, np.ones_like(y), None, None, *cache.saved())
+    seen += [(call.n_threads, call.n_workers) for call in _layer_calls(plan, "BackwardLayer")]
+    thread_plan = lstmcy.LSTMPlan()
+    previous = _core.use_thread_plan(thread_plan)
     lstmcy.set_num_threads(n)
     try:
         lstmcy.lstm_forward(x, None, params)
     finally:
         lstmcy.set_num_threads(None)
+        _core.use_thread_plan(previous)
+    seen += [(call.n_threads, call.n_workers) for call in _layer_calls(thread_plan)]
     assert seen == [(n, n)] * 3
 
 
@@ -232,23 +222,21 @@ def test_the_recurrence_is_split_for_at_most_the_cpus(monkeypatch):
     import numpy as np
     from lstmcy import _core
     monkeypatch.setattr(_core, "_process_cpus", lambda: 2)
-    seen = []
-    real = {name: getattr(_lstm, name) for name in ("forward_layer", "backward_layer")}
-
-    def spy(name):
-        def call(*args):
-            n_workers, n_trace = real[name](*args)
-            seen.append((name, args[-3].groups, args[-2], n_workers))
-            return n_workers, n_trace
-        return call
-
-    for name in real:
-        monkeypatch.setattr(_core._lstm, name, spy(name))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 64, 8)).astype(np.float32)
     params = [rng.standard_normal(s).astype(np.float32) for s in [(64, 8), (64, 16), (64,), (64,)]]
     plan = lstmcy.LSTMPlan(n_threads=8)
     y, h_n, c_n, cache = plan.forward(x, None, params)
+    seen = [(type(call).__name__, call.schedule.groups, call.n_threads, call.n_workers)
+            for call in _layer_calls(plan, "ForwardLayer")]
     plan.backward(x, None, params, np.ones_like(y), None, None, *cache.saved())
+    seen += [(type(call).__name__, call.schedule.groups, call.n_threads, call.n_workers)
+             for call in _layer_calls(plan, "BackwardLayer")]
     assert _schedule.forward_schedule(4, 64, 8, 16, 1, 8).groups > 2  # what 8 CPUs would get
-    assert seen == [("forward_layer", 2, 8, 8), ("backward_layer", 2, 8, 8)]
+    assert seen == [("ForwardLayer", 2, 8, 8), ("BackwardLayer", 2, 8, 8)]
+
+
+def _layer_calls(plan, kind=None):
+    """The kernel objects ``plan`` keeps (of type ``kind``: all if None)."""
+    return [call for setup in plan._setups.values() for call in setup.by_threads.values()
+            if kind is None or type(call).__name__ == kind]

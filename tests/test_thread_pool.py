@@ -162,7 +162,7 @@ def test_parts_beyond_the_cpus_are_spares_and_the_bits_stay(fake_cpus):
 
 
 @needs_hooks
-def test_a_thread_about_to_sleep_hands_a_spare(monkeypatch, fake_cpus):
+def test_a_thread_about_to_sleep_hands_a_spare(monkeypatch, fake_cpus, request):
     # Waits that sleep at once (LSTMCY_TEST_WAIT_SPIN_NS=0) on 2 CPUs and 8 threads: the
     # job's two running threads wait for each other's projection pieces, recurrence steps
     # and gradients, and each wait that sleeps hands a spare part to a worker. The forward
@@ -170,10 +170,11 @@ def test_a_thread_about_to_sleep_hands_a_spare(monkeypatch, fake_cpus):
     # A call waits only where one thread gets ahead of the other, which about one call in
     # five does here: calls repeat until one has handed a spare (at most CALLS). Bits as on
     # one thread.
-    from lstmcy import _core
-    own = _core.forward_schedule
-    monkeypatch.setattr(_core, "forward_schedule",
-                        lambda *a, **k: own(*a, **k)._replace(fused_input=False))
+    from lstmcy import _core, _schedule
+    policy = _schedule.SchedulePolicy(forward=lambda *a, **k: _schedule.forward_schedule(
+        *a, **k)._replace(fused_input=False))
+    previous = _core.use_thread_plan(lstmcy.LSTMPlan(schedules=policy))
+    request.addfinalizer(lambda: _core.use_thread_plan(previous))
     cfg = Config(T=12, B=16, I=6, H=20, L=2, dtype=np.dtype(np.float64), bidirectional=True)
     call = make_call(cfg, np.random.default_rng(9), seed=4)
     expected, _ = run_with_threads(call, 1)

@@ -50,8 +50,8 @@ def expected_outputs(call, args, kwargs):
 
 @pytest.mark.parametrize("split", ["rows", "units"])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
-def test_split_paths_match_reference_and_one_thread(cfg, split, monkeypatch):
-    most_split(monkeypatch, split)
+def test_split_paths_match_reference_and_one_thread(cfg, split, monkeypatch, request):
+    most_split(request, split)
     call = make_call(cfg, np.random.default_rng(cfg.lengths_seed), seed=7)
     one, (args, kwargs) = run_with_threads(call, 1)
     for threads in (3, 4):
@@ -97,8 +97,8 @@ MASKS = [(True, True, True, True), (False, False, False, True), (True, False, Fa
                          ids=[f"{c.layout}-B{c.B}-L{c.L}{'-bi' if c.bidirectional else ''}"
                               for c in LATE_CONFIGS])
 def test_same_bits_when_one_thread_starts_late(cfg, delay_us, late_part, split, late_worker,
-                                               monkeypatch):
-    most_split(monkeypatch, split)
+                                               monkeypatch, request):
+    most_split(request, split)
     call = make_call(cfg, np.random.default_rng(cfg.lengths_seed), seed=13)
     one, (args, kwargs) = run_with_threads(call, 1)
     expected = {}

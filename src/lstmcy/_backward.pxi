@@ -96,19 +96,19 @@ cdef inline const floating *_h_prev(const BackwardCall *bc, floating *like, Py_s
 
 
 cdef void _pack_piece_bwd(const BackwardCall *bc, floating *like, Py_ssize_t d,
-                          Py_ssize_t piece, Py_ssize_t which) noexcept nogil:
-    """TASK_PACK: panels of w_hh (``which`` 0: its P columns, K = 4H) or of w_hr (1: its H
-    columns, K = P) for piece ``piece`` of ``pack_pieces``."""
+                          Py_ssize_t piece, PackedMatrix which) noexcept nogil:
+    """TASK_PACK: panels of w_hh (its P columns, K = 4H) or of w_hr (its H columns, K = P)
+    for piece ``piece`` of ``pack_pieces``."""
     cdef Py_ssize_t nr = panel_width(like)
-    cdef Py_ssize_t columns = bc.P if which == 0 else bc.H
-    cdef Py_ssize_t K = 4 * bc.H if which == 0 else bc.P
+    cdef Py_ssize_t columns = bc.P if which == PACK_W_HH else bc.H
+    cdef Py_ssize_t K = 4 * bc.H if which == PACK_W_HH else bc.P
     cdef Py_ssize_t panels = (columns + nr - 1) // nr
     cdef Py_ssize_t per = (panels + bc.pack_pieces - 1) // bc.pack_pieces
     cdef Py_ssize_t p0 = piece * per
     cdef Py_ssize_t p1 = p0 + per if p0 + per < panels else panels
     cdef Py_ssize_t c1 = p1 * nr if p1 * nr < columns else columns
-    cdef const floating *w = <floating *>(bc.w_hh[d] if which == 0 else bc.w_hr[d])
-    cdef floating *out = <floating *>bc.w_packed[d] + (0 if which == 0 else bc.hr_offset)
+    cdef const floating *w = <floating *>(bc.w_hh[d] if which == PACK_W_HH else bc.w_hr[d])
+    cdef floating *out = <floating *>bc.w_packed[d] + (0 if which == PACK_W_HH else bc.hr_offset)
     if p1 <= p0 or K == 0:
         return
     pack(w, columns, False, K, p0 * nr, c1 - p0 * nr, out + p0 * nr * K)
@@ -627,7 +627,7 @@ cdef void _backward_worker(BackwardCall *bc, floating *like, int worker) noexcep
         task = &bc.tasks[k]
         if task.kind == TASK_PACK:
             start = trace_start(&bc.trace)
-            _pack_piece_bwd(bc, like, task.d, task.i, task.j)
+            _pack_piece_bwd(bc, like, task.d, task.i, <PackedMatrix>task.j)
             event_add(&bc.pack_done[task.d], 1)
             trace_task(&bc.trace, task.kind, task.d, task.i, task.j, worker, start, k)
         else:

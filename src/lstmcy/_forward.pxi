@@ -234,22 +234,22 @@ cdef void _project(const ForwardCall *fc, floating *like, Py_ssize_t piece) noex
 
 
 cdef void _pack_piece(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t piece,
-                      Py_ssize_t which) noexcept nogil:
-    """TASK_PACK: panels of w_hh^T (``which`` 0: 4H columns, K = P; split by rows), of
-    w_hr^T (1: P columns, K = H) or of w_ih^T (2: 4H columns, K = I) for piece ``piece``
-    of ``pack_pieces``."""
+                      PackedMatrix which) noexcept nogil:
+    """TASK_PACK: panels of w_hh^T (4H columns, K = P; split by rows), of w_hr^T (P
+    columns, K = H) or of w_ih^T (4H columns, K = I) for piece ``piece`` of
+    ``pack_pieces``."""
     cdef Py_ssize_t nr = panel_width(like)
-    cdef Py_ssize_t columns = fc.P if which == 1 else 4 * fc.H
-    cdef Py_ssize_t K = fc.P if which == 0 else (fc.H if which == 1 else fc.I)
+    cdef Py_ssize_t columns = fc.P if which == PACK_W_HR else 4 * fc.H
+    cdef Py_ssize_t K = fc.P if which == PACK_W_HH else (fc.H if which == PACK_W_HR else fc.I)
     cdef Py_ssize_t panels = (columns + nr - 1) // nr
     cdef Py_ssize_t per = (panels + fc.pack_pieces - 1) // fc.pack_pieces
     cdef Py_ssize_t p0 = piece * per
     cdef Py_ssize_t p1 = p0 + per if p0 + per < panels else panels
     cdef Py_ssize_t c1 = p1 * nr if p1 * nr < columns else columns
     cdef const floating *w = <floating *>(
-        fc.w_hh[d] if which == 0 else (fc.w_hr[d] if which == 1 else fc.w_ih[d]))
+        fc.w_hh[d] if which == PACK_W_HH else (fc.w_hr[d] if which == PACK_W_HR else fc.w_ih[d]))
     cdef floating *out = <floating *>fc.w_packed[d] + (
-        0 if which == 0 else (fc.hr_offset if which == 1 else fc.ih_offset))
+        0 if which == PACK_W_HH else (fc.hr_offset if which == PACK_W_HR else fc.ih_offset))
     if p1 <= p0 or K == 0:
         return
     pack(w, K, True, K, p0 * nr, c1 - p0 * nr, out + p0 * nr * K)
@@ -342,7 +342,7 @@ cdef void _forward_worker(ForwardCall *fc, floating *like, int worker) noexcept 
         task = &fc.tasks[k]
         start = trace_start(&fc.trace)
         if task.kind == TASK_PACK:
-            _pack_piece(fc, like, task.d, task.i, task.j)
+            _pack_piece(fc, like, task.d, task.i, <PackedMatrix>task.j)
             event_add(&fc.pack_done[task.d], 1)
             trace_task(&fc.trace, TASK_PACK, task.d, task.i, task.j, worker, start, k)
         elif task.kind == TASK_PROJECT:

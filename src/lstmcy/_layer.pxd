@@ -20,7 +20,7 @@ cdef enum Split:
 
 cdef enum TaskKind:
     # The tasks of a call, as listed in its task table and named in its trace.
-    TASK_PACK = 0          # i: piece of the packed w_hh of direction d
+    TASK_PACK = 0          # i: piece, j: the PackedMatrix, of direction d
     TASK_PROJECT = 1       # i: projection piece (a range of steps, both directions)
     TASK_RECURRENCE = 2    # i: row group of direction d (traced per chunk j of its steps)
     # The backward's gradients are not listed: threads take them as they become ready.
@@ -29,6 +29,13 @@ cdef enum TaskKind:
     TASK_WEIGHTS = 5       # i: chunk, j: block of gate rows of dW and db (backward)
     TASK_DX = 6            # i: dx piece (a range of steps, both directions; backward)
     TASK_FINISH = 7        # i: block whose lanes' sums are added up (backward)
+
+
+cdef enum PackedMatrix:
+    # The weight matrix a TASK_PACK task packs (its j).
+    PACK_W_HH = 0
+    PACK_W_HR = 1          # the projection (projected calls)
+    PACK_W_IH = 2          # the forward's fused_input, the backward's packed_dx
 
 
 cdef struct Task:
