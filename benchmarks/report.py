@@ -18,9 +18,7 @@ runs, the estimators against skorch and the estimators on ragged data::
         --ragged benchmarks/results/ragged-estimators.json --results-md benchmarks/RESULTS.md
 """
 import argparse
-import glob
 import json
-import os
 import sys
 import textwrap
 
@@ -591,21 +589,7 @@ def results_md(doc, paths, scaling=None, contention=None, estimators=None, ragge
         parts += ["", estimators_section(estimators), "", f"From `{paths['estimators']}`."]
     if ragged is not None:
         parts += ["", ragged_section(ragged), "", f"From `{paths['ragged']}`."]
-    others = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "*.md")))
-    if others:
-        parts += ["", "## Other results", ""]
-        parts += [f"- [`results/{os.path.basename(p)}`](results/{os.path.basename(p)}): "
-                  f"{_title_of(p)}" for p in others]
     return "\n".join(parts) + "\n"
-
-
-def _title_of(path):
-    """The first heading of a Markdown file (its title), else its name."""
-    with open(path) as fh:
-        for line in fh:
-            if line.startswith("#"):
-                return line.lstrip("#").strip()
-    return path
 
 
 def main(argv=None):

@@ -14,7 +14,7 @@ import math
 import statistics
 import time
 
-__all__ = ["measure", "rotating_rounds", "summarise", "spread"]
+__all__ = ["measure", "rotating_rounds", "summarise"]
 
 
 def rotating_rounds(calls, rounds, repeats, warm_time=0.05):
@@ -36,13 +36,6 @@ def rotating_rounds(calls, rounds, repeats, warm_time=0.05):
             if round_:
                 times[key].append((time.perf_counter() - start) / repeats * 1e3)
     return times
-
-
-def spread(ratios):
-    """``"median [25%, 75%]"`` of a list of ratios."""
-    ratios = sorted(ratios)
-    return (f"{statistics.median(ratios):.3f} [{ratios[len(ratios) // 4]:.3f}, "
-            f"{ratios[(3 * len(ratios)) // 4]:.3f}]")
 
 
 def _run_batch(fn, number):

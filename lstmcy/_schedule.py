@@ -38,10 +38,9 @@ SINGLE_THREADED_GEMM = 65536 * 4
 #: Fewest batch rows in one row group of a recurrence: with fewer, a step's packed GEMM
 #: mostly loads w_hh. A narrow w_hh (small H) is loaded fastest, so it wants more rows:
 #: at least GROUP_ROW_UNITS / H in the backward, FORWARD_GROUP_ROW_UNITS / H in the
-#: forward. The backward's threads have the weight gradients and dx to work on beside
-#: the recurrence, the forward's only the input projection: at (T, B, I, H) = (50, 8, 64,
-#: 64) on two threads, two groups of 4 rows make the forward ~18 % faster than one group
-#: of 8, and the backward ~10 % slower.
+#: forward, whose threads have only the input projection to work on beside the
+#: recurrence where the backward's have the weight gradients and dx (docs/benchmarks.md,
+#: "Schedule rules").
 MIN_GROUP_ROWS = 4
 GROUP_ROW_UNITS = 512
 FORWARD_GROUP_ROW_UNITS = 256
@@ -57,12 +56,9 @@ FORWARD_GROUP_ROW_UNITS = 256
 #: * there would be one group (a part has at least MIN_UNIT_PART_FLOPS of recurrent
 #:   product per step and 16 units);
 #: * w_hh is large (H >= HEAVY_UNITS: 4 MiB in float32) and the groups would have fewer
-#:   than UNIT_SPLIT_ROWS rows: on two threads, (T, B, I, H) = (25, 32, 512, 512) and
-#:   (35, 20, 650, 650) ran 3-17 % faster split by units, and benchmarks/scaling.py
-#:   predicts the gain to grow with the threads.
+#:   than UNIT_SPLIT_ROWS rows.
 #:
-#: Below HEAVY_UNITS thin row groups win: two threads ran 4-24 % faster split by rows at
-#: H = 128 to 320, and the model predicts rows ahead at every thread count there.
+#: Below HEAVY_UNITS thin row groups win (docs/benchmarks.md, "Schedule rules").
 MIN_UNIT_PART_FLOPS = 1e6
 UNIT_SPLIT_ROWS = 32
 HEAVY_UNITS = 512
@@ -87,11 +83,8 @@ BLOCK_FLOPS = 2e6
 #: from its operands, without the packing of its general path. Where the BLAS has that
 #: path (``small_gemms``), a backward whose chunks of ~CHUNK_ROWS rows allow blocks of dW
 #: of at least MIN_SMALL_BLOCK_ROWS gate rows within it is cut that way, and its dx pieces
-#: too where a step's rows fit: on an AMD EPYC (Zen 4), one thread, float32, this made the
-#: backward at (T, B, I, H) = (32, 16, 32, 64) ~14 % faster, (50, 8, 64, 64) ~13 % and
-#: (50, 32, 64, 128) ~6 %. Without that path the same cuts pack the operands for every
-#: small GEMM: with OpenBLAS's Haswell kernels they were 6-11 % slower, so the other
-#: rules stay.
+#: too where a step's rows fit. Without that path the same cuts would pack the operands
+#: for every small GEMM, so the other rules stay (docs/benchmarks.md, "Schedule rules").
 SMALL_GEMM = 1e6
 MIN_SMALL_BLOCK_ROWS = 64
 #: Lanes of the weight gradients: chunk c adds into lane c % lanes's own sums, which are
@@ -104,46 +97,30 @@ LANE_BYTES = 32 << 20
 #: weight gradients with lstmcy's own product (``gemm_tn`` in _packed_gemm_impl.h) instead
 #: of OpenBLAS: the gathered ``[x | h_{t-1}]`` rows of a chunk are laid out in panels once,
 #: and every block of gate rows multiplies them from there, where each BLAS call packs them
-#: anew. On an AMD EPYC (Zen 4), float32, the weight gradients ran at 92-103 GF/s against
-#: OpenBLAS's 75-92 on the suite's large shapes, the whole backward 3-15 % faster on one
-#: thread; on two, 13 % faster at (T, B, I, H) = (100, 64, 125, 320) and within a few
-#: percent either way at the others (benchmarks/results/backward_pieces.md). Narrower
-#: layers keep OpenBLAS: a panel is 32 columns wide (AVX-512, float32), and a last panel of
-#: a few columns would cost a whole panel's work.
+#: anew. Narrower layers keep OpenBLAS: a panel is 32 columns wide (AVX-512, float32), and
+#: a last panel of a few columns would cost a whole panel's work (docs/benchmarks.md,
+#: "Schedule rules").
 PANEL_WEIGHTS_COLUMNS = 256
 #: A backward layer of at least PACKED_DX_FEATURES input features and PACKED_DX_UNITS
 #: units takes dx = dgates @ w_ih with lstmcy's own product (``packed_dx``): w_ih is packed
 #: once per call, by the first thread to reach a dx piece, and every piece multiplies it
-#: from there, where each OpenBLAS call packs it anew. On an AMD EPYC (Zen 4), one thread,
-#: the backward took 0.92-0.98 of the time with OpenBLAS's dx on the suite's shapes it
-#: applies to, float32 and float64 (benchmarks/backward_dx.py; results/backward_dx.md).
-#: Narrower layers keep OpenBLAS: at (T, B, I, H) = (50, 8, 64, 64), the one such shape
-#: measured, the two were within 4 % of each other, and there OpenBLAS multiplies the
-#: pieces without packing them (see SMALL_GEMM).
+#: from there, where each OpenBLAS call packs it anew. Narrower layers keep OpenBLAS, which
+#: multiplies their small pieces without packing them where the BLAS has that path
+#: (SMALL_GEMM; docs/benchmarks.md, "Schedule rules").
 PACKED_DX_FEATURES = 64
 PACKED_DX_UNITS = 128
 #: Rows this many bytes apart (or a multiple) fall in the same few sets of a core's L1
 #: cache. The packed products read or write a block of rows at once, so the gates and the
 #: gate gradients get one cache line of padding per row where 4H values would be that long
-#: (lstmcy._core._gate_row_stride).
+#: (lstmcy._core._gate_row_stride; docs/benchmarks.md, "Schedule rules").
 ALIASED_ROW_BYTES = 4096
 
 #: A forward layer of at least FUSED_INPUT_ROWS sequences whose w_ih takes at most
 #: FUSED_INPUT_BYTES takes x's product inside the recurrence (``fused_input``): each step's
 #: packed GEMM gives x_t @ w_ih^T + h_{t-1} @ w_hh^T, with w_ih^T packed once beside
 #: w_hh^T, instead of a BLAS projection writing every row's gates to memory for the
-#: recurrence to read back. On an AMD EPYC (Zen 4) the training forward ran 6-11 % faster
-#: on one thread at (T, B, I, H) = (32, 16, 32, 64), (50, 8, 64, 64), (50, 32, 64, 128)
-#: (float32 and float64), (64, 32, 64, 128), (100, 64, 125, 320), (50, 64, 256, 256) and
-#: with two bidirectional layers at (50, 32, 64, 128), and 2-11 % on two threads (21 % at
-#: (50, 4, 64, 256)); with 1 to 16 input features, at (30, 64, 1-16, 64), (50, 32, 3 and
-#: 12, 128), (100, 8, 6, 64), (50, 16, 1, 32), (24, 6, 1, 64) and (150, 5, 1, 64), 2-6 %
-#: faster on one thread and up to 8 % on two, where one shape was within 1 %
-#: (benchmarks/forward_input.py; results/forward_input.md). With one or two rows a step's
-#: product is a matrix-vector one (3-12 % slower on one thread). A larger w_ih was slower
-#: at (35, 20, 650, 650) (6.8 MB: 27-33 %), in float64 at (25, 32, 512, 512) (8 MiB:
-#: 21-24 %) and mostly at 1.3-2 MiB (up to 4 %), and at (25, 32, 512, 512) in float32
-#: (4 MiB) faster or slower by up to 7 % from run to run.
+#: recurrence to read back. With fewer rows a step's product is a matrix-vector one, and
+#: a larger w_ih makes the forward slower (docs/benchmarks.md, "Schedule rules").
 FUSED_INPUT_ROWS = 4
 FUSED_INPUT_BYTES = 1 << 20
 

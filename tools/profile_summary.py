@@ -10,8 +10,8 @@ barriers), libc (memcpy/memset; py-spy cannot name libc's symbols), numpy, CPyth
 Usage::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE py-spy record --native --rate 250 -f raw \\
-        -o /tmp/bwd.txt -- python benchmarks/profile_backward.py --case braun --seconds 15
-    python benchmarks/profile_summary.py /tmp/bwd.txt
+        -o /tmp/bwd.txt -- python tools/profile_backward.py --case braun --seconds 15
+    python tools/profile_summary.py /tmp/bwd.txt
 """
 import argparse
 import collections

@@ -18,7 +18,7 @@ take each other's cores.)
 
 Usage (the OpenBLAS variables unset in this command only)::
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/ab_builds.py \\
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python tools/ab_builds.py \\
         --a /path/to/old/tree --b . --shapes small-32x16,large-256 --threads 1,2
 """
 import argparse
@@ -30,7 +30,8 @@ import textwrap
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+#: benchmarks/: the suite's cases (``cases.py``) that both builds time.
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 # The timed part, run in a child interpreter with PYTHONPATH set to one build.
 CHILD = textwrap.dedent("""
@@ -74,7 +75,7 @@ CLOCKS = {"wall": "perf_counter", "cpu": "process_time"}
 
 def time_build(root, shape, threads, reps, clock="wall"):
     env = dict(os.environ, PYTHONPATH=os.path.abspath(root))
-    code = CHILD.format(bench=HERE, shape=shape, threads=threads, reps=reps, clock=CLOCKS[clock])
+    code = CHILD.format(bench=BENCH, shape=shape, threads=threads, reps=reps, clock=CLOCKS[clock])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          cwd=os.path.abspath(root), timeout=600)
     if out.returncode != 0:
@@ -113,7 +114,7 @@ def same_process(a_root, b_root, shapes, calls):
     pair)."""
     import time
 
-    sys.path.insert(0, HERE)
+    sys.path.insert(0, BENCH)
     from cases import CASES, lstm_kwargs, make_inputs
     builds = {"a": _import_build(a_root), "b": _import_build(b_root)}
     for which, module in builds.items():

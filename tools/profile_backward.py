@@ -10,25 +10,25 @@ the command instead (``env -u ...``) so that no re-exec happens.
 Examples::
 
     # which cases exist
-    python benchmarks/profile_backward.py --list
+    python tools/profile_backward.py --list
 
     # py-spy (pip install py-spy): flame graph with the native frames (Cython, OpenBLAS)
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE py-spy record --native --rate 250 \\
-        -o /tmp/bwd-small.svg -- python benchmarks/profile_backward.py --case small-50x32 --seconds 15
+        -o /tmp/bwd-small.svg -- python tools/profile_backward.py --case small-50x32 --seconds 15
     # same, as text (one line per unique stack and its sample count) for grepping:
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE py-spy record --native --rate 250 -f raw \\
-        -o /tmp/bwd-small.txt -- python benchmarks/profile_backward.py --case small-50x32 --seconds 15
+        -o /tmp/bwd-small.txt -- python tools/profile_backward.py --case small-50x32 --seconds 15
     # live view
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE py-spy top -- python benchmarks/profile_backward.py --case braun
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE py-spy top -- python tools/profile_backward.py --case braun
 
     # perf: where the cycles go by shared object and symbol (OpenBLAS kernels, Cython, libm)
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE perf record -F 999 -g -o /tmp/perf.data -- \\
-        python benchmarks/profile_backward.py --case braun --seconds 10
+        python tools/profile_backward.py --case braun --seconds 10
     perf report -i /tmp/perf.data --no-children --sort dso,symbol --stdio | head -60
 
     # callgrind: exact instruction counts (slow: ~50x; use a small case and few iterations)
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE valgrind --tool=callgrind \\
-        --callgrind-out-file=/tmp/cg.out python benchmarks/profile_backward.py --case tiny --iterations 20
+        --callgrind-out-file=/tmp/cg.out python tools/profile_backward.py --case tiny --iterations 20
     callgrind_annotate /tmp/cg.out | head -40
 
 ``--torch`` profiles PyTorch's backward of the same case instead (for comparison);
@@ -37,7 +37,8 @@ Examples::
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # run.py's cases and setups
 from _env import reexec_without_openblas_overrides  # noqa: E402
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ totals over ``N`` is the count of one call::
     PY=$(python -c "import sys; print(sys.executable)")
     for n in 0 300; do
         PYTHONPATH=<build> OPENBLAS_NUM_THREADS=1 valgrind --tool=callgrind \\
-            --callgrind-out-file=/dev/null $PY benchmarks/count_calls.py forward $n 2>&1 \\
+            --callgrind-out-file=/dev/null $PY tools/count_calls.py forward $n 2>&1 \\
             | grep Collected
     done
 
