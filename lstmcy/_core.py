@@ -1,246 +1,35 @@
-"""Public forward and backward: validate, allocate, and run the Cython kernels.
+"""The numpy API: :func:`lstm_forward`, :func:`lstm_backward`, :func:`lstm_vjp` and
+:class:`LSTMPlan`.
 
-The kernels (``lstmcy._lstm``) process one layer, both directions. This module loops over
-layers, routes each layer's output (and, backwards, its input gradient) to the next,
-applies dropout masks between layers and converts results to the caller's dtype and
-layout. :class:`LSTMPlan` keeps the work buffers between calls (the two-phase use of the
-Ascend operator: plan once, run many times); the plain functions use one plan per thread.
+The functions check their arguments into a :class:`~lstmcy._validation.Problem` and run it
+with :mod:`lstmcy._engine`'s layer loops on a plan. :class:`LSTMPlan` keeps the work
+buffers between calls (the two-phase use of the Ascend operator: plan once, run many
+times), made of one part per concern (:mod:`lstmcy._work_buffers`,
+:mod:`lstmcy._results`, :mod:`lstmcy._layers`, :class:`lstmcy._threads.ThreadChoice`);
+the plain functions use one plan per thread.
 """
-import functools
 import math
-import operator
 import threading
-from time import perf_counter
 
 import numpy as np
 
-from lstmcy import _fpmode
-from lstmcy._dispatch import kernels as _lstm
-from lstmcy._cache import (ForwardCall, LSTMCache, LSTMGradients, SavedList,
-                           check_same_call, refuse_cache)
+from lstmcy._cache import (ForwardCall, LSTMCache, LSTMGradients, check_same_call,
+                           refuse_cache)
 from lstmcy._config import config_of
-from lstmcy._pool import ALIGN, ResultPool, aligned_empty, aligned_offset
-from lstmcy._schedule import (ALIASED_ROW_BYTES, DEFAULT_POLICY, SINGLE_THREADED_GEMM,
-                              TUNED_STEP_FLOPS, SchedulePolicy)
-from lstmcy._threads import (ThreadTuner, _check_count, _process_cpus, blas_single_threaded,
-                             blas_small_gemms, is_automatic, threads_for)
-from lstmcy._validation import (SAVED_NAMES, _cached, _check_batch_sizes, _read_only,
-                                check_backward, check_blas_limits, check_bool, check_int,
-                                check_output_mask, check_problem, check_proj_size, check_seed,
-                                is_supported_float, to_compute)
+from lstmcy._dispatch import kernels as _lstm
+from lstmcy._engine import _out_dtype, run_backward, run_forward
+from lstmcy._layers import LayerSetups, layer_workspace
+from lstmcy._results import ALIGN, ResultMemory
+from lstmcy._saved import cache_lists, saved_arrays, stacked
+from lstmcy._schedule import DEFAULT_POLICY, SchedulePolicy
+from lstmcy._threads import ThreadChoice, _check_count
+from lstmcy._validation import (SAVED_NAMES, _check_batch_sizes, check_backward,
+                                check_blas_limits, check_bool, check_int, check_output_mask,
+                                check_problem, check_proj_size, check_seed,
+                                is_supported_float)
+from lstmcy._work_buffers import WorkBuffers
 
 __all__ = ["lstm_forward", "lstm_backward", "lstm_vjp", "LSTMPlan", "release_workspaces"]
-
-
-def _as_rows(array):
-    """2-D view ``[rows, features]`` of a C-contiguous array (also when features == 0)."""
-    return array.reshape(math.prod(array.shape[:-1]), array.shape[-1])
-
-
-def _out_dtype(array, dtype):
-    if array.dtype == dtype:
-        return array
-    with np.errstate(over="ignore"):  # float16 overflow to inf is the right answer
-        return array.astype(dtype)
-
-
-class _BlockViews(SavedList):
-    """A cache list: the ``[T, B, F]`` pieces of one saved activation, one per layer and
-    direction (F is H, or P for h).
-
-    The backward recognises its own cache lists by identity and reads a layer's directions
-    from ``rows`` (``[L*D, T*B, F]``, the compute-dtype values) without copying: the saved
-    block itself, or for float16/bfloat16 calls the float32 values the (read-only) pieces
-    were rounded from. ``call`` is the forward's :class:`~lstmcy._cache.ForwardCall`.
-    """
-
-    __slots__ = ("views", "_rows")
-
-    def __init__(self, views, rows, call):
-        SavedList.__init__(self, views, call)
-        self.views = views
-        self._rows = rows
-
-    def rows(self, arrays, dtype):
-        """``rows`` if ``arrays`` still are this list's pieces and ``dtype`` is their
-        compute dtype, else None."""
-        if (self._rows.dtype != dtype or len(arrays) != len(self.views)
-                or not all(map(operator.is_, arrays, self.views))):
-            return None
-        return self._rows
-
-
-def _cache_lists(pieces, saved_rows, LD, call):
-    """The seven cache lists of a forward (``call``, its :class:`ForwardCall`): ``pieces``
-    holds the ``[T, B, F]`` pieces of the seven activations in ``SAVED_NAMES`` order
-    (``LD`` = layers x directions each), ``saved_rows`` their ``[L*D, T*B, F]``
-    compute-dtype values."""
-    if LD == 1:  # one piece per list (the common case: no slicing)
-        return [_BlockViews((piece,), rows, call) for piece, rows in zip(pieces, saved_rows)]
-    return [_BlockViews(tuple(pieces[k * LD:(k + 1) * LD]), rows, call)
-            for k, rows in enumerate(saved_rows)]
-
-
-def _stacked(given, arrays, layer, D, shape, dtype):
-    """The arrays of one layer's directions as one C-contiguous ``[D, *shape]`` array.
-
-    ``given`` is the caller's list, ``arrays`` the validated arrays of it. A cache list
-    from :func:`lstm_forward` is viewed without copying (for float16/bfloat16, its float32
-    values); anything else is stacked (and converted) into a new array.
-    """
-    rows = given.rows(arrays, dtype) if type(given) is _BlockViews else None
-    if rows is not None:
-        # The whole block when it is this one layer (one less view on small calls).
-        return rows if rows.shape[0] == D else rows[layer * D:(layer + 1) * D]
-    ks = slice(layer * D, (layer + 1) * D)
-    out = np.empty((D,) + tuple(shape), dtype=dtype)  # C order whatever the inputs' order
-    for k, a in enumerate(arrays[ks]):
-        out[k] = a.reshape(shape)
-    return out
-
-
-_SAVED_INDEX = {name: k for k, name in enumerate(SAVED_NAMES)}
-
-
-def saved_size(p):
-    """Elements of a forward's saved block: the seven activations of every layer and
-    direction, ``[L*D, T*B, H]`` each in ``SAVED_NAMES`` order, h ``[L*D, T*B, P]``."""
-    return p.L * p.D * p.T * p.B * (6 * p.H + p.P)
-
-
-def saved_arrays(block, p, by_step=False):
-    """The seven ``[L*D, T*B, F]`` views (F = H, for h P) of a flat saved block, in
-    ``SAVED_NAMES`` order; with ``by_step``, ``[L*D, T, B, F]``."""
-    rows = (p.T, p.B) if by_step else (p.T * p.B,)
-    if p.P == p.H:
-        # One reshape for all seven (small calls make several of these lists).
-        return list(block.reshape((len(SAVED_NAMES), p.L * p.D) + rows + (p.H,)))
-    count = p.L * p.D * p.T * p.B
-    views, start = [], 0
-    for name in SAVED_NAMES:
-        width = p.P if name == "h" else p.H
-        views.append(block[start:start + count * width].reshape((p.L * p.D,) + rows + (width,)))
-        start += count * width
-    return views
-
-
-def _block_reader(block, p):
-    """``saved_of`` for :meth:`LSTMPlan._run_backward` from the block
-    :meth:`LSTMPlan._run_forward` returns: views, no copies or checks (for callers that
-    hand back the forward's own block, as ``lstmcy.torch`` does)."""
-    views = saved_arrays(block, p)
-    D = p.D
-
-    def saved_of(name, layer):
-        return views[_SAVED_INDEX[name]][layer * D:(layer + 1) * D]
-    return saved_of
-
-
-_NO_PROJECTION = {}
-_NO_CACHE = {}
-
-
-def _no_cache(D, H, P, dtype):
-    """The empty ``[D, 0, F]`` saved arrays of an inference call (shared, read-only)."""
-    key = (D, H, P, dtype)
-    arrays = _NO_CACHE.get(key)
-    if arrays is None:
-        arrays = _cached(_NO_CACHE, key, tuple(
-            _read_only(np.empty((D, 0, P if name == "h" else H), dtype=dtype))
-            for name in SAVED_NAMES))
-    return arrays
-
-
-def _layer_weights(problem, layer):
-    """``w_ih [D, 4H, I_l]``, ``w_hh [D, 4H, P]``, ``b_ih + b_hh [D, 4H]`` and ``w_hr
-    [D, P, H]`` (``[D, 0, H]`` without a projection) of one layer."""
-    D = problem.D
-    ks = slice(layer * D, (layer + 1) * D)
-    per_dir = problem.weights[ks]
-    if problem.projected:
-        w_hr = problem.projections[ks]
-        w_hr = w_hr[0][np.newaxis] if D == 1 else np.stack(w_hr)
-    else:
-        key = (D, problem.H, problem.compute_dtype)
-        w_hr = _NO_PROJECTION.get(key)
-        if w_hr is None:
-            w_hr = _NO_PROJECTION[key] = np.empty((D, 0, problem.H), problem.compute_dtype)
-    if D == 1:  # views, no copy of the weights
-        w_ih, w_hh, bias = per_dir[0]
-        return w_ih[np.newaxis], w_hh[np.newaxis], bias[np.newaxis], w_hr
-    return tuple(np.stack([w[k] for w in per_dir]) for k in range(3)) + (w_hr,)
-
-
-@functools.lru_cache(maxsize=256)
-def _packed_len(n, k, dtype):
-    """Elements of the kernels' packed copy of a ``[k, n]`` weight matrix."""
-    return _lstm.packed_elements(n, k, dtype == np.float64)
-
-
-@functools.lru_cache(maxsize=256)
-def _gate_row_stride(H, dtype):
-    """Elements between two rows of the gates (forward) or gate gradients (backward): 4H,
-    and one cache line more where 4H values are a multiple of ALIASED_ROW_BYTES long (rows
-    that far apart fall in the same few cache sets, and the packed products read or write
-    a block of rows at once)."""
-    itemsize = np.dtype(dtype).itemsize
-    if H > 0 and (4 * H * itemsize) % ALIASED_ROW_BYTES == 0:
-        return 4 * H + ALIGN // itemsize
-    return 4 * H
-
-
-@functools.lru_cache(maxsize=256)
-def _packed_weights_len(kind, H, P, I, projected, schedule, dtype):
-    """Elements of one direction's packed weights in a ``kind`` ("forward" or "backward")
-    layer call of that schedule (``I`` input features)."""
-    is_double = dtype == np.float64
-    if kind == "forward":
-        return _lstm.forward_packed_len(H, P, I, projected, schedule.split, schedule.groups,
-                                        schedule.fused_input, is_double)
-    return _lstm.backward_packed_len(H, P, I, projected, schedule.split, schedule.groups,
-                                     schedule.packed_dx, is_double)
-
-
-def layer_workspace(kind, T, B, N, D, I, H, P, dtype, *, in_packed=False, want_dx=True,
-                    want_dparams=True, small_gemms=False, policy=DEFAULT_POLICY):
-    """The work buffers of one layer call but its packed weights, in the kernel object's
-    order: a tuple of ``(name, shape, dtype)``.
-
-    The one description of a call's work buffers: :class:`LSTMPlan`'s setups take these
-    (buffers of one name are shared by every call of a plan, grown to the largest), and
-    :meth:`LSTMPlan.required_workspace` bounds them. ``kind`` is "forward" or "backward";
-    ``T, B, N, D, I, H, P`` the steps, batch rows, packed rows, directions, input
-    features, units and size of h (``P < H``: projected); ``dtype`` the compute dtype
-    (float32 or float64); ``in_packed``: the input rows are in packed order (no gathered
-    copy); ``want_dx``, ``want_dparams``: what a backward computes; ``small_gemms``: the
-    BLAS has a small-GEMM path; ``policy``: the plan's
-    :class:`~lstmcy._schedule.SchedulePolicy`.
-    """
-    dtype = np.dtype(dtype)
-    projected = P != H
-    gates = ("gates", (D, N, _gate_row_stride(H, dtype)), dtype)
-    if kind == "forward":
-        return (gates,
-                ("r_rows", (D, N if projected else 0, H), dtype),
-                ("packed_rows", (0 if in_packed else N, I), dtype))
-    rows = N if projected else 0
-    # Each lane of the weight gradients sums its own dW (shape only); [x | h_{t-1}] rows
-    # are gathered as rows, or in panels for lstmcy's own product.
-    shape_only = policy.backward(T, B, I, H, D, 1, projected, small_gemms=small_gemms)
-    lanes = shape_only.lanes
-    if shape_only.panel_weights:
-        z_width = _packed_len(I + P, 1, dtype)
-    else:
-        z_width = I + P + (H if projected else 0)
-    grad_rows = lanes * 4 * H if want_dparams else 0
-    return (gates,
-            ("dh_rows", (D, rows, P), dtype),
-            ("r_rows", (D, rows, H), dtype),
-            ("z", (D, N if want_dparams else 0, z_width), dtype),
-            ("dw", (D, grad_rows, I + P), dtype),
-            ("db_acc", (D, grad_rows), np.dtype(np.float64)),
-            ("dw_hr_acc", (D, lanes * P if projected and want_dparams else 0, H), dtype),
-            ("packed_rows", (N if want_dx and not in_packed else 0, I), dtype))
 
 
 def _draw_masks(problem, dropout, rng):
@@ -250,64 +39,6 @@ def _draw_masks(problem, dropout, rng):
     scale = 1.0 / (1.0 - dropout)
     return [np.where(rng.random(shape) >= dropout, scale, 0.0).astype(problem.dtype)
             for _ in range(problem.L - 1)]
-
-
-class _LayerSetup:
-    """What one kind of layer call derives from its shapes alone.
-
-    ``key``: the plan's key of the kind of call; ``kind``: "forward" or "backward";
-    ``sizes``: ``(T, B, N, D, I, H, P)`` (T: the batch layout's steps, none when B is 0;
-    I: the layer's input features); ``flags``: the kernel object's flags after the sizes
-    (forward: ``training, x_rows_packed``; backward: ``want_dx, want_dparams,
-    x_rows_packed``); ``workspaces``: its work buffers but the packed weights, in its
-    order; ``tuner_key``, ``step_flops`` and ``flops``: :meth:`LSTMPlan._call`'s arguments;
-    ``by_threads``: the call's kernel object (:class:`ForwardLayer` /
-    :class:`BackwardLayer` of ``lstmcy._lstm``) per thread count (its schedule, and so
-    its packed weights' size, depends on the count).
-    """
-
-    __slots__ = ("key", "kind", "sizes", "flags", "workspaces", "tuner_key", "step_flops",
-                 "flops", "by_threads")
-
-    def __init__(self, key, kind, sizes, flags, workspaces, tuner_key, step_flops, flops):
-        self.key = key
-        self.kind = kind
-        self.sizes = sizes
-        self.flags = flags
-        self.workspaces = workspaces
-        self.tuner_key = tuner_key
-        self.step_flops = step_flops
-        self.flops = flops
-        self.by_threads = {}
-
-    @property
-    def in_size(self):
-        return self.sizes[4]
-
-    @property
-    def want_dx(self):
-        return self.kind == "backward" and self.flags[0]
-
-
-def _one_call_at_a_time(method):
-    """Run a plan's ``method`` holding the plan's call lock.
-
-    A plan's work buffers serve one call at a time; a second thread entering the same plan
-    raises at once instead of sharing them (a non-blocking acquire: no waiting, no cost but
-    the lock's when the plan is free)."""
-    @functools.wraps(method)
-    def run(plan, *args, **kwargs):
-        if not plan._in_call.acquire(blocking=False):
-            raise RuntimeError(
-                "this LSTMPlan is already running a call (in another thread, or in this one "
-                "from inside that call): a plan's work buffers "
-                "serve one call at a time; give each thread its own LSTMPlan (the plain "
-                "lstm_forward / lstm_backward keep one per thread)")
-        try:
-            return method(plan, *args, **kwargs)
-        finally:
-            plan._in_call.release()
-    return run
 
 
 class LSTMPlan:
@@ -350,19 +81,19 @@ class LSTMPlan:
             raise TypeError("schedules must be a lstmcy._schedule.SchedulePolicy, got "
                             f"{type(schedules).__name__}")
         self.schedules = DEFAULT_POLICY if schedules is None else schedules
-        self._buffers = {}
-        self._offsets = {}  # name -> aligned_offset of that buffer
-        # Result arrays come from here: their memory is reused once the caller drops them.
-        self._results = ResultPool()
-        self._last_views = {}  # name -> the view _take last returned of that buffer
-        self._tuners = {}  # kind of kernel call -> its ThreadTuner (automatic threads only)
-        self._setups = {}  # kind of layer call -> its _LayerSetup (see _remember)
-        self._in_call = threading.Lock()  # held while a call uses the buffers
+        # The plan's parts, one concern each: its work buffers, the memory of its results
+        # (reused once the caller drops them), its layer setups (views of the buffers and
+        # kernel objects per kind of layer call), its choice of threads per call.
+        self._buffers = WorkBuffers()
+        self._results = ResultMemory()
+        self._setups = LayerSetups(self._buffers, self.schedules)
+        self._thread_choice = ThreadChoice(self.n_threads)
+        self._in_call = threading.Lock()  # held while a call uses the buffers (engine)
         self.trace = None
 
     @property
     def workspace_size(self):
-        return sum(b.nbytes for b in self._buffers.values())
+        return self._buffers.nbytes
 
     @staticmethod
     def required_workspace(T, B, input_size, hidden_size, *, num_layers=1, bidirectional=False,
@@ -434,143 +165,8 @@ class LSTMPlan:
              for I in in_sizes for split, groups in [(0, 1), (1, parts)]]
             + [_lstm.backward_packed_len(H, P, I, P != H, split, groups, True, is_double)
                for I in in_sizes for split, groups in [(0, 1), (1, parts)] if backward])
-        # Each buffer is aligned within its allocation (see _take).
+        # Each buffer is aligned within its allocation (see WorkBuffers.take).
         return int(sum(largest.values()) + len(largest) * (ALIGN - 1))
-
-    def _take(self, name, shape, dtype):
-        """A C-contiguous ``shape`` view into the named buffer (grown if too small)."""
-        # Repeated calls of one shape reuse the last view (cheaper than slicing anew); one
-        # view per name, so a grown buffer's old memory is not kept alive.
-        view = self._last_views.get(name)
-        if (view is not None and view.shape == shape and view.dtype == dtype
-                and view.base is self._buffers[name]):
-            return view
-        nbytes = math.prod(shape) * np.dtype(dtype).itemsize + ALIGN - 1
-        buffer = self._buffers.get(name)
-        if buffer is None or buffer.size < nbytes:
-            buffer = np.empty(nbytes, dtype=np.uint8)
-            self._buffers[name] = buffer
-            self._offsets[name] = aligned_offset(buffer)
-            # The setups' views of the replaced buffer would keep it alive.
-            self._setups.clear()
-        # On a cache line, as the results are (see lstmcy._pool.ALIGN). The forward and the
-        # backward take some buffers in different shapes, so this runs on most calls.
-        view = self._last_views[name] = aligned_empty(shape, dtype, buffer, self._offsets[name])
-        return view
-
-    def _remember(self, key, setup):
-        """Keep ``setup``, the :class:`_LayerSetup` of the layer calls of ``key``."""
-        if len(self._setups) >= 64:  # many shapes: forget the old ones
-            self._setups.clear()
-        self._setups[key] = setup
-        return setup
-
-    def _forward_setup(self, key, p, in_size, in_packed, train):
-        """The :class:`_LayerSetup` of a forward layer call with ``in_size`` input features
-        (``in_packed``: its input rows are in packed order)."""
-        D, N, H, P, cdt = p.D, p.N, p.H, p.P, p.compute_dtype
-        workspaces = tuple(self._take(*buffer) for buffer in layer_workspace(
-            "forward", p.T, p.B, N, D, in_size, H, P, cdt, in_packed=in_packed,
-            policy=self.schedules))
-        flops_per_row = 8.0 * D * H * (in_size + P) + (2.0 * D * H * P if p.projected else 0)
-        return self._remember(key, _LayerSetup(
-            key, "forward", (len(p.batch_sizes), p.B, N, D, in_size, H, P), (train, in_packed),
-            workspaces,
-            ("forward", p.B, in_size, H, P, D, train, cdt), p.B * flops_per_row,
-            N * flops_per_row))
-
-    def _backward_setup(self, key, p, in_size, in_packed, want_dx, want_dparams):
-        """The :class:`_LayerSetup` of a backward layer call with ``in_size`` input features
-        (``in_packed``: its input rows are in packed order; ``want_dx``: it computes the
-        input gradient)."""
-        T, B, D, N, H, P, cdt = p.T, p.B, p.D, p.N, p.H, p.P, p.compute_dtype
-        projected = p.projected
-        workspaces = tuple(self._take(*buffer) for buffer in layer_workspace(
-            "backward", T, B, N, D, in_size, H, P, cdt, in_packed=in_packed, want_dx=want_dx,
-            want_dparams=want_dparams, small_gemms=blas_small_gemms(), policy=self.schedules))
-        flops_per_row = 16.0 * D * H * (in_size + P) + (6.0 * D * H * P if projected else 0)
-        return self._remember(key, _LayerSetup(
-            key, "backward", (len(p.batch_sizes), B, N, D, in_size, H, P),
-            (want_dx, want_dparams, in_packed),
-            workspaces, ("backward", B, in_size, H, P, D, want_dx, want_dparams, cdt),
-            B * flops_per_row, N * flops_per_row))
-
-    def _layer_call(self, setup, p, n_threads):
-        """The kernel object of ``setup``'s layer call on ``n_threads`` threads (made once).
-        The schedule is that of at most the process's CPUs (unless the plan's
-        :class:`~lstmcy._schedule.SchedulePolicy` says otherwise): threads beyond them
-        cannot run the recurrence's groups or parts at once, and thinner ones would only
-        add work (the extra threads take the other tasks)."""
-        D, H, P, cdt = p.D, p.H, p.P, p.compute_dtype
-        policy = self.schedules
-        cpus = min(n_threads, _process_cpus()) if policy.cap_at_cpus else n_threads
-        if setup.kind == "forward":
-            schedule = policy.forward(p.T, p.B, setup.in_size, H, D, cpus, p.projected,
-                                      itemsize=cdt.itemsize)
-            kernel = _lstm.ForwardLayer
-        else:
-            schedule = policy.backward(p.T, p.B, setup.in_size, H, D, cpus, p.projected,
-                                       small_gemms=blas_small_gemms())
-            if not setup.want_dx:  # no dx: no room for a packed w_ih
-                schedule = schedule._replace(packed_dx=False)
-            kernel = _lstm.BackwardLayer
-        w_packed = self._take(
-            "w_packed",
-            (D * _packed_weights_len(setup.kind, H, P, setup.in_size, p.projected, schedule,
-                                     cdt),),
-            cdt)
-        if self._setups.get(setup.key) is not setup:
-            # w_packed grew, which dropped the setups: this one's other buffers are current,
-            # its kernel objects of other counts hold the old w_packed.
-            setup.by_threads.clear()
-            self._remember(setup.key, setup)
-        call = setup.by_threads[n_threads] = kernel(
-            setup.sizes, *setup.flags, schedule, setup.workspaces + (w_packed,), n_threads)
-        return call
-
-    def _call(self, key, rows, step_flops, flops, run):
-        """``run(n_threads)``, with the thread count for a call of ``flops`` work. When the
-        count is automatic and a time step's work (``step_flops``) is small enough for the
-        threads' synchronisation to matter, this kind of call's :class:`ThreadTuner`
-        (``key``: everything but the sequence length) may run it on one thread instead; it
-        compares times per row (``rows`` rows), so that calls of other lengths inform one
-        another."""
-        n_threads = threads_for(flops, self.n_threads)
-        if (n_threads == 1 or rows == 0 or step_flops > TUNED_STEP_FLOPS
-                or not is_automatic(self.n_threads)):
-            return run(n_threads)
-        key = key + (n_threads,)
-        tuner = self._tuners.get(key)
-        if tuner is None:
-            if len(self._tuners) >= 64:  # many shapes: forget the old ones
-                self._tuners.clear()
-            tuner = self._tuners[key] = ThreadTuner(n_threads)
-        start = perf_counter()
-        n_threads = tuner.choose(start)
-        result = run(n_threads)
-        tuner.record(n_threads, start, (perf_counter() - start) / rows)
-        return result
-
-    def _run_layer(self, setup, layer, p, n_threads, args):
-        """Run ``setup``'s layer call of ``layer`` on ``n_threads`` threads with the
-        per-call arrays ``args`` (its kernel object's ``run`` arguments before
-        ``flush_denormals``), appending a trace of its tasks to :attr:`trace` when that
-        asks for one."""
-        call = setup.by_threads.get(n_threads) or self._layer_call(setup, p, n_threads)
-        if self.trace is None:
-            return call.run(*args, _fpmode._flush)
-        entries = np.zeros((1 << 16, 8), dtype=np.int64)
-        n_trace = call.run(*args, _fpmode._flush, entries)
-        self.trace.append((setup.kind, layer, entries[:n_trace]))
-        return n_trace
-
-    def _blas_cap(self, problem):
-        """Cap BLAS to one thread (results must not depend on the BLAS thread count, and
-        OpenBLAS rounds differently with more threads), unless every GEMM of the call is so
-        small that BLAS runs it on one thread anyway: the cap costs tens of microseconds."""
-        width = max(problem.I, problem.D * problem.P) if problem.L > 1 else problem.I
-        largest = problem.N * 4 * problem.H * (width + problem.P + problem.H)
-        return blas_single_threaded(active=largest > SINGLE_THREADED_GEMM)
 
     def forward(self, input, hx, params, *, config=None, has_bias=True, num_layers=1,
                 dropout=0.0, train=True, bidirectional=False, batch_first=False,
@@ -589,7 +185,7 @@ class LSTMPlan:
                           bidirectional=cfg.bidirectional, batch_first=cfg.batch_first,
                           batch_sizes=batch_sizes, proj_size=cfg.proj_size)
         masks = _draw_masks(p, cfg.dropout, rng) if cfg.uses_dropout else None
-        y, h_n, c_n, saved_block, saved_rows = self._run_forward(p, cfg.train, masks)
+        y, h_n, c_n, saved_block, saved_rows = run_forward(self, p, cfg.train, masks)
         if not cfg.train:
             return y, h_n, c_n, None
         # In SAVED_NAMES order, which is LSTMCache's argument order.
@@ -610,78 +206,8 @@ class LSTMPlan:
         # The caller's arrays, not copies; the checked lengths (the caller's may change).
         call = ForwardCall(cfg, input, hx, params, None if batch_sizes is None else p.batch_sizes,
                            masks, p.dtype, p.layout, run_backward)
-        return y, h_n, c_n, LSTMCache(*_cache_lists(pieces, saved_rows, LD, call),
+        return y, h_n, c_n, LSTMCache(*cache_lists(pieces, saved_rows, LD, call),
                                       dropout_masks=masks, call=call)
-
-    @_one_call_at_a_time
-    def _run_forward(self, p, train, masks):
-        """:meth:`forward` of a checked :class:`~lstmcy._validation.Problem` (``masks``: the
-        dropout masks, or None). Callers that build ``p`` themselves (``lstmcy.torch``)
-        vouch for its arrays as :func:`~lstmcy._validation.check_problem` would.
-
-        Returns ``y, h_n, c_n`` in the caller's dtype and, when ``train``, the saved
-        activations as one flat compute-dtype block of ``saved_size(p)`` elements and its
-        :func:`saved_arrays` views (else None, None): :meth:`forward` wraps them in an
-        :class:`LSTMCache`, and :meth:`_run_backward` reads the block through
-        :func:`_block_reader`."""
-        T, B, H, P, L, D, N = p.T, p.B, p.H, p.P, p.L, p.D, p.N
-        cdt = p.compute_dtype
-        alloc = self._results.empty if p.uniform else self._results.zeros
-
-        y = alloc(p.output_shape(), dtype=cdt)
-        y_rows = _as_rows(y)
-        # The kernels write the final states (c in place, from c0); h_n starts as h0 for
-        # calls without steps. One request for both.
-        states = self._results.empty((p.h0.size + p.c0.size,), dtype=cdt)
-        h_n = states[:p.h0.size].reshape(p.h0.shape)
-        c_n = states[p.h0.size:].reshape(p.c0.shape)
-        h_n[...] = p.h0
-        c_n[...] = p.c0
-        if train:
-            # One request for all seven (they live and die together, in the cache).
-            saved_block = alloc((saved_size(p),), dtype=cdt)
-            saved_all = saved_arrays(saved_block, p)
-        else:
-            no_cache = _no_cache(D, H, P, cdt)
-        internal_step_row, _, internal_packed = p.time_major_map
-
-        layer_in, in_step_row, in_stride, in_packed = p.x_rows, p.step_row, p.batch_stride, p.rows_packed
-        with self._blas_cap(p):
-            for layer in range(L):
-                last = layer == L - 1
-                if last:
-                    out, out_step_row, out_stride = y_rows, p.step_row, p.batch_stride
-                else:
-                    out = alloc((T * B, D * P), dtype=cdt)
-                    out_step_row, out_stride = internal_step_row, 1
-                in_size = layer_in.shape[1]
-                w_ih, w_hh, bias, w_hr = _layer_weights(p, layer)
-                ks = slice(layer * D, (layer + 1) * D)
-                if not train:
-                    saved = no_cache
-                elif L == 1:
-                    saved = tuple(saved_all)
-                else:
-                    saved = tuple([a[ks] for a in saved_all])
-                key = ("forward", layer, p.shapes, N, in_packed, train, cdt)
-                setup = self._setups.get(key) or self._forward_setup(key, p, in_size, in_packed, train)
-                states = (p.h0, h_n, c_n) if L == 1 else (p.h0[ks], h_n[ks], c_n[ks])
-                args = ((layer_in, in_step_row, in_stride), (out, out_step_row, out_stride),
-                        (w_ih, w_hh, bias, w_hr), states, saved, (p.batch_sizes, p.packed_start))
-
-                def run(n_threads, args=args, layer=layer, setup=setup):
-                    return self._run_layer(setup, layer, p, n_threads, args)
-
-                self._call(setup.tuner_key, N, setup.step_flops, setup.flops, run)
-                if not last:
-                    if masks is not None:
-                        with np.errstate(invalid="ignore"):  # inf * 0 -> NaN, as in torch; no warning
-                            out *= to_compute(masks[layer], cdt).reshape(T * B, D * P)
-                    layer_in, in_step_row, in_stride, in_packed = out, internal_step_row, 1, internal_packed
-
-        if p.dtype != cdt:  # float16/bfloat16 callers
-            y, h_n, c_n = (_out_dtype(a, p.dtype) for a in (y, h_n, c_n))
-        return y, h_n, c_n, saved_block if train else None, saved_all if train else None
 
     def step(self, x, hx, params, *, has_bias=True):
         """One inference time step of a one-layer, one-direction LSTM: a cell step.
@@ -727,121 +253,9 @@ class LSTMPlan:
 
         def saved_of(name, layer):
             rows = (p.T * p.B, p.P if name == "h" else p.H)
-            return _stacked(given[name], arrays[name], layer, p.D, rows, cdt)
+            return stacked(given[name], arrays[name], layer, p.D, rows, cdt)
 
-        return LSTMGradients(*self._run_backward(p, saved_of, arrays, output_mask))
-
-    @_one_call_at_a_time
-    def _run_backward(self, p, saved_of, arrays, output_mask):
-        """:meth:`backward` of checked arguments: ``p`` and ``arrays`` as
-        :func:`~lstmcy._validation.check_backward` returns them (only ``dy``, ``dh``,
-        ``dc`` and ``dropout_masks`` are read from ``arrays``), ``saved_of(name, layer)``
-        the saved activation ``name`` of ``layer``'s directions as a C-contiguous
-        ``[D, T*B, F]`` compute-dtype array (F = H, for h P), ``output_mask`` a tuple of four
-        bools."""
-        want_dx, want_dh, want_dc, want_dparams = output_mask
-        if not any(output_mask):
-            return None, None, None, None
-        T, B, H, P, L, D, N = p.T, p.B, p.H, p.P, p.L, p.D, p.N
-        projected = p.projected
-        cdt = p.compute_dtype
-        masks = None
-        if "dropout_masks" in arrays:
-            masks = [to_compute(m, cdt).reshape(T * B, D * P) for m in arrays["dropout_masks"]]
-
-        dy_rows = _as_rows(to_compute(arrays["dy"], cdt))
-        # Working state: in, the gradients of h_n / c_n; out, those of h0 / c0.
-        shapes = p.shapes
-        dh_state = (np.array(arrays["dh"], dtype=cdt, order="C") if "dh" in arrays
-                    else np.zeros(shapes.h_state, cdt))
-        dc_state = (np.array(arrays["dc"], dtype=cdt, order="C") if "dc" in arrays
-                    else np.zeros(shapes.c_state, cdt))
-
-        alloc = self._results.empty if p.uniform else self._results.zeros
-        internal_step_row, _, internal_packed = p.time_major_map
-        per_dir = len(shapes.param_names)
-        dparams = [None] * (L * D * per_dir)
-        dx = None
-        upper_dy, dy_step_row, dy_stride = dy_rows, p.step_row, p.batch_stride
-        with self._blas_cap(p):
-            for layer in reversed(range(L)):
-                ks = slice(layer * D, (layer + 1) * D)
-                saved = tuple([saved_of(name, layer) for name in SAVED_NAMES])
-                if layer == 0:
-                    layer_in, in_step_row, in_stride, in_packed = p.x_rows, p.step_row, p.batch_stride, p.rows_packed
-                    layer_dx_needed = want_dx
-                else:
-                    below = list(saved_of("h", layer - 1))
-                    layer_in = self._results.empty((T * B, D * P), cdt)
-                    np.concatenate(below, axis=-1, out=layer_in)
-                    if masks is not None:
-                        with np.errstate(invalid="ignore"):  # inf * 0 -> NaN, as in torch; no warning
-                            layer_in *= masks[layer - 1]
-                    in_step_row, in_stride, in_packed = internal_step_row, 1, internal_packed
-                    layer_dx_needed = True
-                in_size = layer_in.shape[1]
-                if layer_dx_needed:
-                    layer_dx = alloc(layer_in.shape, dtype=cdt)
-                else:
-                    layer_dx = np.empty((0, in_size), dtype=cdt)
-                hr = P if projected else 0
-                if want_dparams:
-                    # One request for the layer's weight and bias gradients.
-                    e0 = D * 4 * H * in_size
-                    e1 = e0 + D * 4 * H * P
-                    e2 = e1 + D * 4 * H
-                    e3 = e2 + D * hr * H
-                    grads = self._results.empty((e3,), dtype=cdt)
-                    dw_ih = grads[:e0].reshape(D, 4 * H, in_size)
-                    dw_hh = grads[e0:e1].reshape(D, 4 * H, P)
-                    db = grads[e1:e2].reshape(D, 4 * H)
-                    dw_hr = grads[e2:e3].reshape(D, hr, H)
-                else:
-                    dw_ih = np.empty((D, 0, in_size), dtype=cdt)
-                    dw_hh = np.empty((D, 0, P), dtype=cdt)
-                    db = np.empty((D, 0), dtype=cdt)
-                    dw_hr = np.empty((D, 0, H), dtype=cdt)
-                w_ih, w_hh, _, w_hr = _layer_weights(p, layer)
-                key = ("backward", layer, p.shapes, N, in_packed, layer_dx_needed, want_dparams, cdt)
-                setup = self._setups.get(key) or self._backward_setup(
-                    key, p, in_size, in_packed, layer_dx_needed, want_dparams)
-                if L == 1:
-                    h0, c0, dh_layer, dc_layer = p.h0, p.c0, dh_state, dc_state
-                else:
-                    h0, c0, dh_layer, dc_layer = p.h0[ks], p.c0[ks], dh_state[ks], dc_state[ks]
-                args = ((layer_in, in_step_row, in_stride), (upper_dy, dy_step_row, dy_stride),
-                        layer_dx, (w_ih, w_hh, w_hr), (h0, c0, dh_layer, dc_layer), saved,
-                        (dw_ih, dw_hh, db, dw_hr), (p.batch_sizes, p.packed_start))
-
-                def run(n_threads, args=args, layer=layer, setup=setup):
-                    return self._run_layer(setup, layer, p, n_threads, args)
-
-                self._call(setup.tuner_key, N, setup.step_flops, setup.flops, run)
-                if want_dparams:
-                    for d in range(D):
-                        base = (layer * D + d) * per_dir
-                        dparams[base] = dw_ih[d]
-                        dparams[base + 1] = dw_hh[d]
-                        if p.has_bias:
-                            dparams[base + 2] = db[d]
-                            dparams[base + 3] = db[d].copy()
-                        if projected:
-                            dparams[base + per_dir - 1] = dw_hr[d]
-                if layer > 0:
-                    if masks is not None:
-                        with np.errstate(invalid="ignore"):  # inf * 0 -> NaN, as in torch; no warning
-                            layer_dx *= masks[layer - 1]
-                    upper_dy, dy_step_row, dy_stride = layer_dx, internal_step_row, 1
-                elif want_dx:
-                    dx = layer_dx.reshape(p.input_shape)
-
-        dtype = p.dtype
-        dx = _out_dtype(dx, dtype) if want_dx else None
-        dh_prev = _out_dtype(dh_state, dtype) if want_dh else None
-        dc_prev = _out_dtype(dc_state, dtype) if want_dc else None
-        dparams = [_out_dtype(a, dtype) for a in dparams] if want_dparams else None
-        return dx, dh_prev, dc_prev, dparams
-
+        return LSTMGradients(*run_backward(self, p, saved_of, arrays, output_mask))
 
 def _check_backward(cfg, input, hx, params, dy, dh, dc, saved, batch_sizes, dropout_masks):
     """``check_backward`` of a backward whose settings are ``cfg``, after refusing saved

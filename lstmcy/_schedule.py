@@ -24,6 +24,10 @@ import math
 from collections import namedtuple
 from typing import Callable, NamedTuple
 
+import numpy as np
+
+from lstmcy._results import ALIGN
+
 #: Work (floating-point operations) per thread before another one is worth its start.
 FLOPS_PER_THREAD = 1e6
 #: Kernel calls whose time step is at most this much work (FLOPs) may be moved to one
@@ -112,7 +116,7 @@ PACKED_DX_UNITS = 128
 #: Rows this many bytes apart (or a multiple) fall in the same few sets of a core's L1
 #: cache. The packed products read or write a block of rows at once, so the gates and the
 #: gate gradients get one cache line of padding per row where 4H values would be that long
-#: (lstmcy._core._gate_row_stride; docs/benchmarks.md, "Schedule rules").
+#: (gate_row_stride; docs/benchmarks.md, "Schedule rules").
 ALIASED_ROW_BYTES = 4096
 
 #: A forward layer of at least FUSED_INPUT_ROWS sequences whose w_ih takes at most
@@ -287,6 +291,18 @@ def packed_dx(I, H):
     return I >= PACKED_DX_FEATURES and H >= PACKED_DX_UNITS
 
 
+@functools.lru_cache(maxsize=256)
+def gate_row_stride(H, dtype):
+    """Elements between two rows of the gates (forward) or gate gradients (backward): 4H,
+    and one cache line more where 4H values are a multiple of ALIASED_ROW_BYTES long (rows
+    that far apart fall in the same few cache sets, and the packed products read or write
+    a block of rows at once)."""
+    itemsize = np.dtype(dtype).itemsize
+    if H > 0 and (4 * H * itemsize) % ALIASED_ROW_BYTES == 0:
+        return 4 * H + ALIGN // itemsize
+    return 4 * H
+
+
 class SchedulePolicy(NamedTuple):
     """How an :class:`~lstmcy.LSTMPlan` schedules its layer calls: the seam for tests and
     benchmarks that run other schedules (the default is lstmcy's own).
@@ -295,12 +311,15 @@ class SchedulePolicy(NamedTuple):
     H, D, n_threads, projected, small_gemms=...)`` return a call's :class:`ForwardSchedule` /
     :class:`BackwardSchedule` (as :func:`forward_schedule` and :func:`backward_schedule`
     do); ``cap_at_cpus``: they see the call's thread count capped at the process's CPUs
-    (threads beyond them cannot run the recurrence's groups at once), else as given.
+    (threads beyond them cannot run the recurrence's groups at once), else as given;
+    ``row_stride(H, dtype)``: the elements between two rows of the gates and their
+    gradients (:func:`gate_row_stride`).
     """
 
     forward: Callable = forward_schedule
     backward: Callable = backward_schedule
     cap_at_cpus: bool = True
+    row_stride: Callable = gate_row_stride
 
 
 #: lstmcy's own schedules.

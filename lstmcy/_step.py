@@ -3,10 +3,10 @@
 A step is the one-layer, one-direction, time-major call of one time step (``T = 1``, no
 projection): :class:`StepShape` holds what such calls derive from their sizes alone (the
 checked :class:`~lstmcy._validation.Problem` of the shape, its row maps, the layer-call
-keys of :class:`~lstmcy._core.LSTMPlan`), so that :func:`forward` and :func:`backward`
+keys of a :class:`~lstmcy.LSTMPlan`), so that :func:`forward` and :func:`backward`
 hand the kernels their arguments without rebuilding any of it. They run the kernels with
 the plan's layer setups, schedules and thread counts, so their results are bitwise those
-of :meth:`~lstmcy._core.LSTMPlan._run_forward` / ``_run_backward`` on the same arrays.
+of :func:`~lstmcy._engine.run_forward` / ``run_backward`` on the same arrays.
 
 Arrays are C-contiguous and of the shape's compute dtype (the callers check them): ``x``
 ``[B, I]``, ``h0`` and ``c0`` ``[B, H]``, ``w_ih [4H, I]``, ``w_hh [4H, H]``, ``bias
@@ -14,8 +14,9 @@ Arrays are C-contiguous and of the shape's compute dtype (the callers check them
 """
 import numpy as np
 
-from lstmcy._core import (_NO_PROJECTION, _no_cache, _one_call_at_a_time, saved_arrays,
-                          saved_size)
+from lstmcy._engine import blas_cap, one_call_at_a_time
+from lstmcy._layers import _NO_PROJECTION
+from lstmcy._saved import no_cache, saved_arrays, saved_size
 from lstmcy._validation import _NATIVE_FLOATS as _FLOATS
 from lstmcy._validation import _cached, check_problem, to_compute
 
@@ -68,14 +69,14 @@ def step_shape(B, I, H, dtype):
 
 def _kernel_run(plan, setup, p, args):
     """Run ``setup``'s layer call on the arrays ``args`` with the thread count
-    ``plan._call`` picks for it (one thread for small steps, as for any call)."""
+    ``plan._thread_choice`` picks for it (one thread for small steps, as for any call)."""
     def run(n_threads):
-        return plan._run_layer(setup, 0, p, n_threads, args)
-    with plan._blas_cap(p):
-        plan._call(setup.tuner_key, p.N, setup.step_flops, setup.flops, run)
+        return plan._setups.run(setup, 0, p, n_threads, args, plan.trace)
+    with blas_cap(p):
+        plan._thread_choice.run(setup.tuner_key, p.N, setup.step_flops, setup.flops, run)
 
 
-@_one_call_at_a_time
+@one_call_at_a_time
 def forward(plan, shape, x, h0, c0, w_ih, w_hh, bias, train):
     """One step forward on ``plan``'s buffers.
 
@@ -85,13 +86,13 @@ def forward(plan, shape, x, h0, c0, w_ih, w_hh, bias, train):
         The new states (``h`` is also the step's output).
     saved : ndarray or None
         When ``train``, the saved activations: the flat block of
-        :meth:`~lstmcy._core.LSTMPlan._run_forward` (``shape.saved_size`` elements).
+        :func:`~lstmcy._engine.run_forward` (``shape.saved_size`` elements).
     """
     p, B, H, dtype = shape.problem, shape.B, shape.H, shape.dtype
     key = shape.forward_keys[train]
     setup = plan._setups.get(key)
     if setup is None:
-        setup = plan._forward_setup(key, p, shape.I, True, train)
+        setup = plan._setups.forward(key, p, shape.I, True, train)
     # y, h_n and c_n in one request; the kernel updates c in place from c0.
     out = plan._results.empty((3, 1, B, H), dtype)
     y, h_n, c_n = out
@@ -100,7 +101,7 @@ def forward(plan, shape, x, h0, c0, w_ih, w_hh, bias, train):
         saved_block = plan._results.empty((shape.saved_size,), dtype)
         saved = tuple(saved_arrays(saved_block, p))
     else:
-        saved_block, saved = None, _no_cache(1, H, H, dtype)
+        saved_block, saved = None, no_cache(1, H, H, dtype)
     step_row, stride, packed, sizes, start = shape.rows
     args = ((x, step_row, stride), (y[0], step_row, stride),
             (w_ih[np.newaxis], w_hh[np.newaxis], bias[np.newaxis], shape.w_hr),
@@ -109,7 +110,7 @@ def forward(plan, shape, x, h0, c0, w_ih, w_hh, bias, train):
     return h_n[0], c_n[0], saved_block
 
 
-@_one_call_at_a_time
+@one_call_at_a_time
 def backward(plan, shape, x, h0, c0, w_ih, w_hh, saved_block, dh, dc, want_dx, want_dparams):
     """Gradients of one :func:`forward` step (its arguments and its ``saved`` block) from
     ``dh`` and ``dc`` (``[B, H]``, the gradients of ``h`` and ``c``; None for zeros).
@@ -126,7 +127,7 @@ def backward(plan, shape, x, h0, c0, w_ih, w_hh, saved_block, dh, dc, want_dx, w
     key = shape.backward_keys[want_dx, want_dparams]
     setup = plan._setups.get(key)
     if setup is None:
-        setup = plan._backward_setup(key, p, I, True, want_dx, want_dparams)
+        setup = plan._setups.backward(key, p, I, True, want_dx, want_dparams)
     # The kernel turns the gradients of h_n / c_n into those of h0 / c0 in place. h is
     # also the output y: its gradient goes in as dy, with a zero dh_n.
     states = plan._results.empty((2, 1, B, H), dtype)

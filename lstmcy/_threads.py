@@ -31,11 +31,12 @@ import os
 import threading
 from contextlib import nullcontext
 from numbers import Integral
+from time import perf_counter
 
 import threadpoolctl
 
 from lstmcy import _threadpool
-from lstmcy._schedule import FLOPS_PER_THREAD, threads_for_work
+from lstmcy._schedule import FLOPS_PER_THREAD, TUNED_STEP_FLOPS, threads_for_work
 
 _lock = threading.Lock()
 _active = 0
@@ -303,6 +304,44 @@ class ThreadTuner:
                 self.backoff = min(2 * self.backoff, self.MAX_BACKOFF)
             else:
                 self.backoff = 1
+
+
+class ThreadChoice:
+    """A plan's thread count per kernel call: the work rule (:func:`threads_for`), and
+    where a time step's work is small enough for the threads' synchronisation to matter,
+    the kind of call's :class:`ThreadTuner` (n threads or one).
+
+    Parameters
+    ----------
+    n_threads : int or None
+        The plan's setting (None: automatic, see :func:`is_automatic`).
+    """
+
+    def __init__(self, n_threads=None):
+        self.n_threads = n_threads
+        self.tuners = {}  # kind of kernel call and count -> its ThreadTuner (automatic only)
+
+    def run(self, key, rows, step_flops, flops, run):
+        """``run(n_threads)``, with the thread count for a call of ``flops`` work. When the
+        count is automatic and a time step's work (``step_flops``) is at most
+        ``TUNED_STEP_FLOPS``, this kind of call's tuner (``key``: everything but the
+        sequence length) may run it on one thread instead; it compares times per row
+        (``rows`` rows), so that calls of other lengths inform one another."""
+        n_threads = threads_for(flops, self.n_threads)
+        if (n_threads == 1 or rows == 0 or step_flops > TUNED_STEP_FLOPS
+                or not is_automatic(self.n_threads)):
+            return run(n_threads)
+        key = key + (n_threads,)
+        tuner = self.tuners.get(key)
+        if tuner is None:
+            if len(self.tuners) >= 64:  # many shapes: forget the old ones
+                self.tuners.clear()
+            tuner = self.tuners[key] = ThreadTuner(n_threads)
+        start = perf_counter()
+        n_threads = tuner.choose(start)
+        result = run(n_threads)
+        tuner.record(n_threads, start, (perf_counter() - start) / rows)
+        return result
 
 
 def is_automatic(n_threads=None):

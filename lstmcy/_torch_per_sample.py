@@ -24,6 +24,7 @@ import torch
 from lstmcy import _core
 from lstmcy import _engine as kernel_engine
 from lstmcy import _torch_engine as engine
+from lstmcy._schedule import gate_row_stride
 
 __all__ = ["backward"]
 
@@ -32,7 +33,7 @@ def _plan_rows(name, D, rows, width, stride, dtype):
     """The calling thread's plan buffer ``name`` as ``[D, rows, width]`` (rows ``stride``
     elements apart), as the last kernel call left it."""
     plan = _core._thread_plan()
-    buffer, offset = plan._buffers[name], plan._offsets[name]
+    buffer, offset = plan._buffers.current(name)
     itemsize = np.dtype(dtype).itemsize
     flat = buffer[offset:offset + D * rows * stride * itemsize].view(dtype)
     return torch.from_numpy(flat.reshape(D, rows, stride)[:, :, :width])
@@ -165,7 +166,7 @@ def backward(cfg, x, batch_sizes, h0, c0, weights, masks, saved, dy, dh, dc, wan
             (need_dx, True, want[2], False))
         # Read before the next layer's call reuses the buffers.
         N = layer_problem.N
-        dgates = _plan_rows("gates", D, N, 4 * H, _core._gate_row_stride(H, cdt), cdt)
+        dgates = _plan_rows("gates", D, N, 4 * H, gate_row_stride(H, cdt), cdt)
         dh_rows = _plan_rows("dh_rows", D, N, P, P, cdt) if problem.projected else None
         values_x = _padded(layer_x.to(dtype), problem)
         for d in range(D):

@@ -136,13 +136,13 @@ def test_shared_row_maps_are_read_only():
 def test_plan_workspace_views_follow_their_buffer():
     plan = LSTMPlan()
     f32 = np.dtype(np.float32)
-    small = plan._take("gates", (1, 4, 8), f32)
-    assert plan._take("gates", (1, 4, 8), f32) is small  # the same view again
-    large = plan._take("gates", (2, 40, 8), f32)  # grows the buffer
-    assert large.base is plan._buffers["gates"] and small.base is not large.base
-    again = plan._take("gates", (1, 4, 8), f32)
+    small = plan._buffers.take("gates", (1, 4, 8), f32)
+    assert plan._buffers.take("gates", (1, 4, 8), f32) is small  # the same view again
+    large = plan._buffers.take("gates", (2, 40, 8), f32)  # grows the buffer
+    assert large.base is plan._buffers.current("gates")[0] and small.base is not large.base
+    again = plan._buffers.take("gates", (1, 4, 8), f32)
     assert again.base is large.base and again.shape == (1, 4, 8) and again.flags.c_contiguous
-    assert plan._take("gates", (1, 4, 8), np.dtype(np.float64)).dtype == np.float64
+    assert plan._buffers.take("gates", (1, 4, 8), np.dtype(np.float64)).dtype == np.float64
 
 
 def test_layer_setups_are_reused_and_dropped_when_a_buffer_grows():
@@ -166,14 +166,14 @@ def test_layer_setups_are_reused_and_dropped_when_a_buffer_grows():
 
     first = run(plan, *small)
     run(plan, *small)  # the first backward grew buffers the first forward had views of
-    setups = dict(plan._setups)
+    setups = {setup.key: setup for setup in plan._setups.values()}
     assert {key[0] for key in setups} == {"forward", "backward"}
     run(plan, *small)
-    assert all(plan._setups[key] is setup for key, setup in setups.items())  # reused
+    assert all(plan._setups.get(key) is setup for key, setup in setups.items())  # reused
     run(plan, *large)
     assert not any(plan._setups.get(key) is setup for key, setup in setups.items())
     again = run(plan, *small)
-    current = [id(buffer) for buffer in plan._buffers.values()]
+    current = [id(buffer) for buffer in plan._buffers.arrays().values()]
     for setup in plan._setups.values():  # every kept view is of a current buffer
         assert all(id(view.base) in current for view in setup.workspaces)
     fresh = run(LSTMPlan(), *small)

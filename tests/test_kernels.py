@@ -514,21 +514,21 @@ def test_a_backward_without_dx_reserves_no_packed_input_weights():
 
 
 @pytest.mark.parametrize("dtype,H", [(np.float32, 256), (np.float64, 128)])
-def test_padded_gate_rows_change_no_bit(dtype, H, monkeypatch):
+def test_padded_gate_rows_change_no_bit(dtype, H):
     # 4H values a row are 4 KiB: the gates (forward) and gate gradients (backward) get a
-    # padded row stride (lstmcy._core._gate_row_stride), which every product reads or
+    # padded row stride (lstmcy._schedule.gate_row_stride), which every product reads or
     # writes; the results are bitwise those of unpadded rows, on one thread and several.
-    from lstmcy import _core
-    assert _core._gate_row_stride(H, np.dtype(dtype)) > 4 * H
-    assert _core._gate_row_stride(H + 1, np.dtype(dtype)) == 4 * (H + 1)
+    from lstmcy import _schedule
+    assert _schedule.gate_row_stride(H, np.dtype(dtype)) > 4 * H
+    assert _schedule.gate_row_stride(H + 1, np.dtype(dtype)) == 4 * (H + 1)
     T, B, I = 4, 5, 70
     rng = np.random.default_rng(6)
     x = rng.standard_normal((T, B, I)).astype(dtype)
     params = [(rng.standard_normal(shape) / np.sqrt(H)).astype(dtype) for _ in range(2)
               for shape in ((4 * H, I), (4 * H, H), (4 * H,), (4 * H,))]
 
-    def grads(n_threads):
-        plan = lstmcy.LSTMPlan(n_threads=n_threads)
+    def grads(n_threads, schedules=None):
+        plan = lstmcy.LSTMPlan(n_threads=n_threads, schedules=schedules)
         y, h_n, c_n, cache = plan.forward(x, None, params, bidirectional=True)
         dy = np.cos(np.arange(y.size)).reshape(y.shape).astype(dtype)
         dx, dh0, dc0, dparams = plan.backward(x, None, params, dy, h_n, c_n, *cache.saved(),
@@ -536,8 +536,7 @@ def test_padded_gate_rows_change_no_bit(dtype, H, monkeypatch):
         return [y, h_n, c_n, dx, dh0, dc0, *dparams]
 
     padded = {n: grads(n) for n in (1, 2, 3)}
-    monkeypatch.setattr(_core, "_gate_row_stride", lambda H, dtype: 4 * H)
-    plain = grads(1)
+    plain = grads(1, _schedule.SchedulePolicy(row_stride=lambda H, dtype: 4 * H))
     for n, got in padded.items():
         for k, (a, b) in enumerate(zip(got, plain)):
             assert a.tobytes() == b.tobytes(), f"output {k} on {n} threads"

@@ -194,9 +194,12 @@ def test_either_blas_rule_matches_the_reference_on_any_thread_count(name, small_
                                                                    monkeypatch, request):
     # lstmcy's own schedules under either answer about the BLAS: the same bits on 1, 2, 3
     # and 8 threads, and the reference's values.
-    from lstmcy import _core
-    monkeypatch.setattr(_core, "blas_small_gemms", lambda: small_gemms)
-    force_schedules(request)
+    def backward(T, B, I, H, D, n_threads, projected=False, small_gemms=False):
+        return _schedule.backward_schedule(T, B, I, H, D, n_threads, projected,
+                                           small_gemms=answer)
+
+    answer = small_gemms
+    force_schedules(request, backward=backward)
     check_thread_counts(calls[name], (2, 3, 8))
 
 

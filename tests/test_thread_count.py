@@ -216,12 +216,11 @@ def test_an_explicit_count_tells_the_pool_the_cpus():
     assert out.stdout.split() == ["1", "2"]
 
 
-def test_the_recurrence_is_split_for_at_most_the_cpus(monkeypatch):
+def test_the_recurrence_is_split_for_at_most_the_cpus(machine):
     # 8 threads on 2 CPUs run 8 threads, but the recurrence in 2 row groups: thinner groups
     # could not run at once and would only add work.
     import numpy as np
-    from lstmcy import _core
-    monkeypatch.setattr(_core, "_process_cpus", lambda: 2)
+    machine(2)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 64, 8)).astype(np.float32)
     params = [rng.standard_normal(s).astype(np.float32) for s in [(64, 8), (64, 16), (64,), (64,)]]

@@ -124,22 +124,23 @@ def test_plan_call_uses_the_tuner_only_when_automatic(monkeypatch):
     calls = []
     plan = lstmcy.LSTMPlan()
     monkeypatch.setattr(ThreadTuner, "choose", lambda self, now: 1)
-    plan._call(("k",), 10, 1e6, 1e8, recorder(calls))
-    assert calls == [1] and ("k", 4) in plan._tuners and plan._tuners["k", 4].n == 4
+    plan._thread_choice.run(("k",), 10, 1e6, 1e8, recorder(calls))
+    tuners = plan._thread_choice.tuners
+    assert calls == [1] and ("k", 4) in tuners and tuners["k", 4].n == 4
     # A call the work rule gives one thread is never moved to more.
-    plan._call(("k1",), 10, 1e6, 1e5, recorder(calls))
-    assert calls[-1] == 1 and not any(key[0] == "k1" for key in plan._tuners)
+    plan._thread_choice.run(("k1",), 10, 1e6, 1e5, recorder(calls))
+    assert calls[-1] == 1 and not any(key[0] == "k1" for key in plan._thread_choice.tuners)
     # An explicit count, per plan or global, is obeyed, more threads than CPUs included.
     plan2 = lstmcy.LSTMPlan(n_threads=7)
-    plan2._call(("k",), 10, 1e6, 1e8, recorder(calls))
-    assert calls[-1] == 7 and not plan2._tuners
+    plan2._thread_choice.run(("k",), 10, 1e6, 1e8, recorder(calls))
+    assert calls[-1] == 7 and not plan2._thread_choice.tuners
     # A call with much work per step keeps its threads.
-    plan._call(("big",), 10, 1e9, 1e10, recorder(calls))
-    assert calls[-1] == 4 and not any(key[0] == "big" for key in plan._tuners)
+    plan._thread_choice.run(("big",), 10, 1e9, 1e10, recorder(calls))
+    assert calls[-1] == 4 and not any(key[0] == "big" for key in plan._thread_choice.tuners)
     monkeypatch.setattr(_threads, "_num_threads", 3)
     plan3 = lstmcy.LSTMPlan()
-    plan3._call(("k",), 10, 1e6, 1e8, recorder(calls))
-    assert calls[-1] == 3 and not plan3._tuners
+    plan3._thread_choice.run(("k",), 10, 1e6, 1e8, recorder(calls))
+    assert calls[-1] == 3 and not plan3._thread_choice.tuners
 
 
 def test_plan_keeps_a_bounded_number_of_tuners(monkeypatch):
@@ -147,8 +148,8 @@ def test_plan_keeps_a_bounded_number_of_tuners(monkeypatch):
     monkeypatch.setattr(_threads, "available_cpus", lambda: 2)
     plan = lstmcy.LSTMPlan()
     for k in range(200):
-        plan._call(("shape", k), 10, 1e6, 1e8, lambda n: None)
-    assert 0 < len(plan._tuners) <= 64
+        plan._thread_choice.run(("shape", k), 10, 1e6, 1e8, lambda n: None)
+    assert 0 < len(plan._thread_choice.tuners) <= 64
 
 
 @pytest.mark.parametrize("choice", [1, 2])
@@ -171,7 +172,7 @@ def test_results_do_not_depend_on_the_tuners_choice(monkeypatch, choice):
         y, h_n, c_n, cache = plan.forward(x, None, params)
         grads = plan.backward(x, None, params, dy, None, None, *cache.saved())
         if n_threads_fixed is None:
-            assert plan._tuners, "the tuner was not consulted"
+            assert plan._thread_choice.tuners, "the tuner was not consulted"
         return [y, h_n, c_n, *[a for arrays in cache.saved() for a in arrays], grads[0],
                 *grads[3]]
 

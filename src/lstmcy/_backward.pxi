@@ -65,11 +65,17 @@ cdef inline void _chunk_rows(const BackwardCall *bc, Py_ssize_t d, Py_ssize_t c,
     r1[0] = bc.steps.start[t_hi[0] - 1] + bc.steps.sizes[t_hi[0] - 1]
 
 
+cdef inline void _dx_piece_steps(const BackwardCall *bc, Py_ssize_t q, Py_ssize_t *t_lo,
+                                 Py_ssize_t *t_hi) noexcept nogil:
+    """Time steps [t_lo, t_hi) of dx piece q (the shape's alone: no batch layout read)."""
+    t_lo[0] = q * bc.dx_steps
+    t_hi[0] = t_lo[0] + bc.dx_steps if t_lo[0] + bc.dx_steps < bc.steps.T else bc.steps.T
+
+
 cdef inline void _dx_piece_rows(const BackwardCall *bc, Py_ssize_t q, Py_ssize_t *t_lo,
                                 Py_ssize_t *t_hi, Py_ssize_t *r0, Py_ssize_t *r1) noexcept nogil:
     """Time steps [t_lo, t_hi) and packed rows [r0, r1) of dx piece q."""
-    t_lo[0] = q * bc.dx_steps
-    t_hi[0] = t_lo[0] + bc.dx_steps if t_lo[0] + bc.dx_steps < bc.steps.T else bc.steps.T
+    _dx_piece_steps(bc, q, t_lo, t_hi)
     r0[0] = bc.steps.start[t_lo[0]]
     r1[0] = bc.steps.start[t_hi[0] - 1] + bc.steps.sizes[t_hi[0] - 1]
 
@@ -465,8 +471,8 @@ cdef inline bint _steps_done(const BackwardCall *bc, Py_ssize_t d, Py_ssize_t st
 
 cdef inline Py_ssize_t _dx_steps_needed(const BackwardCall *bc, Py_ssize_t d, Py_ssize_t q) noexcept nogil:
     """Steps direction d must have done before dx piece q can run."""
-    cdef Py_ssize_t t_lo, t_hi, r0, r1
-    _dx_piece_rows(bc, q, &t_lo, &t_hi, &r0, &r1)
+    cdef Py_ssize_t t_lo, t_hi
+    _dx_piece_steps(bc, q, &t_lo, &t_hi)
     return bc.steps.T - t_lo if d == 0 else t_hi
 
 

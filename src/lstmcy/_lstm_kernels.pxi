@@ -183,7 +183,8 @@ cdef Trace _trace_of(object trace, int *count) except *:
 
 cdef void _order_dx_pieces(BackwardCall *bc, int *order) noexcept:
     """The dx pieces sorted by the steps the recurrences must do before each can run (one
-    direction: the last steps first; two: the middle ones), ties by index."""
+    direction: the last steps first; two: the middle ones), ties by index. A function of
+    the call's sizes and schedule only (set up before any batch layout is bound)."""
     cdef Py_ssize_t n = bc.n_dx_pieces
     cdef Py_ssize_t q, j, d, need, other
     cdef int piece

@@ -1,4 +1,4 @@
-"""Result arrays come from a pool that reuses a buffer once every array made from it is gone:
+"""Result arrays come from a ResultMemory that reuses a buffer once every array made from it is gone:
 a result the caller still holds (or any view of it) must never be overwritten."""
 import gc
 import sys
@@ -7,22 +7,22 @@ import numpy as np
 import pytest
 
 import lstmcy
-from lstmcy import _pool
-from lstmcy._pool import ResultPool
+from lstmcy import _results
+from lstmcy._results import ResultMemory
 
 
-def _big(pool, value=0.0, shape=(256, 128)):  # 128 KiB of float32: pooled
-    array = pool.empty(shape, np.float32)
+def _big(memory, value=0.0, shape=(256, 128)):  # 128 KiB of float32: reused
+    array = memory.empty(shape, np.float32)
     array.fill(value)
     return array
 
 
 def test_a_dropped_buffer_is_reused():
-    pool = ResultPool()
-    address = _big(pool).ctypes.data  # the array is dropped at once
-    again = _big(pool)
+    memory = ResultMemory()
+    address = _big(memory).ctypes.data  # the array is dropped at once
+    again = _big(memory)
     assert again.ctypes.data == address
-    assert len(pool._buffers) == 1
+    assert len(memory._buffers) == 1
 
 
 @pytest.mark.parametrize("make_view", [
@@ -31,89 +31,89 @@ def test_a_dropped_buffer_is_reused():
     lambda a: np.asarray(a), lambda a: [a[0]],  # a row view inside a container
 ])
 def test_a_buffer_with_any_live_view_is_not_reused(make_view):
-    pool = ResultPool()
-    first = _big(pool, 1.0)
+    memory = ResultMemory()
+    first = _big(memory, 1.0)
     kept = make_view(first)
     del first
-    second = _big(pool, 2.0)  # must not land in the buffer `kept` still sees
+    second = _big(memory, 2.0)  # must not land in the buffer `kept` still sees
     seen = np.asarray(kept[0] if isinstance(kept, list) else kept)
     values = seen.view(np.float32) if seen.dtype == np.int32 else seen
     assert values.dtype == np.float32 and np.all(values == 1.0)
-    assert len(pool._buffers) == 2
+    assert len(memory._buffers) == 2
     del kept, seen, values
     gc.collect()
-    third = _big(pool, 3.0)
-    assert len(pool._buffers) == 2  # the first buffer is free again and serves `third`
+    third = _big(memory, 3.0)
+    assert len(memory._buffers) == 2  # the first buffer is free again and serves `third`
     assert np.all(second == 2.0) and np.all(third == 3.0)
 
 
 def test_the_free_refcount_matches_this_interpreter():
-    pool = ResultPool()
-    array = _big(pool)
+    memory = ResultMemory()
+    array = _big(memory)
     # Counted outside the asserts: pytest's assertion rewriting keeps operands alive.
-    in_use = sys.getrefcount(pool._buffers[0])
+    in_use = sys.getrefcount(memory._buffers[0])
     del array
-    free = sys.getrefcount(pool._buffers[0])
-    assert (in_use, free) == (_pool._FREE_REFCOUNT + 1, _pool._FREE_REFCOUNT)  # + array.base
+    free = sys.getrefcount(memory._buffers[0])
+    assert (in_use, free) == (_results._FREE_REFCOUNT + 1, _results._FREE_REFCOUNT)  # + array.base
 
 
 def test_small_requests_and_zeros():
-    pool = ResultPool()
-    small = pool.empty((3, 4), np.float64)
-    assert small.shape == (3, 4) and small.flags.c_contiguous and pool._buffers == []  # not pooled
-    zeros = pool.zeros((300, 300), np.float64)
+    memory = ResultMemory()
+    small = memory.empty((3, 4), np.float64)
+    assert small.shape == (3, 4) and small.flags.c_contiguous and memory._buffers == []  # not pooled
+    zeros = memory.zeros((300, 300), np.float64)
     assert zeros.shape == (300, 300) and zeros.flags.c_contiguous and not zeros.any()
 
 
 @pytest.mark.parametrize("shape", [(300, 301), (2, 3, 5000), (128, 129)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_pooled_arrays_start_on_a_cache_line(shape, dtype):
+def test_reused_arrays_start_on_a_cache_line(shape, dtype):
     # Also a pooled buffer served again, and a buffer serving a smaller request.
-    pool = ResultPool()
+    memory = ResultMemory()
     for request in (shape, shape, shape[:-1] + (shape[-1] - 1,)):
-        array = pool.empty(request, dtype)
+        array = memory.empty(request, dtype)
         assert array.shape == request and array.dtype == dtype and array.flags.c_contiguous
-        assert array.ctypes.data % _pool.ALIGN == 0
+        assert array.ctypes.data % _results.ALIGN == 0
         array[...] = 1  # the whole view is writable memory of the buffer
         del array
-    assert len(pool._buffers) == 1
+    assert len(memory._buffers) == 1
 
 
 @pytest.mark.parametrize("shape", [(3, 5), (1,), (16, 64), (0, 7)])
 def test_aligned_empty(shape):
     for _ in range(5):
-        array = _pool.aligned_empty(shape, np.float32)
+        array = _results.aligned_empty(shape, np.float32)
         assert array.shape == shape and array.flags.c_contiguous and array.flags.writeable
-        assert array.size == 0 or array.ctypes.data % _pool.ALIGN == 0
+        assert array.size == 0 or array.ctypes.data % _results.ALIGN == 0
 
 
 def test_aligned_empty_uses_the_given_buffer():
-    buffer = np.empty(10 * 8 + _pool.ALIGN - 1, np.uint8)
-    array = _pool.aligned_empty((2, 5), np.float64, buffer)
-    assert array.base is buffer and array.ctypes.data % _pool.ALIGN == 0
+    buffer = np.empty(10 * 8 + _results.ALIGN - 1, np.uint8)
+    array = _results.aligned_empty((2, 5), np.float64, buffer)
+    assert array.base is buffer and array.ctypes.data % _results.ALIGN == 0
     with pytest.raises(ValueError):  # a buffer too small for the shape after aligning
-        _pool.aligned_empty((2, 5), np.float64, np.empty(8, np.uint8))
+        _results.aligned_empty((2, 5), np.float64, np.empty(8, np.uint8))
 
 
 def test_free_buffers_beyond_the_cap_are_dropped():
-    pool = ResultPool()
-    held = [_big(pool) for _ in range(_pool._MAX_BUFFERS + 5)]
-    assert len(pool._buffers) == _pool._MAX_BUFFERS + 5  # all in use: none dropped
+    memory = ResultMemory()
+    held = [_big(memory) for _ in range(_results._MAX_BUFFERS + 5)]
+    assert len(memory._buffers) == _results._MAX_BUFFERS + 5  # all in use: none dropped
     del held
-    _big(pool, shape=(512, 512))  # a new size: appended, then free ones trimmed
-    assert len(pool._buffers) <= _pool._MAX_BUFFERS
+    _big(memory, shape=(512, 512))  # a new size: appended, then free ones trimmed
+    assert len(memory._buffers) <= _results._MAX_BUFFERS
 
 
 def test_memory_once_held_by_dropped_results_goes_back():
-    pool = ResultPool()
-    held = [_big(pool, shape=(1024, 256)) for _ in range(60)]  # 60 MiB in use
-    assert pool.nbytes == 60 * (2**20 + _pool.ALIGN - 1)  # each with room to align
+    memory = ResultMemory()
+    held = [_big(memory, shape=(1024, 256)) for _ in range(60)]  # 60 MiB in use
+    assert memory.nbytes == 60 * (2**20 + _results.ALIGN - 1)  # each with room to align
     del held
-    _big(pool, shape=(1024, 256))  # reuses one; the rest stays while 60 MiB is recent use
-    assert pool.nbytes == 60 * (2**20 + _pool.ALIGN - 1)
-    for _ in range(_pool._USE_WINDOW):  # the big use leaves the window: the rest goes back
-        _big(pool, shape=(1024, 256))
-    assert pool.nbytes <= 2**20 + _pool._MAX_FREE_EXTRA_BYTES + 2**20
+    _big(memory, shape=(1024, 256))  # reuses one; the rest stays while 60 MiB is recent use
+    assert memory.nbytes == 60 * (2**20 + _results.ALIGN - 1)
+    for _ in range(_results._USE_WINDOW):  # the big use leaves the window: the rest goes back
+        _big(memory, shape=(1024, 256))
+    assert memory.nbytes <= 2**20 + _results._MAX_FREE_EXTRA_BYTES + 2**20
 
 
 def test_a_training_loop_larger_than_the_free_allowance_reuses_its_buffers(monkeypatch):
@@ -123,34 +123,34 @@ def test_a_training_loop_larger_than_the_free_allowance_reuses_its_buffers(monke
     afresh every step)."""
     import weakref
 
-    monkeypatch.setattr(_pool, "_MAX_FREE_EXTRA_BYTES", 2 * 2**20)
-    pool = ResultPool()
+    monkeypatch.setattr(_results, "_MAX_FREE_EXTRA_BYTES", 2 * 2**20)
+    memory = ResultMemory()
 
     def step():  # a forward's results (3 MiB) kept for the backward's (3 MiB), then dropped
-        forward = [_big(pool, shape=(1024, 256)) for _ in range(3)]
-        backward = [_big(pool, shape=(1024, 256)) for _ in range(3)]
+        forward = [_big(memory, shape=(1024, 256)) for _ in range(3)]
+        backward = [_big(memory, shape=(1024, 256)) for _ in range(3)]
         return [weakref.ref(a.base) for a in forward + backward]
 
     first = step()
     trims = []
-    trim = pool._trim
-    monkeypatch.setattr(pool, "_trim", lambda: trims.append(1) or trim())
+    trim = memory._trim
+    monkeypatch.setattr(memory, "_trim", lambda: trims.append(1) or trim())
     for _ in range(20):
         now = step()
         assert all(ref() is not None for ref in first), "a buffer was dropped between steps"
         assert {id(ref()) for ref in now} == {id(ref()) for ref in first}
-    assert pool.nbytes == 6 * (2**20 + _pool.ALIGN - 1)
+    assert memory.nbytes == 6 * (2**20 + _results.ALIGN - 1)
     # Nothing to drop, so no trim pass either (each is a pass over every buffer).
     assert trims == []
 
 
 def test_a_buffer_is_not_much_larger_than_the_array_it_serves():
-    pool = ResultPool()
-    big = _big(pool, shape=(1024, 256))
+    memory = ResultMemory()
+    big = _big(memory, shape=(1024, 256))
     address = big.ctypes.data
     del big
-    small = _big(pool, shape=(512, 256))  # half the size: a new buffer, not the 1 MiB one
-    assert small.ctypes.data != address and small.base.nbytes == small.nbytes + _pool.ALIGN - 1
+    small = _big(memory, shape=(512, 256))  # half the size: a new buffer, not the 1 MiB one
+    assert small.ctypes.data != address and small.base.nbytes == small.nbytes + _results.ALIGN - 1
 
 
 def _problem(rng, T=30, B=40, I=24, H=48):
@@ -192,6 +192,6 @@ def test_plan_workspaces_start_on_a_cache_line():
     plan = lstmcy.LSTMPlan()
     for name, shape, dtype in [("gates", (3, 5, 7), np.float32), ("h_other", (16, 64), np.float32),
                                ("gates", (2, 9), np.float64), ("z", (1, 3), np.float64)]:
-        view = plan._take(name, shape, np.dtype(dtype))
+        view = plan._buffers.take(name, shape, np.dtype(dtype))
         assert view.shape == shape and view.dtype == dtype and view.flags.c_contiguous
-        assert view.ctypes.data % _pool.ALIGN == 0
+        assert view.ctypes.data % _results.ALIGN == 0

@@ -6,9 +6,9 @@ serves such sizes with ``mmap`` or returns them to the system on ``free``, so a 
 loop page-faults through its whole working set on every call, which measured up to half
 of a small forward's time (50x32x128: 3.1 ms with warm memory, 5-8 ms with page faults).
 
-:class:`ResultPool` keeps the buffers it handed out. A buffer is free again when no array
+:class:`ResultMemory` keeps the buffers it handed out. A buffer is free again when no array
 made from it is alive: every view numpy makes of it references it as ``base``, so its
-reference count says so exactly. The caller sees ordinary arrays (views of a pool buffer,
+reference count says so exactly. The caller sees ordinary arrays (views of one of its buffers,
 ``base`` set), which stay valid for as long as they are referenced.
 """
 import math
@@ -21,17 +21,17 @@ import numpy as np
 
 # Below this, malloc keeps the memory in its heap anyway (its mmap threshold is 128 KiB).
 _MIN_BYTES = 64 * 1024
-# Buffers kept per pool; beyond this, free buffers are dropped oldest first.
+# Buffers kept per ResultMemory; beyond this, free buffers are dropped oldest first.
 _MAX_BUFFERS = 64
 # Free buffers kept beyond the bytes in use: a training loop finds last call's results
 # free again, but memory that once held many results the caller has since dropped goes back
 # (once its use has left the window below).
 _MAX_FREE_EXTRA_BYTES = 32 * 2**20
-# "In use" is the most the caller held at any of the last this many requests (of pooled
+# "In use" is the most the caller held at any of the last this many requests (of reused
 # sizes): between two training steps everything is free for a moment, and trimming to what
 # is held then made a loop whose results pass 32 MB map them afresh every step
 # (ptb-medium in float64: 85 MB a step). A few steps of an LSTM loop make this many
-# requests. The price: when the shapes change every call, the pool may keep up to about
+# requests. The price: when the shapes change every call, a ResultMemory may keep up to about
 # twice the window's peak plus 32 MB, part of it in buffers of sizes no request fits
 # (a review's simulation: random sequence lengths, 12 results of 4-20 MB a step, peak
 # 281 -> 481 MB, 130 -> 89 MB a step mapped afresh); release_workspaces() gives it back.
@@ -39,7 +39,7 @@ _USE_WINDOW = 64
 # A free buffer serves a request of at least this share of its size (an array never keeps
 # much more memory alive than it covers).
 _MIN_FILL = 0.75
-# Without the GIL, reference counts read from another thread are not exact: no pooling.
+# Without the GIL, reference counts read from another thread are not exact: no reuse.
 _ENABLED = not sysconfig.get_config_var("Py_GIL_DISABLED")
 # Every array handed out starts on a cache line. numpy's allocations are 16-byte aligned,
 # and when two threads write the two halves of a row (the split forward by units) or
@@ -69,8 +69,8 @@ def aligned_empty(shape, dtype, buffer=None, offset=None):
 
 
 def _free_refcount():
-    """``sys.getrefcount`` of a buffer held only by the pool's list, measured the way
-    ``ResultPool`` reads it, ``getrefcount(buffers[index])`` (interpreters differ in the
+    """``sys.getrefcount`` of a buffer held only by the list of a ResultMemory, measured the way
+    ``ResultMemory`` reads it, ``getrefcount(buffers[index])`` (interpreters differ in the
     references the call itself adds).
     Any array made from a buffer holds one more reference (its ``base``)."""
     probe = [np.empty(1, np.uint8)]
@@ -80,7 +80,7 @@ def _free_refcount():
 _FREE_REFCOUNT = _free_refcount()
 
 
-class ResultPool:
+class ResultMemory:
     """Hands out result arrays backed by reusable buffers (see the module docstring)."""
 
     def __init__(self):
@@ -89,7 +89,7 @@ class ResultPool:
 
     @property
     def nbytes(self):
-        """Bytes held by the pool, in use or free."""
+        """Bytes held, in use or free."""
         return self._total
 
     def empty(self, shape, dtype):
@@ -97,7 +97,7 @@ class ResultPool:
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < _MIN_BYTES or not _ENABLED:
-            # Not pooled, and not aligned either: aligning costs microseconds, and small
+            # Not reused, and not aligned either: aligning costs microseconds, and small
             # results are the frequent ones. A kernel that needs a small array aligned
             # asks aligned_empty for it.
             return np.empty(shape, dtype)
