@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from lstmcy import _step, _threadpool
-from lstmcy import _torch_engine as engine
 from lstmcy import _torch_ops
 from lstmcy import _torch_reference as reference
+from lstmcy._config import config_of
 from lstmcy._core import _thread_plan
 from lstmcy._validation import to_compute
 
@@ -92,18 +92,19 @@ def _differentiable_backward(ctx, x, h0, c0, w_ih, w_hh, b_ih, b_hh, saved, dh, 
     ``torch.func``), or the reference for the legacy vmap."""
     needs = ctx.needs_input_grad
     weights = [w_ih, w_hh] if b_ih is None else [w_ih, w_hh, b_ih, b_hh]
-    cfg = engine.Config(ctx.shape.H, 1, False, b_ih is not None, False, 0)
+    cfg = config_of(None, has_bias=b_ih is not None)  # one layer, one direction
     x3, h3, c3 = x.unsqueeze(0), h0.unsqueeze(0), c0.unsqueeze(0)
     # h1 is both the step's output y and h_n: its gradient goes in as dy.
     dy = None if dh is None else dh.unsqueeze(0)
     dc3 = None if dc is None else dc.unsqueeze(0)
     output_mask = [needs[2], needs[3], needs[4], any(needs[5:])]
     if _lstm_module()._legacy_batched(dh, dc):
-        dx, dh0, dc0, dweights = reference.gradients(cfg, x3, None, h3, c3, weights, (), dy,
-                                                     None, dc3)
+        dx, dh0, dc0, dweights = reference.gradients(cfg, ctx.shape.H, x3, None, h3, c3,
+                                                     weights, (), dy, None, dc3)
     else:
         dx, dh0, dc0, dweights = _torch_ops.lstm_backward(
-            x3, None, h3, c3, weights, [], saved, dy, None, dc3, *cfg, output_mask)
+            x3, None, h3, c3, weights, [], saved, dy, None, dc3,
+            *_torch_ops.layout_arguments(cfg, ctx.shape.H), output_mask)
     grads = (None if dx is None or not needs[2] else dx[0],
              None if dh0 is None or not needs[3] else dh0[0],
              None if dc0 is None or not needs[4] else dc0[0])

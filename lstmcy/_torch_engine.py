@@ -8,6 +8,14 @@ module's eager autograd ``Function`` and the registered custom operators
 (:mod:`lstmcy._torch_ops`) call only these two functions, so the engine behind them can
 change in one place.
 
+A call's settings are an :class:`lstmcy.LSTMConfig` (``cfg``), the numpy API's, of which
+the engine reads the layout: ``num_layers``, ``bidirectional``, ``batch_first`` (padded
+input only; packed input is time-ordered rows), ``has_bias`` and ``proj_size``. Dropout
+comes as masks drawn from torch's generator, and whether to keep the activations as
+``train``, so ``cfg.dropout`` and ``cfg.train`` are not read. The hidden size comes beside
+it, as ``hidden_size``: the module has checked the states against it, and the weights are
+checked against it here.
+
 The module has checked every tensor as ``torch.nn.LSTM`` does, so padded input skips
 lstmcy's argument checks (:func:`~lstmcy._validation.trusted_problem`); packed input
 goes through :func:`~lstmcy._validation.check_problem`, which also checks the
@@ -17,7 +25,6 @@ import contextlib
 import ctypes
 import functools
 import sys
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -25,22 +32,7 @@ import torch
 from lstmcy import _engine, _threadpool
 from lstmcy._engine import SAVED_NAMES, check_problem, trusted_problem
 
-__all__ = ["Config", "forward", "backward", "problem_for", "saved_parts", "saved_numel"]
-
-
-class Config(NamedTuple):
-    """The static layout of one call, shared by the forward and the backward."""
-
-    hidden_size: int
-    num_layers: int
-    bidirectional: bool
-    has_bias: bool
-    batch_first: bool   # padded input only; packed input is time-ordered rows
-    proj_size: int = 0
-
-    @property
-    def num_directions(self):
-        return 2 if self.bidirectional else 1
+__all__ = ["forward", "backward", "problem_for", "saved_parts", "saved_numel"]
 
 
 def _torch_libgomp():
@@ -98,13 +90,13 @@ def _np(tensor):
     return None if tensor is None else tensor.detach().resolve_neg().resolve_conj().numpy()
 
 
-def problem_for(input, batch_sizes, h0, c0, weights, cfg):
+def problem_for(input, batch_sizes, h0, c0, weights, cfg, hidden_size):
     """The checked :class:`~lstmcy._validation.Problem` of one call (numpy views of the
     tensors; the backward of a call rebuilds the forward's from the same tensors)."""
     x = _np(input)
     params = [_np(w) for w in weights]
     if batch_sizes is None:
-        return trusted_problem(x, _np(h0), _np(c0), params, hidden_size=cfg.hidden_size,
+        return trusted_problem(x, _np(h0), _np(c0), params, hidden_size=hidden_size,
                                has_bias=cfg.has_bias, num_layers=cfg.num_layers,
                                bidirectional=cfg.bidirectional, batch_first=cfg.batch_first,
                                proj_size=cfg.proj_size)
@@ -147,7 +139,7 @@ def _packed_rows(problem):
     return steps * problem.B + within
 
 
-def forward(input, batch_sizes, h0, c0, weights, masks, cfg, train):
+def forward(input, batch_sizes, h0, c0, weights, masks, cfg, hidden_size, train):
     """Run the LSTM.
 
     Parameters
@@ -163,7 +155,10 @@ def forward(input, batch_sizes, h0, c0, weights, masks, cfg, train):
         ``nn.LSTM._flat_weights``.
     masks : sequence of Tensor or None
         ``L - 1`` dropout multipliers in ``aten::lstm``'s layer-output layout.
-    cfg : Config
+    cfg : LSTMConfig
+        The call's settings (the layout is read; see the module docstring).
+    hidden_size : int
+        H.
     train : bool
         Keep what the backward needs.
 
@@ -176,7 +171,7 @@ def forward(input, batch_sizes, h0, c0, weights, masks, cfg, train):
     problem : Problem
         The checked call, which :func:`backward` may reuse.
     """
-    problem = problem_for(input, batch_sizes, h0, c0, weights, cfg)
+    problem = problem_for(input, batch_sizes, h0, c0, weights, cfg, hidden_size)
     if problem.T == 0:
         # As aten::lstm (lstmcy's numpy API accepts T = 0).
         raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
@@ -240,21 +235,21 @@ def backward(problem, saved, masks, grad_y, grad_h_n, grad_c_n, output_mask):
             None if dparams is None else [torch.from_numpy(g) for g in dparams])
 
 
-def saved_parts(saved, cfg, T, B):
+def saved_parts(saved, cfg, hidden_size, T, B):
     """The seven activations of a saved block (:func:`forward`'s, of a call with ``T``
     steps and ``B`` sequences) as ``[L*D, T, B, F]`` views, in ``SAVED_NAMES`` order (F is
     the hidden size, for h the output size)."""
     rows = cfg.num_layers * cfg.num_directions * T * B
     parts, start = [], 0
     for name in SAVED_NAMES:
-        width = (cfg.proj_size or cfg.hidden_size) if name == "h" else cfg.hidden_size
+        width = (cfg.proj_size or hidden_size) if name == "h" else hidden_size
         parts.append(saved[start:start + rows * width].view(
             cfg.num_layers * cfg.num_directions, T, B, width))
         start += rows * width
     return parts
 
 
-def saved_numel(cfg, T, B):
+def saved_numel(cfg, hidden_size, T, B):
     """Elements of :func:`forward`'s saved block for ``T`` steps and ``B`` sequences."""
-    H = cfg.hidden_size
+    H = hidden_size
     return cfg.num_layers * cfg.num_directions * T * B * (6 * H + (cfg.proj_size or H))

@@ -22,11 +22,12 @@ from lstmcy._torch_reference import second_derivatives
 __all__ = ["lstm"]
 
 
-def lstm(cfg, input, batch_sizes, h0, c0, weights, masks):
-    """``(y, h_n, c_n)`` of the LSTM, differentiable under ``torch.func`` transforms."""
+def lstm(cfg, hidden_size, input, batch_sizes, h0, c0, weights, masks):
+    """``(y, h_n, c_n)`` of the LSTM of settings ``cfg`` (an :class:`lstmcy.LSTMConfig`) and
+    ``hidden_size``, differentiable under ``torch.func`` transforms."""
     masks = list(masks or ())
-    y, h_n, c_n, _ = _Forward.apply(cfg, len(masks), input, batch_sizes, h0, c0, *masks,
-                                    *weights)
+    y, h_n, c_n, _ = _Forward.apply(cfg, hidden_size, len(masks), input, batch_sizes, h0, c0,
+                                    *masks, *weights)
     return y, h_n, c_n
 
 
@@ -34,15 +35,15 @@ class _Forward(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(cfg, num_masks, input, batch_sizes, h0, c0, *masks_and_weights):
+    def forward(cfg, hidden_size, num_masks, input, batch_sizes, h0, c0, *masks_and_weights):
         masks, weights = masks_and_weights[:num_masks], masks_and_weights[num_masks:]
         return _torch_ops.lstm_forward(input, batch_sizes, h0, c0, list(weights), list(masks),
-                                       *cfg, True)
+                                       *_torch_ops.layout_arguments(cfg, hidden_size), True)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        cfg, num_masks, input, batch_sizes, h0, c0, *masks_and_weights = inputs
-        ctx.cfg = cfg
+        cfg, hidden_size, num_masks, input, batch_sizes, h0, c0, *masks_and_weights = inputs
+        ctx.cfg, ctx.hidden_size = cfg, hidden_size
         ctx.num_masks = num_masks
         ctx.save_for_backward(input, batch_sizes, h0, c0, output[3], *masks_and_weights)
         ctx.mark_non_differentiable(output[3])
@@ -51,19 +52,21 @@ class _Forward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y, grad_h_n, grad_c_n, _grad_saved):
         input, batch_sizes, h0, c0, saved, *masks_and_weights = ctx.saved_tensors
-        needs = ctx.needs_input_grad  # (cfg, num_masks, input, batch_sizes, h0, c0, *m, *w)
-        weight_needs = needs[6 + ctx.num_masks:]
-        output_mask = (needs[2], h0 is not None and needs[4], c0 is not None and needs[5],
+        # (cfg, hidden_size, num_masks, input, batch_sizes, h0, c0, *masks, *weights)
+        needs = ctx.needs_input_grad
+        weight_needs = needs[7 + ctx.num_masks:]
+        output_mask = (needs[3], h0 is not None and needs[5], c0 is not None and needs[6],
                        any(weight_needs))
         nothing = (None,) * len(needs)
         if not any(output_mask):
             return nothing
-        grads = _Backward.apply(ctx.cfg, ctx.num_masks, output_mask, input, batch_sizes, h0, c0,
-                                saved, grad_y, grad_h_n, grad_c_n, *masks_and_weights)
+        grads = _Backward.apply(ctx.cfg, ctx.hidden_size, ctx.num_masks, output_mask, input,
+                                batch_sizes, h0, c0, saved, grad_y, grad_h_n, grad_c_n,
+                                *masks_and_weights)
         dx, dh0, dc0, *dweights = grads
         if not output_mask[3]:
             dweights = [None] * len(weight_needs)
-        return (None, None, dx if output_mask[0] else None, None,
+        return (None, None, None, dx if output_mask[0] else None, None,
                 dh0 if output_mask[1] else None, dc0 if output_mask[2] else None,
                 *([None] * ctx.num_masks), *dweights)
 
@@ -72,19 +75,20 @@ class _Backward(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(cfg, num_masks, output_mask, input, batch_sizes, h0, c0, saved, grad_y,
-                grad_h_n, grad_c_n, *masks_and_weights):
+    def forward(cfg, hidden_size, num_masks, output_mask, input, batch_sizes, h0, c0, saved,
+                grad_y, grad_h_n, grad_c_n, *masks_and_weights):
         masks, weights = masks_and_weights[:num_masks], masks_and_weights[num_masks:]
         dx, dh0, dc0, dweights = _torch_ops.lstm_backward(
             input, batch_sizes, h0, c0, list(weights), list(masks), saved, grad_y, grad_h_n,
-            grad_c_n, *cfg, list(output_mask))
+            grad_c_n, *_torch_ops.layout_arguments(cfg, hidden_size), list(output_mask))
         return (dx, dh0, dc0, *dweights)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        (cfg, num_masks, output_mask, input, batch_sizes, h0, c0, saved, grad_y, grad_h_n,
-         grad_c_n, *masks_and_weights) = inputs
-        ctx.cfg, ctx.num_masks, ctx.output_mask = cfg, num_masks, output_mask
+        (cfg, hidden_size, num_masks, output_mask, input, batch_sizes, h0, c0, saved, grad_y,
+         grad_h_n, grad_c_n, *masks_and_weights) = inputs
+        ctx.cfg, ctx.hidden_size = cfg, hidden_size
+        ctx.num_masks, ctx.output_mask = num_masks, output_mask
         ctx.save_for_backward(input, batch_sizes, h0, c0, grad_y, grad_h_n, grad_c_n,
                               *masks_and_weights)
         ctx.set_materialize_grads(False)
@@ -96,7 +100,7 @@ class _Backward(torch.autograd.Function):
         if not ctx.output_mask[3]:
             grad_dweights = [None] * len(weights)
         d_input, d_h0, d_c0, d_weights, d_y, d_h_n, d_c_n = second_derivatives(
-            ctx.cfg, ctx.output_mask, input, batch_sizes, h0, c0, weights, masks, grad_y,
-            grad_h_n, grad_c_n, [grad_dx, grad_dh0, grad_dc0, *grad_dweights])
-        return (None, None, None, d_input, None, d_h0, d_c0, None, d_y, d_h_n, d_c_n,
+            ctx.cfg, ctx.hidden_size, ctx.output_mask, input, batch_sizes, h0, c0, weights,
+            masks, grad_y, grad_h_n, grad_c_n, [grad_dx, grad_dh0, grad_dc0, *grad_dweights])
+        return (None, None, None, None, d_input, None, d_h0, d_c0, None, d_y, d_h_n, d_c_n,
                 *([None] * ctx.num_masks), *d_weights)

@@ -24,13 +24,26 @@ import torch
 from torch import Tensor
 
 from lstmcy import _torch_engine as engine
+from lstmcy._config import config_of
 from lstmcy._torch_reference import second_derivatives
 
-__all__ = ["lstm_forward", "lstm_backward"]
+__all__ = ["lstm_forward", "lstm_backward", "layout_arguments"]
 
 
-def _config(hidden_size, num_layers, bidirectional, has_bias, batch_first, proj_size):
-    return engine.Config(hidden_size, num_layers, bidirectional, has_bias, batch_first, proj_size)
+def layout_arguments(cfg, hidden_size):
+    """The operators' layout arguments ``(hidden_size, num_layers, bidirectional, has_bias,
+    batch_first, proj_size)`` of a call of settings ``cfg`` (an :class:`lstmcy.LSTMConfig`):
+    an operator's schema takes plain values only."""
+    return (hidden_size, cfg.num_layers, cfg.bidirectional, cfg.has_bias, cfg.batch_first,
+            cfg.proj_size)
+
+
+def _config(num_layers, bidirectional, has_bias, batch_first, proj_size):
+    """The :class:`lstmcy.LSTMConfig` of an operator call's layout arguments (one shared
+    config per layout; dropout and train stay at their defaults: the operators take the
+    masks and ``train`` as arguments)."""
+    return config_of(None, num_layers=num_layers, bidirectional=bidirectional,
+                     batch_first=batch_first, has_bias=has_bias, proj_size=proj_size)
 
 
 # ---------------------------------------------------------------------------
@@ -61,13 +74,20 @@ def _weight_names(cfg):
             for suffix in ("", "_reverse")[:cfg.num_directions] for kind in kinds]
 
 
-def _check_call(input, batch_sizes, h0, c0, weights, masks, cfg):
-    """Check an operator call's arguments as ``nn.LSTM`` checks its own (the sizes of a
-    packed batch are checked when its problem is built)."""
-    H, L, P = cfg.hidden_size, cfg.num_layers, cfg.proj_size
+def _checked_config(hidden_size, num_layers, bidirectional, has_bias, batch_first, proj_size):
+    """The :class:`lstmcy.LSTMConfig` of an operator call's layout arguments, after checking
+    the sizes as ``nn.LSTM`` checks its own (the config checks its settings' types)."""
+    H, L, P = hidden_size, num_layers, proj_size
     if H < 1 or L < 1 or not 0 <= P < H:
         raise ValueError(f"hidden_size and num_layers must be positive and proj_size in "
                          f"[0, hidden_size), got {H}, {L} and {P}")
+    return _config(num_layers, bidirectional, has_bias, batch_first, proj_size)
+
+
+def _check_call(input, batch_sizes, h0, c0, weights, masks, cfg, hidden_size):
+    """Check an operator call's arguments as ``nn.LSTM`` checks its own (the sizes of a
+    packed batch are checked when its problem is built)."""
+    H, L, P = hidden_size, cfg.num_layers, cfg.proj_size
     if not isinstance(input, Tensor) or input.dtype not in _DTYPES:
         raise TypeError(f"input must be a float32 or float64 tensor, got "
                         f"{getattr(input, 'dtype', type(input).__name__)}")
@@ -115,13 +135,13 @@ def _check_gradients(problem, input, saved, grad_y, grad_h_n, grad_c_n, cfg, out
     if len(output_mask) != 4:
         raise ValueError(f"output_mask must be 4 bools (dx, dh0, dc0, dweights), got "
                          f"{len(output_mask)}")
-    T, B = problem.T, problem.B
-    _check_tensor("saved", saved, input.dtype, (engine.saved_numel(cfg, T, B),))
+    T, B, H = problem.T, problem.B, problem.H
+    _check_tensor("saved", saved, input.dtype, (engine.saved_numel(cfg, H, T, B),))
     states = (cfg.num_layers * cfg.num_directions, B)
     _check_tensor("grad_y", grad_y, input.dtype,
-                  tuple(input.shape[:-1]) + (cfg.num_directions * (cfg.proj_size or cfg.hidden_size),))
-    _check_tensor("grad_h_n", grad_h_n, input.dtype, states + (cfg.proj_size or cfg.hidden_size,))
-    _check_tensor("grad_c_n", grad_c_n, input.dtype, states + (cfg.hidden_size,))
+                  tuple(input.shape[:-1]) + (cfg.num_directions * (cfg.proj_size or H),))
+    _check_tensor("grad_h_n", grad_h_n, input.dtype, states + (cfg.proj_size or H,))
+    _check_tensor("grad_c_n", grad_c_n, input.dtype, states + (H,))
 
 
 # ---------------------------------------------------------------------------
@@ -136,10 +156,11 @@ def lstm_forward(input: Tensor, batch_sizes: Optional[Tensor], h0: Optional[Tens
                  ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(y, h_n, c_n, saved)`` of :func:`lstmcy._torch_engine.forward` (``saved`` is empty
     unless ``train``); ``masks`` is empty without dropout."""
-    cfg = _config(hidden_size, num_layers, bidirectional, has_bias, batch_first, proj_size)
-    _check_call(input, batch_sizes, h0, c0, weights, masks, cfg)
+    cfg = _checked_config(hidden_size, num_layers, bidirectional, has_bias, batch_first,
+                          proj_size)
+    _check_call(input, batch_sizes, h0, c0, weights, masks, cfg, hidden_size)
     y, h_n, c_n, saved, _ = engine.forward(input, batch_sizes, h0, c0, weights, masks or None,
-                                           cfg, train)
+                                           cfg, hidden_size, train)
     return y, h_n, c_n, saved
 
 
@@ -153,9 +174,10 @@ def lstm_backward(input: Tensor, batch_sizes: Optional[Tensor], h0: Optional[Ten
     """``(dx, dh0, dc0, dweights)`` of :func:`lstmcy._torch_engine.backward`; an output
     that ``output_mask`` does not ask for is an empty tensor (an empty list for
     ``dweights``)."""
-    cfg = _config(hidden_size, num_layers, bidirectional, has_bias, batch_first, proj_size)
-    _check_call(input, batch_sizes, h0, c0, weights, masks, cfg)
-    problem = engine.problem_for(input, batch_sizes, h0, c0, weights, cfg)
+    cfg = _checked_config(hidden_size, num_layers, bidirectional, has_bias, batch_first,
+                          proj_size)
+    _check_call(input, batch_sizes, h0, c0, weights, masks, cfg, hidden_size)
+    problem = engine.problem_for(input, batch_sizes, h0, c0, weights, cfg, hidden_size)
     _check_gradients(problem, input, saved, grad_y, grad_h_n, grad_c_n, cfg, output_mask)
     dx, dh0, dc0, dweights = engine.backward(problem, saved, masks or None, grad_y, grad_h_n,
                                              grad_c_n, tuple(output_mask))
@@ -187,8 +209,8 @@ def _lstm_forward_fake(input, batch_sizes, h0, c0, weights, masks, hidden_size, 
     y = input.new_empty(tuple(input.shape[:-1]) + (D * out_size,))
     h_n = input.new_empty((num_layers * D, B, out_size))
     c_n = input.new_empty((num_layers * D, B, hidden_size))
-    cfg = _config(hidden_size, num_layers, bidirectional, has_bias, batch_first, proj_size)
-    saved = input.new_empty(engine.saved_numel(cfg, T, B) if train else 0)
+    cfg = _config(num_layers, bidirectional, has_bias, batch_first, proj_size)
+    saved = input.new_empty(engine.saved_numel(cfg, hidden_size, T, B) if train else 0)
     return y, h_n, c_n, saved
 
 
@@ -247,7 +269,8 @@ lstm_forward.register_autograd(_forward_backward, setup_context=_forward_setup_c
 def _backward_setup_context(ctx, inputs, output):
     (input, batch_sizes, h0, c0, weights, masks, saved, grad_y, grad_h_n, grad_c_n,
      *static) = inputs
-    ctx.cfg = _config(*static[:-1])
+    ctx.hidden_size = static[0]
+    ctx.cfg = _config(*static[1:-1])
     ctx.output_mask = tuple(static[-1])
     ctx.num_weights = len(weights)
     ctx.save_for_backward(input, batch_sizes, h0, c0, grad_y, grad_h_n, grad_c_n, *weights,
@@ -260,8 +283,8 @@ def _backward_backward(ctx, grad_dx, grad_dh0, grad_dc0, grad_dweights):
     weights, masks = rest[:ctx.num_weights], rest[ctx.num_weights:]
     grad_dweights = list(grad_dweights) if ctx.output_mask[3] else [None] * len(weights)
     d_input, d_h0, d_c0, d_weights, d_y, d_h_n, d_c_n = second_derivatives(
-        ctx.cfg, ctx.output_mask, input, batch_sizes, h0, c0, weights, masks, grad_y, grad_h_n,
-        grad_c_n, [grad_dx, grad_dh0, grad_dc0, *grad_dweights])
+        ctx.cfg, ctx.hidden_size, ctx.output_mask, input, batch_sizes, h0, c0, weights, masks,
+        grad_y, grad_h_n, grad_c_n, [grad_dx, grad_dh0, grad_dc0, *grad_dweights])
     return (d_input, None, d_h0, d_c0, d_weights, [None] * len(masks), None,
             d_y, d_h_n, d_c_n) + (None,) * 7
 
@@ -342,10 +365,11 @@ def _lstm_forward_vmap(info, in_dims, input, batch_sizes, h0, c0, weights, masks
         return tensor.unflatten(axis, (N, tensor.shape[axis] // N))
     if train:
         # Each sample's own saved block (as an unbatched call would save it), stacked.
-        cfg = _config(hidden_size, num_layers, bidirectional, has_bias, batch_first, proj_size)
+        cfg = _config(num_layers, bidirectional, has_bias, batch_first, proj_size)
         T, NB = (x.shape[1], x.shape[0]) if batch_first else x.shape[:2]
         saved = torch.cat([part.unflatten(2, (N, NB // N)).movedim(2, 0).reshape(N, -1)
-                           for part in engine.saved_parts(saved, cfg, T, NB)], dim=1)
+                           for part in engine.saved_parts(saved, cfg, hidden_size, T, NB)],
+                          dim=1)
     out = (split(y, batch_axis), split(h_n, 1), split(c_n, 1), saved)
     return out, (batch_axis, 1, 1, 0 if train else None)
 

@@ -96,12 +96,16 @@ def _state_sums(grads, h, h0, reverse, active, scale):
     return out
 
 
-def backward(cfg, x, batch_sizes, h0, c0, weights, masks, saved, dy, dh, dc, want, scale=1.0):
+def backward(cfg, hidden_size, x, batch_sizes, h0, c0, weights, masks, saved, dy, dh, dc, want,
+             scale=1.0):
     """Input and state gradients, and the weight gradients of each sequence.
 
     Parameters
     ----------
-    cfg : lstmcy._torch_engine.Config
+    cfg : LSTMConfig
+        The call's settings (:mod:`lstmcy._torch_engine` reads their layout).
+    hidden_size : int
+        H.
     x, batch_sizes, h0, c0, weights, masks, saved
         The forward's arguments and saved block (:func:`lstmcy._torch_engine.forward`).
     dy, dh, dc : Tensor or None
@@ -119,18 +123,18 @@ def backward(cfg, x, batch_sizes, h0, c0, weights, masks, saved, dy, dh, dc, wan
         the kernels' call (for packed input, the order of ``PackedSequence.batch_sizes``:
         sorted).
     """
-    problem = engine.problem_for(x, batch_sizes, h0, c0, weights, cfg)
+    problem = engine.problem_for(x, batch_sizes, h0, c0, weights, cfg, hidden_size)
     T, B, H, P, L, D = problem.T, problem.B, problem.H, problem.P, problem.L, problem.D
     packed = problem.layout == "packed"
     cdt = problem.compute_dtype
     dtype = torch.from_numpy(np.empty(0, cdt)).dtype
     active = _active(problem)
-    parts = dict(zip(kernel_engine.SAVED_NAMES, engine.saved_parts(saved, cfg, T, B)))
+    parts = dict(zip(kernel_engine.SAVED_NAMES, engine.saved_parts(saved, cfg, H, T, B)))
     per_dir = len(weights) // (L * D)
     if problem.layout == "batch_first":  # the layers run time-major
         x = x.transpose(0, 1)
         dy = None if dy is None else dy.transpose(0, 1)
-    layer_cfg = cfg._replace(num_layers=1, batch_first=False)
+    layer_cfg = cfg.replace(num_layers=1, batch_first=False)
     states = L * D
     h0_all = h0 if h0 is not None or not packed else x.new_zeros((states, B, P))
     dh0 = torch.empty((states, B, P), dtype=x.dtype) if want[1] else None
@@ -156,7 +160,8 @@ def backward(cfg, x, batch_sizes, h0, c0, weights, masks, saved, dy, dh, dc, wan
             [parts[name][ks].reshape(-1) for name in kernel_engine.SAVED_NAMES])
         lh0 = None if h0 is None else h0[ks].contiguous()
         lc0 = None if c0 is None else c0[ks].contiguous()
-        layer_problem = engine.problem_for(layer_x, batch_sizes, lh0, lc0, layer_w, layer_cfg)
+        layer_problem = engine.problem_for(layer_x, batch_sizes, lh0, lc0, layer_w, layer_cfg,
+                                            hidden_size)
         need_dx = layer > 0 or want[0]
         layer_dy = None if upper is None else upper.contiguous()
         ldx, ldh0, ldc0, _ = engine.backward(

@@ -107,12 +107,13 @@ class PerSampleFunction(torch.autograd.Function):
     sample's weight gradients to ``sink`` (a :class:`PerSample`)."""
 
     @staticmethod
-    def forward(ctx, sink, cfg, masks, batch_sizes, x, h0, c0, *weights):
-        y, h_n, c_n, saved, _ = engine.forward(x, batch_sizes, h0, c0, weights, masks, cfg, True)
+    def forward(ctx, sink, cfg, hidden_size, masks, batch_sizes, x, h0, c0, *weights):
+        y, h_n, c_n, saved, _ = engine.forward(x, batch_sizes, h0, c0, weights, masks, cfg,
+                                               hidden_size, True)
         ctx.set_materialize_grads(False)
         masks = masks or ()
         ctx.save_for_backward(x, h0, c0, batch_sizes, saved, *masks, *weights)
-        ctx.sink, ctx.cfg, ctx.num_masks = sink, cfg, len(masks)
+        ctx.sink, ctx.cfg, ctx.hidden_size, ctx.num_masks = sink, cfg, hidden_size, len(masks)
         return y, h_n, c_n
 
     @staticmethod
@@ -120,22 +121,22 @@ class PerSampleFunction(torch.autograd.Function):
         x, h0, c0, batch_sizes, saved, *rest = ctx.saved_tensors
         masks, weights = rest[:ctx.num_masks], rest[ctx.num_masks:]
         needs = ctx.needs_input_grad
-        want = (needs[4], h0 is not None and needs[5], c0 is not None and needs[6])
+        want = (needs[5], h0 is not None and needs[6], c0 is not None and needs[7])
         sink = ctx.sink
         dx, dh0, dc0, per_sample = _torch_per_sample.backward(
-            ctx.cfg, x, batch_sizes, h0, c0, list(weights), list(masks), saved, dy, dh, dc, want,
-            sink.scale)
+            ctx.cfg, ctx.hidden_size, x, batch_sizes, h0, c0, list(weights), list(masks), saved,
+            dy, dh, dc, want, sink.scale)
         # Opacus's hook runs only once the output's gradient has reached it.
         sink.deliver(per_sample, sink.tensor_input and dy is not None)
         if sink.summed:
             # numpy's single-threaded sum: torch's reduction spends more in its threads'
             # start-up than in the additions here.
             dweights = [torch.from_numpy(g.numpy().sum(0) / sink.scale) if need else None
-                        for g, need in zip(per_sample, needs[7:])]
+                        for g, need in zip(per_sample, needs[8:])]
         else:
             dweights = [None] * len(weights)
-        return (None, None, None, None, dx if want[0] else None, dh0 if want[1] else None,
-                dc0 if want[2] else None, *dweights)
+        return (None, None, None, None, None, dx if want[0] else None,
+                dh0 if want[1] else None, dc0 if want[2] else None, *dweights)
 
 
 # ---------------------------------------------------------------------------

@@ -9,9 +9,10 @@ kernels give no derivative: gradients of gradients (``create_graph=True``,
 gradients batched by the legacy vmap (:func:`gradients`). It is slower than the kernels
 (a Python loop over steps), which those uses accept.
 
-:func:`gradients` and :func:`second_derivatives` take the call's layout as ``cfg``, an
-:class:`lstmcy._torch_engine.Config` (``hidden_size``, ``num_layers``, ``bidirectional``,
-``has_bias``, ``batch_first``, ``proj_size``).
+:func:`gradients` and :func:`second_derivatives` take the call's settings as ``cfg``, an
+:class:`lstmcy.LSTMConfig` (of which they read ``num_layers``, ``bidirectional``,
+``has_bias``, ``batch_first`` and ``proj_size``; dropout comes as masks), and its
+``hidden_size`` beside it.
 """
 import torch
 
@@ -142,24 +143,25 @@ def lstm(input, hx, weights, *, hidden_size, num_layers=1, bidirectional=False, 
     return output, torch.stack(h_n), torch.stack(c_n)
 
 
-def _outputs(cfg, batch_sizes, masks, input, h0, c0, weights):
+def _outputs(cfg, hidden_size, batch_sizes, masks, input, h0, c0, weights):
     """``(y, h_n, c_n)`` of :func:`lstm` with the layout of ``cfg``."""
-    return lstm(input, (h0, c0), weights, hidden_size=cfg.hidden_size,
+    return lstm(input, (h0, c0), weights, hidden_size=hidden_size,
                 num_layers=cfg.num_layers, bidirectional=cfg.bidirectional,
                 has_bias=cfg.has_bias, batch_first=cfg.batch_first, batch_sizes=batch_sizes,
                 masks=list(masks) or None, proj_size=cfg.proj_size)
 
 
-def gradients(cfg, input, batch_sizes, h0, c0, weights, masks, grad_y, grad_h_n, grad_c_n):
+def gradients(cfg, hidden_size, input, batch_sizes, h0, c0, weights, masks, grad_y, grad_h_n,
+              grad_c_n):
     """``(dx, dh0, dc0, dweights)`` of :func:`lstm` by autograd on detached copies of the
     inputs (None for ``dh0``/``dc0`` when ``h0`` is None): for output gradients that the
     kernels cannot take, such as those of the legacy vmap (``torch.autograd.functional``'s
     ``vectorize=True``)."""
     had_h0 = h0 is not None
-    h0, c0 = _initial_states(input, batch_sizes, h0, c0, cfg)
+    h0, c0 = _initial_states(input, batch_sizes, h0, c0, cfg, hidden_size)
     with torch.enable_grad():
         leaves = [t.detach().requires_grad_() for t in (input, h0, c0, *weights)]
-        outputs = _outputs(cfg, batch_sizes, masks, *leaves[:3], leaves[3:])
+        outputs = _outputs(cfg, hidden_size, batch_sizes, masks, *leaves[:3], leaves[3:])
         pairs = [(out, g) for out, g in zip(outputs, (grad_y, grad_h_n, grad_c_n))
                  if g is not None]
         grads = torch.autograd.grad([out for out, _ in pairs], leaves, [g for _, g in pairs],
@@ -168,7 +170,7 @@ def gradients(cfg, input, batch_sizes, h0, c0, weights, masks, grad_y, grad_h_n,
     return grads[0], grads[1] if had_h0 else None, grads[2] if had_h0 else None, grads[3:]
 
 
-def _initial_states(input, batch_sizes, h0, c0, cfg):
+def _initial_states(input, batch_sizes, h0, c0, cfg, hidden_size):
     """``h0``, ``c0`` as given, or zeros of the right shape when None."""
     if h0 is not None:
         return h0, c0
@@ -177,13 +179,13 @@ def _initial_states(input, batch_sizes, h0, c0, cfg):
         B = int(batch_sizes[0])
     else:
         B = input.shape[0] if cfg.batch_first else input.shape[1]
-    out_size = cfg.proj_size if cfg.proj_size > 0 else cfg.hidden_size
+    out_size = cfg.proj_size if cfg.proj_size > 0 else hidden_size
     return (input.new_zeros((cfg.num_layers * D, B, out_size)),
-            input.new_zeros((cfg.num_layers * D, B, cfg.hidden_size)))
+            input.new_zeros((cfg.num_layers * D, B, hidden_size)))
 
 
-def second_derivatives(cfg, output_mask, input, batch_sizes, h0, c0, weights, masks, grad_y,
-                       grad_h_n, grad_c_n, incoming):
+def second_derivatives(cfg, hidden_size, output_mask, input, batch_sizes, h0, c0, weights, masks,
+                       grad_y, grad_h_n, grad_c_n, incoming):
     """The backward of a backward: the vjp of the first derivatives of :func:`lstm` with
     ``incoming``, the cotangents of ``(dx, dh0, dc0, *dweights)`` (None, or empty for
     outputs not computed, means zero), at ``(input, h0, c0, weights)`` and the output
@@ -198,7 +200,7 @@ def second_derivatives(cfg, output_mask, input, batch_sizes, h0, c0, weights, ma
     on detached copies of the inputs, whose graphs are much cheaper to build.
     """
     had_h0 = h0 is not None
-    h0, c0 = _initial_states(input, batch_sizes, h0, c0, cfg)
+    h0, c0 = _initial_states(input, batch_sizes, h0, c0, cfg, hidden_size)
     primals = [input, h0, c0, *weights]
     given = [grad_y, grad_h_n, grad_c_n]
     present = [k for k, g in enumerate(given) if g is not None]
@@ -209,7 +211,7 @@ def second_derivatives(cfg, output_mask, input, batch_sizes, h0, c0, weights, ma
             if w and g is not None and g.numel()]
 
     def run(*xs):
-        return _outputs(cfg, batch_sizes, masks, *xs[:3], xs[3:])
+        return _outputs(cfg, hidden_size, batch_sizes, masks, *xs[:3], xs[3:])
 
     def first_derivatives(*args):
         """``(dx, dh0, dc0, *dweights)`` at ``(*primals, *given output gradients)``."""

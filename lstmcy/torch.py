@@ -42,6 +42,7 @@ from torch.nn.utils.rnn import PackedSequence
 from lstmcy import _torch_engine as engine
 from lstmcy import _torch_func, _torch_ops, _torch_privacy
 from lstmcy import _torch_reference as reference
+from lstmcy._config import LSTMConfig
 from lstmcy._torch_cell import LSTMCell
 from lstmcy._torch_state_dict import (config_from_state_dict, params_from_state_dict,
                                       params_to_state_dict)
@@ -69,19 +70,20 @@ class _LSTMFunction(torch.autograd.Function):
     """``(x, h0, c0, *weights) -> (y, h_n, c_n)`` with lstmcy's forward and backward.
 
     ``h0``/``c0`` may be None (zeros). ``masks`` (dropout multipliers, or None) are drawn
-    by the caller from torch's generator.
+    by the caller from torch's generator. ``cfg`` (an :class:`lstmcy.LSTMConfig`) and
+    ``hidden_size`` are the call's settings, as :mod:`lstmcy._torch_engine` takes them.
     """
 
     @staticmethod
-    def forward(ctx, cfg, masks, batch_sizes, x, h0, c0, *weights):
+    def forward(ctx, cfg, hidden_size, masks, batch_sizes, x, h0, c0, *weights):
         y, h_n, c_n, saved, problem = engine.forward(x, batch_sizes, h0, c0, weights, masks,
-                                                     cfg, True)
+                                                     cfg, hidden_size, True)
         ctx.set_materialize_grads(False)
         # Saved as tensors, so autograd checks their versions and frees them after the
         # backward (a training loop's next forward then reuses the memory).
         masks = masks or ()
         ctx.save_for_backward(x, h0, c0, batch_sizes, saved, *masks, *weights)
-        ctx.cfg = cfg
+        ctx.cfg, ctx.hidden_size = cfg, hidden_size
         ctx.num_masks = len(masks)
         ctx.problem = problem  # the checked call, for the backward (dropped there)
         return y, h_n, c_n
@@ -92,8 +94,8 @@ class _LSTMFunction(torch.autograd.Function):
         masks, weights = rest[:ctx.num_masks], rest[ctx.num_masks:]
         problem, ctx.problem = ctx.problem, None  # a retained graph's next backward rebuilds it
         needs = ctx.needs_input_grad
-        output_mask = (needs[3], h0 is not None and needs[4], c0 is not None and needs[5],
-                       any(needs[6:]))
+        output_mask = (needs[4], h0 is not None and needs[5], c0 is not None and needs[6],
+                       any(needs[7:]))
         if not any(output_mask):
             return (None,) * len(needs)
         if torch.is_grad_enabled() or torch._C._functorch.peek_interpreter_stack() is not None:
@@ -101,23 +103,24 @@ class _LSTMFunction(torch.autograd.Function):
             # gradients vmapped by torch.func (is_grads_batched): it has a vmap rule.
             dx, dh0, dc0, dweights = _torch_ops.lstm_backward(
                 x, batch_sizes, h0, c0, list(weights), list(masks), saved, dy, dh, dc,
-                *ctx.cfg, list(output_mask))
+                *_torch_ops.layout_arguments(ctx.cfg, ctx.hidden_size), list(output_mask))
         elif _legacy_batched(dy, dh, dc):
             # The legacy vmap (autograd.functional's vectorize=True) batches only torch's
             # own operations: differentiate the reference.
             dx, dh0, dc0, dweights = reference.gradients(
-                ctx.cfg, x, batch_sizes, h0, c0, weights, masks, dy, dh, dc)
+                ctx.cfg, ctx.hidden_size, x, batch_sizes, h0, c0, weights, masks, dy, dh, dc)
         else:
             if problem is None:
-                problem = engine.problem_for(x, batch_sizes, h0, c0, weights, ctx.cfg)
+                problem = engine.problem_for(x, batch_sizes, h0, c0, weights, ctx.cfg,
+                                             ctx.hidden_size)
             dx, dh0, dc0, dweights = engine.backward(problem, saved, masks, dy, dh, dc,
                                                      output_mask)
-        grads = [None, None, None,
+        grads = [None, None, None, None,
                  dx if output_mask[0] else None,
                  dh0 if output_mask[1] else None,
                  dc0 if output_mask[2] else None]
         if output_mask[3]:
-            grads += [g if need else None for g, need in zip(dweights, needs[6:])]
+            grads += [g if need else None for g, need in zip(dweights, needs[7:])]
         else:
             grads += [None] * len(weights)
         return tuple(grads)
@@ -129,17 +132,59 @@ def _legacy_batched(*grads):
 
 
 @torch.compiler.disable  # numpy and the kernels: never traced by dynamo
-def _run_eager(cfg, masks, batch_sizes, x, h0, c0, weights, needs_grad):
+def _run_eager(cfg, hidden_size, masks, batch_sizes, x, h0, c0, weights, needs_grad):
     if needs_grad:
-        return _LSTMFunction.apply(cfg, masks, batch_sizes, x, h0, c0, *weights)
-    y, h_n, c_n, _, _ = engine.forward(x, batch_sizes, h0, c0, weights, masks, cfg, False)
+        return _LSTMFunction.apply(cfg, hidden_size, masks, batch_sizes, x, h0, c0, *weights)
+    y, h_n, c_n, _, _ = engine.forward(x, batch_sizes, h0, c0, weights, masks, cfg, hidden_size,
+                                       False)
     return y, h_n, c_n
 
 
 @torch.compiler.disable
-def _run_per_sample(per_sample, cfg, masks, batch_sizes, x, h0, c0, weights):
-    return _torch_privacy.PerSampleFunction.apply(per_sample, cfg, masks, batch_sizes, x, h0, c0,
-                                                  *weights)
+def _run_per_sample(per_sample, cfg, hidden_size, masks, batch_sizes, x, h0, c0, weights):
+    return _torch_privacy.PerSampleFunction.apply(per_sample, cfg, hidden_size, masks,
+                                                  batch_sizes, x, h0, c0, *weights)
+
+
+# ---------------------------------------------------------------------------
+# call settings
+# ---------------------------------------------------------------------------
+
+_call_configs = {}
+
+
+def _call_config(module, padded):
+    """The :class:`lstmcy.LSTMConfig` of a call of ``module`` (an ``nn.LSTM``, or a cell
+    with the same attributes) on padded input or not.
+
+    ``batch_first`` applies to padded input only (packed input is time-ordered rows). The
+    module draws its dropout masks itself from torch's generator, so the config keeps the
+    defaults ``dropout=0.0`` and ``train=True``, which the torch engine does not read
+    (``nn.LSTM`` allows ``p = 1``, which an ``LSTMConfig`` refuses).
+    """
+    if torch.compiler.is_compiling():
+        # Made afresh while dynamo traces: a look-up in a shared dict would guard the
+        # graph on the dict's contents, and adding to it within the traced frame fails
+        # those guards.
+        return _new_call_config(module, padded)
+    # Eager calls share one config per settings: a dict look-up costs less per call than
+    # building and checking one.
+    key = (module.num_layers, module.bidirectional, module.batch_first and padded, module.bias,
+           module.proj_size)
+    cfg = _call_configs.get(key)
+    if cfg is None:
+        if len(_call_configs) >= 64:
+            _call_configs.clear()
+        cfg = _call_configs[key] = _new_call_config(module, padded)
+    return cfg
+
+
+def _new_call_config(module, padded):
+    # bool(): the flags as nn.LSTM reads them (it checks bias and batch_first when made,
+    # bidirectional never).
+    return LSTMConfig(num_layers=module.num_layers, bidirectional=bool(module.bidirectional),
+                      batch_first=bool(module.batch_first and padded), has_bias=bool(module.bias),
+                      proj_size=module.proj_size)
 
 
 # ---------------------------------------------------------------------------
@@ -506,8 +551,8 @@ class LSTM(nn.LSTM):
         return tracer.create_proxy("call_module", tracer.path_of_module(self), args, {})
 
     def _run(self, data, batch_sizes, hx, weights, per_sample=None):
-        cfg = engine.Config(self.hidden_size, self.num_layers, self.bidirectional, self.bias,
-                            self.batch_first and batch_sizes is None, self.proj_size)
+        cfg = _call_config(self, batch_sizes is None)
+        hidden_size = self.hidden_size
         masks = self._dropout_masks(data, cfg)
         h0, c0 = (None, None) if hx is None else hx
         dtype = data.dtype
@@ -520,7 +565,7 @@ class LSTM(nn.LSTM):
         route = _REFERENCE if torch.onnx.is_in_onnx_export() else _route([data, h0, c0, *weights])
         if route == _REFERENCE:
             y, h_n, c_n = reference.lstm(
-                data, None if h0 is None else (h0, c0), weights, hidden_size=cfg.hidden_size,
+                data, None if h0 is None else (h0, c0), weights, hidden_size=hidden_size,
                 num_layers=cfg.num_layers, bidirectional=cfg.bidirectional,
                 has_bias=cfg.has_bias, batch_first=cfg.batch_first, batch_sizes=batch_sizes,
                 masks=masks, proj_size=cfg.proj_size)
@@ -532,16 +577,18 @@ class LSTM(nn.LSTM):
             # something requires grad.
             needs_grad = needs_grad and (torch.is_grad_enabled() or torch.jit.is_tracing())
             if per_sample is not None and needs_grad and route == _EAGER:
-                y, h_n, c_n = _run_per_sample(per_sample, cfg, masks, batch_sizes, data, h0, c0,
-                                              weights)
+                y, h_n, c_n = _run_per_sample(per_sample, cfg, hidden_size, masks, batch_sizes,
+                                              data, h0, c0, weights)
             elif route == _FUNC and needs_grad:
-                y, h_n, c_n = _torch_func.lstm(cfg, data, batch_sizes, h0, c0, weights, masks)
+                y, h_n, c_n = _torch_func.lstm(cfg, hidden_size, data, batch_sizes, h0, c0,
+                                               weights, masks)
             elif route != _EAGER:
                 y, h_n, c_n, _ = _torch_ops.lstm_forward(
-                    data, batch_sizes, h0, c0, weights, masks or [], *cfg, needs_grad)
+                    data, batch_sizes, h0, c0, weights, masks or [],
+                    *_torch_ops.layout_arguments(cfg, hidden_size), needs_grad)
             else:
-                y, h_n, c_n = _run_eager(cfg, masks, batch_sizes, data, h0, c0, weights,
-                                         needs_grad)
+                y, h_n, c_n = _run_eager(cfg, hidden_size, masks, batch_sizes, data, h0, c0,
+                                         weights, needs_grad)
         if dtype in _LOW_PRECISION_DTYPES:
             y, h_n, c_n = y.to(dtype), h_n.to(dtype), c_n.to(dtype)
         return y, h_n, c_n
@@ -560,7 +607,7 @@ class LSTM(nn.LSTM):
         p = float(self.dropout)
         if not (self.training and p > 0 and self.num_layers > 1):
             return None
-        features = cfg.num_directions * (cfg.proj_size or cfg.hidden_size)
+        features = cfg.num_directions * (cfg.proj_size or self.hidden_size)
         if data.dim() == 2:  # packed
             shape = (data.shape[0], features)
         elif cfg.batch_first:

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import lstmcy.torch  # noqa: E402,F401  (registers the operators)
-from lstmcy import _engine, _torch_engine  # noqa: E402
+from lstmcy import LSTMConfig, _engine, _torch_engine  # noqa: E402
 
 T, B, I, H = 5, 3, 4, 6
 
@@ -118,8 +118,9 @@ def test_engine_backward_checks_the_gradients_a_trusted_problem_is_given():
     # The engine trusts a problem's own arrays, not the gradients handed with it.
     x = torch.randn(T, B, I, dtype=torch.float64)
     weights = [torch.randn(4 * H, I, dtype=torch.float64), torch.randn(4 * H, H, dtype=torch.float64)]
-    cfg = _torch_engine.Config(H, 1, False, False, False)
-    _, _, _, saved, problem = _torch_engine.forward(x, None, None, None, weights, None, cfg, True)
+    cfg = LSTMConfig(has_bias=False)
+    _, _, _, saved, problem = _torch_engine.forward(x, None, None, None, weights, None, cfg, H,
+                                                    True)
     block = saved.numpy()
     with pytest.raises(ValueError, match=r"dy must have shape \(5, 3, 6\), got \(1, 3, 6\)"):
         _engine.backward(problem, block, np.ones((1, B, H)))
