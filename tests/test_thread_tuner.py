@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import lstmcy
-from lstmcy import _core, _threads
+from lstmcy import _threads
 from lstmcy._threads import ThreadTuner
 
 
