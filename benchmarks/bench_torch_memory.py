@@ -16,7 +16,7 @@ Run::
     python benchmarks/bench_torch_memory.py --baseline /tmp/torch_main.py  # + another version
 
 ``--baseline FILE`` also runs the loop with the ``LSTM`` of another version of
-``lstmcy/torch.py`` (as in ``bench_torch_module.py``).
+``lstmcy/torch/__init__.py`` (as in ``bench_torch_module.py``).
 """
 import argparse
 import json
@@ -96,7 +96,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=2, help="processes per model")
     parser.add_argument("--baseline", metavar="FILE",
-                        help="another version of lstmcy/torch.py, run as a third model")
+                        help="another version of lstmcy/torch/__init__.py, run as a third model")
     parser.add_argument("--child", choices=("torch", "lstmcy", "baseline"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sizes = (args.steps, args.vocab, args.hidden, args.layers, args.bptt, args.batch,

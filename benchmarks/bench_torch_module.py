@@ -23,13 +23,13 @@ Run::
     python benchmarks/bench_torch_module.py --threads 1 --clock cpu  # on a loaded machine
     python benchmarks/bench_torch_module.py --shape 32,16,32,64,1,0,1  # packed sequences
     python benchmarks/bench_torch_module.py --shape 50,32,80,512,1,0 --proj-size 128  # LSTMP
-    git show main:lstmcy/torch.py > /tmp/torch_main.py
+    git show main:lstmcy/torch/__init__.py > /tmp/torch_main.py
     python benchmarks/bench_torch_module.py --baseline /tmp/torch_main.py   # A/B of two versions
 
 A shape's optional seventh field (1) feeds ``PackedSequence`` batches of random lengths
 in ``[T/2, T]`` (unsorted, ``enforce_sorted=False``) instead of padded tensors.
 
-``--baseline FILE`` loads another version of ``lstmcy/torch.py`` (it must work with the
+``--baseline FILE`` loads another version of ``lstmcy/torch/__init__.py`` (it must work with the
 installed lstmcy) and times its ``LSTM`` as a third model in the same rounds, so that two
 versions of the module are compared side by side, on the same kernels, under the same
 machine load.
@@ -157,7 +157,7 @@ def step_flops(shape):
 
 
 def load_baseline(path):
-    """The ``LSTM`` class of another version of ``lstmcy/torch.py``."""
+    """The ``LSTM`` class of another version of ``lstmcy/torch/__init__.py``."""
     spec = importlib.util.spec_from_file_location("lstmcy_torch_baseline", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -243,7 +243,7 @@ def main(argv=None):
                         help="time steps by the wall clock, or by this process's CPU time "
                              "(with --threads 1, less sensitive to other processes' load)")
     parser.add_argument("--baseline", metavar="FILE",
-                        help="another version of lstmcy/torch.py, timed as a third model")
+                        help="another version of lstmcy/torch/__init__.py, timed as a third model")
     parser.add_argument("--breakdown", action="store_true",
                         help="also time each LSTM alone and report the rest of the step, "
                              "with the GEMM peak")

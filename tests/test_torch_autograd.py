@@ -1,7 +1,7 @@
 """Derivatives of lstmcy.torch.LSTM beyond the first: double backward, gradgradcheck.
 
 Second derivatives (``create_graph=True``: gradient penalties, meta-learning) go through
-the differentiable reference in torch operations (``lstmcy._torch_reference``); the
+the differentiable reference in torch operations (``lstmcy.torch._reference``); the
 tests compare them with ``torch.nn.LSTM``'s on the same weights, in float64, and check
 them with ``gradgradcheck``. The reference itself is compared with ``nn.LSTM``,
 projections included. Also: the activations a step saves are freed by its backward.
@@ -13,7 +13,7 @@ from torch import nn  # noqa: E402
 from torch.nn.utils.rnn import pack_padded_sequence  # noqa: E402
 
 import lstmcy.torch  # noqa: E402
-from lstmcy._torch_reference import lstm as reference_lstm  # noqa: E402
+from lstmcy.torch._reference import lstm as reference_lstm  # noqa: E402
 from torch_oracle import assert_close, module_pair, random_states  # noqa: E402
 from torch_oracle import single_torch_thread  # noqa: E402,F401  (autouse fixture)
 

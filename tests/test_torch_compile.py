@@ -20,7 +20,7 @@ from torch import nn  # noqa: E402
 from torch.nn.utils.rnn import pack_padded_sequence  # noqa: E402
 
 import lstmcy.torch  # noqa: E402
-from lstmcy import _torch_ops  # noqa: E402
+from lstmcy.torch import _ops  # noqa: E402
 from torch_oracle import assert_close, module_pair, random_states  # noqa: E402
 
 F64 = torch.float64
@@ -259,16 +259,16 @@ def _operator_arguments(packed, dropout):
 def test_opcheck(packed, dropout):
     utils = ("test_schema", "test_autograd_registration", "test_faketensor")
     args = _operator_arguments(packed, dropout)
-    torch.library.opcheck(_torch_ops.lstm_forward, args + (True,), test_utils=utils)
+    torch.library.opcheck(_ops.lstm_forward, args + (True,), test_utils=utils)
     detached = [a.detach() if isinstance(a, torch.Tensor) else
                 [t.detach() for t in a] if isinstance(a, list) else a for a in args]
-    y, h_n, c_n, saved = _torch_ops.lstm_forward(*detached, True)
+    y, h_n, c_n, saved = _ops.lstm_forward(*detached, True)
     x, batch_sizes, h0, c0, weights, masks = args[:6]
     grad_y = torch.randn_like(y).requires_grad_()
     for mask in ([True, True, True, True], [False, False, False, True]):
         backward_args = (x, batch_sizes, h0, c0, weights, masks, saved, grad_y, None,
                          torch.randn_like(c_n)) + args[6:] + (mask,)
-        torch.library.opcheck(_torch_ops.lstm_backward, backward_args, test_utils=utils)
+        torch.library.opcheck(_ops.lstm_backward, backward_args, test_utils=utils)
 
 
 # ---------------------------------------------------------------------------

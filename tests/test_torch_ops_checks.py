@@ -9,7 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import lstmcy.torch  # noqa: E402,F401  (registers the operators)
-from lstmcy import LSTMConfig, _engine, _torch_engine  # noqa: E402
+from lstmcy import LSTMConfig, _engine  # noqa: E402
+from lstmcy.torch import _engine as torch_engine  # noqa: E402
 
 T, B, I, H = 5, 3, 4, 6
 
@@ -119,7 +120,7 @@ def test_engine_backward_checks_the_gradients_a_trusted_problem_is_given():
     x = torch.randn(T, B, I, dtype=torch.float64)
     weights = [torch.randn(4 * H, I, dtype=torch.float64), torch.randn(4 * H, H, dtype=torch.float64)]
     cfg = LSTMConfig(has_bias=False)
-    _, _, _, saved, problem = _torch_engine.forward(x, None, None, None, weights, None, cfg, H,
+    _, _, _, saved, problem = torch_engine.forward(x, None, None, None, weights, None, cfg, H,
                                                     True)
     block = saved.numpy()
     with pytest.raises(ValueError, match=r"dy must have shape \(5, 3, 6\), got \(1, 3, 6\)"):

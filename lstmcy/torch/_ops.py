@@ -6,16 +6,16 @@
 - a fake (meta) implementation, so that ``torch.compile``, ``torch.export`` and
   ``make_fx`` trace them as opaque operations of known output shapes;
 - an autograd formula (for autograd, compile and export; ``torch.func`` refuses these,
-  and uses :mod:`lstmcy._torch_func` instead): the forward's backward is
+  and uses :mod:`lstmcy.torch._func` instead): the forward's backward is
   ``lstm_backward``; the backward's own backward (second derivatives,
-  ``create_graph=True``) is :func:`lstmcy._torch_reference.second_derivatives`;
+  ``create_graph=True``) is :func:`lstmcy._reference.second_derivatives`;
 - a vmap rule, so that ``torch.func.vmap`` (and per-sample gradients,
   ``vmap(grad(loss))``) maps over them: vmapped sequences with shared weights join the
   batch of one kernel call; anything else runs one call per vmapped slice.
 
 :class:`lstmcy.torch.LSTM` calls them whenever PyTorch is tracing or transforming the
 module (compile, ``jit.trace``, export, ``torch.func``, fake tensors, dispatch modes); in
-plain eager mode it calls :mod:`lstmcy._torch_engine` directly through a lighter
+plain eager mode it calls :mod:`lstmcy.torch._engine` directly through a lighter
 ``torch.autograd.Function``. Both run the same engine calls.
 """
 from typing import List, Optional, Tuple
@@ -23,9 +23,9 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from lstmcy import _torch_engine as engine
+from lstmcy.torch import _engine as engine
 from lstmcy._config import config_of
-from lstmcy._torch_reference import second_derivatives
+from lstmcy.torch._reference import second_derivatives
 
 __all__ = ["lstm_forward", "lstm_backward", "layout_arguments"]
 
@@ -154,7 +154,7 @@ def lstm_forward(input: Tensor, batch_sizes: Optional[Tensor], h0: Optional[Tens
                  hidden_size: int, num_layers: int, bidirectional: bool, has_bias: bool,
                  batch_first: bool, proj_size: int, train: bool
                  ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(y, h_n, c_n, saved)`` of :func:`lstmcy._torch_engine.forward` (``saved`` is empty
+    """``(y, h_n, c_n, saved)`` of :func:`lstmcy._engine.forward` (``saved`` is empty
     unless ``train``); ``masks`` is empty without dropout."""
     cfg = _checked_config(hidden_size, num_layers, bidirectional, has_bias, batch_first,
                           proj_size)
@@ -171,7 +171,7 @@ def lstm_backward(input: Tensor, batch_sizes: Optional[Tensor], h0: Optional[Ten
                   grad_c_n: Optional[Tensor], hidden_size: int, num_layers: int,
                   bidirectional: bool, has_bias: bool, batch_first: bool, proj_size: int,
                   output_mask: List[bool]) -> Tuple[Tensor, Tensor, Tensor, List[Tensor]]:
-    """``(dx, dh0, dc0, dweights)`` of :func:`lstmcy._torch_engine.backward`; an output
+    """``(dx, dh0, dc0, dweights)`` of :func:`lstmcy._engine.backward`; an output
     that ``output_mask`` does not ask for is an empty tensor (an empty list for
     ``dweights``)."""
     cfg = _checked_config(hidden_size, num_layers, bidirectional, has_bias, batch_first,

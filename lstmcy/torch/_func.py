@@ -1,6 +1,6 @@
 """lstmcy's kernels under ``torch.func`` transforms (``grad``, ``vjp``, ``jacrev``, ``vmap``).
 
-The custom operators' own autograd formulas (:mod:`lstmcy._torch_ops`) serve autograd,
+The custom operators' own autograd formulas (:mod:`lstmcy.torch._ops`) serve autograd,
 ``torch.compile`` and export, but ``torch.func`` refuses them: it wants an
 :class:`torch.autograd.Function` with a separate ``setup_context``. :func:`lstm` is that
 function pair around the same operators:
@@ -8,7 +8,7 @@ function pair around the same operators:
 - :class:`_Forward` runs ``lstm_forward``; its backward is :class:`_Backward`;
 - :class:`_Backward` runs ``lstm_backward``; its backward (second derivatives, e.g.
   ``grad(grad(f))``, ``hessian`` of a scalar) is
-  :func:`lstmcy._torch_reference.second_derivatives`, through the differentiable reference.
+  :func:`lstmcy._reference.second_derivatives`, through the differentiable reference.
 
 Both generate their vmap rule (``generate_vmap_rule``): under ``vmap`` their
 ``forward`` runs on batched tensors, which the operators' vmap rules handle, so
@@ -16,8 +16,8 @@ Both generate their vmap rule (``generate_vmap_rule``): under ``vmap`` their
 """
 import torch
 
-from lstmcy import _torch_ops
-from lstmcy._torch_reference import second_derivatives
+from lstmcy.torch import _ops
+from lstmcy.torch._reference import second_derivatives
 
 __all__ = ["lstm"]
 
@@ -37,8 +37,8 @@ class _Forward(torch.autograd.Function):
     @staticmethod
     def forward(cfg, hidden_size, num_masks, input, batch_sizes, h0, c0, *masks_and_weights):
         masks, weights = masks_and_weights[:num_masks], masks_and_weights[num_masks:]
-        return _torch_ops.lstm_forward(input, batch_sizes, h0, c0, list(weights), list(masks),
-                                       *_torch_ops.layout_arguments(cfg, hidden_size), True)
+        return _ops.lstm_forward(input, batch_sizes, h0, c0, list(weights), list(masks),
+                                       *_ops.layout_arguments(cfg, hidden_size), True)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -78,9 +78,9 @@ class _Backward(torch.autograd.Function):
     def forward(cfg, hidden_size, num_masks, output_mask, input, batch_sizes, h0, c0, saved,
                 grad_y, grad_h_n, grad_c_n, *masks_and_weights):
         masks, weights = masks_and_weights[:num_masks], masks_and_weights[num_masks:]
-        dx, dh0, dc0, dweights = _torch_ops.lstm_backward(
+        dx, dh0, dc0, dweights = _ops.lstm_backward(
             input, batch_sizes, h0, c0, list(weights), list(masks), saved, grad_y, grad_h_n,
-            grad_c_n, *_torch_ops.layout_arguments(cfg, hidden_size), list(output_mask))
+            grad_c_n, *_ops.layout_arguments(cfg, hidden_size), list(output_mask))
         return (dx, dh0, dc0, *dweights)
 
     @staticmethod

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from lstmcy import _step, _threadpool
-from lstmcy import _torch_ops
-from lstmcy import _torch_reference as reference
+from lstmcy.torch import _ops
+from lstmcy.torch import _reference as reference
 from lstmcy._config import config_of
 from lstmcy._core import _thread_plan
 from lstmcy._validation import to_compute
@@ -102,9 +102,9 @@ def _differentiable_backward(ctx, x, h0, c0, w_ih, w_hh, b_ih, b_hh, saved, dh, 
         dx, dh0, dc0, dweights = reference.gradients(cfg, ctx.shape.H, x3, None, h3, c3,
                                                      weights, (), dy, None, dc3)
     else:
-        dx, dh0, dc0, dweights = _torch_ops.lstm_backward(
+        dx, dh0, dc0, dweights = _ops.lstm_backward(
             x3, None, h3, c3, weights, [], saved, dy, None, dc3,
-            *_torch_ops.layout_arguments(cfg, ctx.shape.H), output_mask)
+            *_ops.layout_arguments(cfg, ctx.shape.H), output_mask)
     grads = (None if dx is None or not needs[2] else dx[0],
              None if dh0 is None or not needs[3] else dh0[0],
              None if dc0 is None or not needs[4] else dc0[0])

@@ -23,7 +23,7 @@ import torch
 
 from lstmcy import _core
 from lstmcy import _engine as kernel_engine
-from lstmcy import _torch_engine as engine
+from lstmcy.torch import _engine as engine
 from lstmcy._schedule import gate_row_stride
 
 __all__ = ["backward"]
@@ -103,11 +103,11 @@ def backward(cfg, hidden_size, x, batch_sizes, h0, c0, weights, masks, saved, dy
     Parameters
     ----------
     cfg : LSTMConfig
-        The call's settings (:mod:`lstmcy._torch_engine` reads their layout).
+        The call's settings (:mod:`lstmcy.torch._engine` reads their layout).
     hidden_size : int
         H.
     x, batch_sizes, h0, c0, weights, masks, saved
-        The forward's arguments and saved block (:func:`lstmcy._torch_engine.forward`).
+        The forward's arguments and saved block (:func:`lstmcy._engine.forward`).
     dy, dh, dc : Tensor or None
         Gradients of ``y``, ``h_n``, ``c_n`` (None: zeros).
     want : tuple of 3 bool

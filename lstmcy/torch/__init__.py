@@ -1,8 +1,22 @@
-"""PyTorch drop-in: :class:`LSTM`, a ``torch.nn.LSTM`` computed by lstmcy's kernels.
+"""PyTorch drop-ins: :class:`LSTM` and :class:`LSTMCell`, ``torch.nn.LSTM`` and
+``torch.nn.LSTMCell`` computed by lstmcy's kernels.
 
-This module needs PyTorch (the ``[torch]`` extra) and is only imported when asked
-for explicitly (``import lstmcy.torch`` or ``from lstmcy.torch import LSTM``);
-``import lstmcy`` never imports torch.
+This package needs PyTorch (the ``[torch]`` extra) and is only imported when asked for
+explicitly (``import lstmcy.torch`` or ``from lstmcy.torch import LSTM``); ``import
+lstmcy`` never imports torch.
+
+This file holds the module, :class:`LSTM`, and its routes (so that its public path is
+the one pickles, ``weights_only`` allow lists and TorchScript's source lookup see); one
+concern per module for the rest: the cell (``_cell``), the bridge to the kernels
+(``_engine``: tensors in and out as zero-copy numpy views), the custom operators
+(``_ops``), the ``torch.func`` route (``_func``), the differentiable reference
+(``_reference``), per-sample gradients and private training (``_per_sample``,
+``_privacy``), dynamic quantization (``_quantization``) and the ``state_dict``
+conversions (``_state_dict``).
+
+For numpy users, :func:`params_from_state_dict`, :func:`config_from_state_dict` and
+:func:`params_to_state_dict` convert between an ``nn.LSTM`` ``state_dict`` and lstmcy's
+``params`` list.
 
 :class:`LSTM` subclasses :class:`torch.nn.LSTM`, so its parameters, their names,
 initialisation and ``state_dict`` are exactly those of ``torch.nn.LSTM`` (either's
@@ -10,28 +24,23 @@ initialisation and ``state_dict`` are exactly those of ``torch.nn.LSTM`` (either
 from the same weights). Only ``forward`` differs. It runs lstmcy's kernels by one of
 four routes, chosen per call:
 
-- plain eager mode: :mod:`lstmcy._torch_engine` directly, through a light
+- plain eager mode: :mod:`lstmcy.torch._engine` directly, through a light
   :class:`torch.autograd.Function`;
 - while PyTorch traces the module (``torch.compile``, ``torch.export``,
   ``torch.jit.trace``, fake tensors, dispatch modes, tensor subclasses): the custom
-  operators ``torch.ops.lstmcy`` (:mod:`lstmcy._torch_ops`), which those systems see as
+  operators ``torch.ops.lstmcy`` (:mod:`lstmcy.torch._ops`), which those systems see as
   opaque operations;
 - under ``torch.func`` transforms (``grad``, ``vmap``, ``jacrev``): the same operators
-  inside the autograd functions of :mod:`lstmcy._torch_func`;
+  inside the autograd functions of :mod:`lstmcy.torch._func`;
 - under forward-mode AD (``torch.func.jvp``, ``jacfwd``, ``torch.autograd.forward_ad``):
-  the differentiable reference in torch operations (:mod:`lstmcy._torch_reference`),
+  the differentiable reference in torch operations (:mod:`lstmcy.torch._reference`),
   since the kernels compute no tangents.
-
-For numpy users, :func:`params_from_state_dict`, :func:`config_from_state_dict` and
-:func:`params_to_state_dict` convert between an ``nn.LSTM`` ``state_dict`` and lstmcy's
-``params`` list.
 """
-# Absolute imports throughout: this module is itself called ``torch`` inside the package.
 import math
 from typing import Optional, Tuple
 
 try:
-    import torch
+    import torch  # absolute: the real PyTorch, not this package
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("lstmcy.torch needs PyTorch: pip install torch "
                       "(from lstmcy's checkout: pip install -e '.[torch]')") from exc
@@ -39,12 +48,12 @@ from torch import Tensor, _VF, nn
 from torch.autograd import forward_ad
 from torch.nn.utils.rnn import PackedSequence
 
-from lstmcy import _torch_engine as engine
-from lstmcy import _torch_func, _torch_ops, _torch_privacy
-from lstmcy import _torch_reference as reference
 from lstmcy._config import LSTMConfig
-from lstmcy._torch_cell import LSTMCell
-from lstmcy._torch_state_dict import (config_from_state_dict, params_from_state_dict,
+from lstmcy.torch import _engine as engine
+from lstmcy.torch import _func, _ops, _privacy
+from lstmcy.torch import _reference as reference
+from lstmcy.torch._cell import LSTMCell
+from lstmcy.torch._state_dict import (config_from_state_dict, params_from_state_dict,
                                       params_to_state_dict)
 
 __all__ = ["LSTM", "LSTMCell", "StateDtypeError", "params_from_state_dict",
@@ -71,7 +80,7 @@ class _LSTMFunction(torch.autograd.Function):
 
     ``h0``/``c0`` may be None (zeros). ``masks`` (dropout multipliers, or None) are drawn
     by the caller from torch's generator. ``cfg`` (an :class:`lstmcy.LSTMConfig`) and
-    ``hidden_size`` are the call's settings, as :mod:`lstmcy._torch_engine` takes them.
+    ``hidden_size`` are the call's settings, as :mod:`lstmcy.torch._engine` takes them.
     """
 
     @staticmethod
@@ -101,9 +110,9 @@ class _LSTMFunction(torch.autograd.Function):
         if torch.is_grad_enabled() or torch._C._functorch.peek_interpreter_stack() is not None:
             # create_graph=True: the custom operator's backward is itself differentiable;
             # gradients vmapped by torch.func (is_grads_batched): it has a vmap rule.
-            dx, dh0, dc0, dweights = _torch_ops.lstm_backward(
+            dx, dh0, dc0, dweights = _ops.lstm_backward(
                 x, batch_sizes, h0, c0, list(weights), list(masks), saved, dy, dh, dc,
-                *_torch_ops.layout_arguments(ctx.cfg, ctx.hidden_size), list(output_mask))
+                *_ops.layout_arguments(ctx.cfg, ctx.hidden_size), list(output_mask))
         elif _legacy_batched(dy, dh, dc):
             # The legacy vmap (autograd.functional's vectorize=True) batches only torch's
             # own operations: differentiate the reference.
@@ -142,7 +151,7 @@ def _run_eager(cfg, hidden_size, masks, batch_sizes, x, h0, c0, weights, needs_g
 
 @torch.compiler.disable
 def _run_per_sample(per_sample, cfg, hidden_size, masks, batch_sizes, x, h0, c0, weights):
-    return _torch_privacy.PerSampleFunction.apply(per_sample, cfg, hidden_size, masks,
+    return _privacy.PerSampleFunction.apply(per_sample, cfg, hidden_size, masks,
                                                   batch_sizes, x, h0, c0, *weights)
 
 
@@ -311,7 +320,7 @@ class LSTM(nn.LSTM):
 
     Gradients of any order: second derivatives (``create_graph=True``,
     ``torch.func.hessian``) and forward-mode derivatives are computed through a
-    differentiable LSTM in torch operations (:mod:`lstmcy._torch_reference`), first
+    differentiable LSTM in torch operations (:mod:`lstmcy.torch._reference`), first
     derivatives by lstmcy's kernels. ``torch.compile``, ``torch.export``,
     ``torch.jit.trace`` and ``torch.func`` see the kernels as the custom operators
     ``torch.ops.lstmcy.lstm_forward`` and ``lstm_backward``; ``torch.fx.symbolic_trace``
@@ -421,7 +430,7 @@ class LSTM(nn.LSTM):
         weights = self._weights()
         packed = isinstance(input, PackedSequence)
         # Per-sample gradients (ExpandedWeights, Opacus): the weights unwrapped.
-        per_sample = _torch_privacy.per_sample_mode(self, weights, input)
+        per_sample = _privacy.per_sample_mode(self, weights, input)
         if per_sample is not None:
             weights = per_sample.weights
         sorted_indices = unsorted_indices = None
@@ -580,12 +589,12 @@ class LSTM(nn.LSTM):
                 y, h_n, c_n = _run_per_sample(per_sample, cfg, hidden_size, masks, batch_sizes,
                                               data, h0, c0, weights)
             elif route == _FUNC and needs_grad:
-                y, h_n, c_n = _torch_func.lstm(cfg, hidden_size, data, batch_sizes, h0, c0,
+                y, h_n, c_n = _func.lstm(cfg, hidden_size, data, batch_sizes, h0, c0,
                                                weights, masks)
             elif route != _EAGER:
-                y, h_n, c_n, _ = _torch_ops.lstm_forward(
+                y, h_n, c_n, _ = _ops.lstm_forward(
                     data, batch_sizes, h0, c0, weights, masks or [],
-                    *_torch_ops.layout_arguments(cfg, hidden_size), needs_grad)
+                    *_ops.layout_arguments(cfg, hidden_size), needs_grad)
             else:
                 y, h_n, c_n = _run_eager(cfg, hidden_size, masks, batch_sizes, data, h0, c0,
                                          weights, needs_grad)
@@ -627,10 +636,10 @@ class LSTM(nn.LSTM):
 
 
 try:  # eager-mode quantization (deprecated in PyTorch, which may drop it)
-    from lstmcy._torch_quantization import register_for_dynamic_quantization
+    from lstmcy.torch._quantization import register_for_dynamic_quantization
 except ImportError:  # pragma: no cover - depends on the PyTorch version
     pass
 else:
     register_for_dynamic_quantization(LSTM)
 
-_torch_privacy.register_opacus(LSTM)
+_privacy.register_opacus(LSTM)

@@ -5,7 +5,7 @@
 on the way in; on the way out, the outputs ``y, h_n, c_n`` are copied into torch's memory
 (resizable, as ``aten::lstm``'s), the saved activations and gradients are not. Both the
 module's eager autograd ``Function`` and the registered custom operators
-(:mod:`lstmcy._torch_ops`) call only these two functions, so the engine behind them can
+(:mod:`lstmcy.torch._ops`) call only these two functions, so the engine behind them can
 change in one place.
 
 A call's settings are an :class:`lstmcy.LSTMConfig` (``cfg``), the numpy API's, of which

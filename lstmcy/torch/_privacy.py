@@ -14,7 +14,7 @@ Two consumers ask a module for each sample's weight gradients:
   module computes them itself, in its backward, from every output's gradient.
 
 Either way the forward runs :class:`PerSampleFunction`, whose backward is
-:func:`lstmcy._torch_per_sample.backward`: the kernels' gate gradients summed over each
+:func:`lstmcy._per_sample.backward`: the kernels' gate gradients summed over each
 sample's own steps.
 """
 import functools
@@ -24,8 +24,8 @@ import sys
 
 import torch
 
-from lstmcy import _torch_engine as engine
-from lstmcy import _torch_per_sample
+from lstmcy.torch import _engine as engine
+from lstmcy.torch import _per_sample
 
 __all__ = ["PerSample", "PerSampleFunction", "per_sample_mode", "register_opacus"]
 
@@ -123,7 +123,7 @@ class PerSampleFunction(torch.autograd.Function):
         needs = ctx.needs_input_grad
         want = (needs[5], h0 is not None and needs[6], c0 is not None and needs[7])
         sink = ctx.sink
-        dx, dh0, dc0, per_sample = _torch_per_sample.backward(
+        dx, dh0, dc0, per_sample = _per_sample.backward(
             ctx.cfg, ctx.hidden_size, x, batch_sizes, h0, c0, list(weights), list(masks), saved,
             dy, dh, dc, want, sink.scale)
         # Opacus's hook runs only once the output's gradient has reached it.
