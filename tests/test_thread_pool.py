@@ -162,7 +162,7 @@ def test_parts_beyond_the_cpus_are_spares_and_the_bits_stay(fake_cpus):
 
 
 @needs_hooks
-def test_a_thread_about_to_sleep_hands_a_spare(monkeypatch, fake_cpus, request):
+def test_a_thread_about_to_sleep_hands_a_spare(monkeypatch, fake_cpus):
     # Waits that sleep at once (LSTMCY_TEST_WAIT_SPIN_NS=0) on 2 CPUs and 8 threads: the
     # job's two running threads wait for each other's projection pieces, recurrence steps
     # and gradients, and each wait that sleeps hands a spare part to a worker. The forward
@@ -173,17 +173,24 @@ def test_a_thread_about_to_sleep_hands_a_spare(monkeypatch, fake_cpus, request):
     from lstmcy import _core, _schedule
     policy = _schedule.SchedulePolicy(forward=lambda *a, **k: _schedule.forward_schedule(
         *a, **k)._replace(fused_input=False))
-    previous = _core.use_thread_plan(lstmcy.LSTMPlan(schedules=policy))
-    request.addfinalizer(lambda: _core.use_thread_plan(previous))
+
+    def without_fused_input(threads):
+        # On the calling thread's plan: each call of _within runs in a thread of its own.
+        previous = _core.use_thread_plan(lstmcy.LSTMPlan(schedules=policy))
+        try:
+            return run_with_threads(call, threads)
+        finally:
+            _core.use_thread_plan(previous)
+
     cfg = Config(T=12, B=16, I=6, H=20, L=2, dtype=np.dtype(np.float64), bidirectional=True)
     call = make_call(cfg, np.random.default_rng(9), seed=4)
-    expected, _ = run_with_threads(call, 1)
+    expected, _ = without_fused_input(1)
     fake_cpus(2)
     monkeypatch.setenv("LSTMCY_TEST_WAIT_SPIN_NS", "0")
     before = _threadpool.spares_handed()
     CALLS = 60
     for _ in range(CALLS):
-        got, _ = _within(120, lambda: run_with_threads(call, 8))
+        got, _ = _within(120, lambda: without_fused_input(8))
         for k, (a, b) in enumerate(zip(expected, got)):
             assert a.tobytes() == b.tobytes(), f"output {k}"
         if _threadpool.spares_handed() > before:
