@@ -15,15 +15,17 @@ _MARK = "LSTMCY_BENCH_REEXEC"
 __all__ = ["reexec_without_openblas_overrides", "UNSET"]
 
 
-def reexec_without_openblas_overrides():
+def reexec_without_openblas_overrides(module="__main__"):
     """Replace this process by the same command without the variables in ``UNSET``.
 
-    Does nothing when none of them is set. Must run before numpy or scipy is
-    imported (it refuses otherwise, as the old kernels would already be loaded).
-    The removed values are passed on in ``LSTMCY_BENCH_UNSET`` for the report.
+    Does nothing when none of them is set, or when ``module`` (the caller's ``__name__``)
+    is not ``"__main__"``: a script imported by tests or tools leaves its process alone.
+    Must run before numpy or scipy is imported (it refuses otherwise, as the old kernels
+    would already be loaded). The removed values are passed on in ``LSTMCY_BENCH_UNSET``
+    for the report.
     """
     present = {name: os.environ[name] for name in UNSET if name in os.environ}
-    if not present:
+    if not present or module != "__main__":
         return
     if os.environ.get(_MARK) == "1":
         raise SystemExit(f"{', '.join(present)} still set after re-exec; run the benchmark as "

@@ -12,7 +12,7 @@ is ``zero_grad``, forward, loss, backward, ``optimizer.step()``:
 - ``lstmcy``: the lstmcy model with plain SGD (no per-sample gradients);
 - ``nn.LSTM``: ``torch.nn.LSTM`` with plain SGD, for reference.
 
-The steps run in rotating rounds (``timing.rotating_rounds``); the report gives the
+The steps run in rotating rounds (``timing.measure``, one step a batch); the report gives the
 median ms per step, and the same-round ratios ``DPLSTM DP / lstmcy DP`` (speed-up) and
 ``lstmcy DP / lstmcy`` (cost of privacy).
 
@@ -22,22 +22,19 @@ Run::
     python benchmarks/bench_dp_sgd.py --shape 50,64,32,128 --rounds 5 --markdown out.md
 """
 import argparse
-import os
 import statistics
 import sys
 import warnings
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _env import reexec_without_openblas_overrides  # noqa: E402  (no numpy import)
+from _env import reexec_without_openblas_overrides  # (no numpy import)
 
-if __name__ == "__main__":
-    reexec_without_openblas_overrides()
+reexec_without_openblas_overrides(__name__)
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import machine  # noqa: E402
-from timing import rotating_rounds  # noqa: E402
+from timing import measure  # noqa: E402
 
 SHAPES = [(50, 64, 32, 128), (50, 128, 64, 256)]  # (T, B, I, H)
 TITLE = "DP-SGD step with Opacus: lstmcy.torch.LSTM against Opacus's DPLSTM"
@@ -103,16 +100,17 @@ def _steps(shape, seed=0):
             "nn.LSTM": step_of(*plain(nn.LSTM(I, H, batch_first=True)))}
 
 
-def _ratios(times, num, den):
-    return sorted(a / b for a, b in zip(times[num], times[den]))
+def _ratio(times, num, den):
+    """Median of the same-round ratios ``num / den``."""
+    return statistics.median(a / b for a, b in zip(times[num], times[den]))
 
 
 def run(shape, rounds):
     steps = _steps(shape)
     before = machine.cpu_snapshot()
-    times = rotating_rounds(steps, rounds, repeats=1, warm_time=0.0)
-    after = machine.cpu_snapshot()
-    return {"shape": shape, "times": times, "others_cores": machine.others_cores(before, after)}
+    times = measure(steps, repeats=rounds, warm_time=0.0, number=1)
+    return {"shape": shape, "times": {k: [s * 1e3 for s in t["samples"]] for k, t in times.items()},
+            "others_cores": machine.others_cores(before, machine.cpu_snapshot())}
 
 
 def markdown(results, argv):
@@ -129,11 +127,11 @@ def markdown(results, argv):
              "|---|---|---|---|---|---|---|---|"]
     for r in results:
         t = {k: statistics.median(v) for k, v in r["times"].items()}
-        speed = statistics.median(_ratios(r["times"], "DPLSTM DP", "lstmcy DP"))
-        cost = statistics.median(_ratios(r["times"], "lstmcy DP", "lstmcy"))
         load = r["others_cores"]
         lines.append(f"| {tuple(r['shape'])} | {t['lstmcy DP']:.1f} | {t['DPLSTM DP']:.0f} | "
-                     f"{t['lstmcy']:.1f} | {t['nn.LSTM']:.1f} | {speed:.1f}x | {cost:.2f}x | "
+                     f"{t['lstmcy']:.1f} | {t['nn.LSTM']:.1f} | "
+                     f"{_ratio(r['times'], 'DPLSTM DP', 'lstmcy DP'):.1f}x | "
+                     f"{_ratio(r['times'], 'lstmcy DP', 'lstmcy'):.2f}x | "
                      f"{'-' if load is None else f'{load:.1f}'} |")
     return "\n".join(lines) + "\n"
 

@@ -20,12 +20,10 @@ targets.
 """
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _env import reexec_without_openblas_overrides  # noqa: E402
+from _env import reexec_without_openblas_overrides
 
-reexec_without_openblas_overrides()
+reexec_without_openblas_overrides(__name__)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -34,11 +32,10 @@ import lstmcy  # noqa: E402
 import lstmcy.torch as lt  # noqa: E402
 from lstmcy._dispatch import kernels  # noqa: E402
 from machine import cpu_snapshot, machine_label, others_cores  # noqa: E402
+from report import LOAD_LIMIT  # noqa: E402  (outside load above which targets are not graded)
 from timing import measure  # noqa: E402
 
 TITLE = "Step-by-step calls and the LSTM cell (`benchmarks/bench_step.py`)"
-#: Outside load (cores) above which a run is not valid for the targets (as report.py).
-LOAD_LIMIT = 0.3
 #: The ratios the issue asks for: (case, lstmcy's variant, PyTorch's, at least).
 TARGETS = [
     ("numpy step", "lstmcy.lstm_forward", "nn.LSTMCell", 4.0),
@@ -50,14 +47,6 @@ TARGETS = [
 ]
 
 
-def _cells(I, H):
-    torch.manual_seed(0)
-    ref = torch.nn.LSTMCell(I, H)
-    cell = lt.LSTMCell(I, H)
-    cell.load_state_dict(ref.state_dict())
-    return ref, cell
-
-
 def cases(I=16, H=32, steps=20):
     """name -> {variant: zero-argument callable}."""
     rng = np.random.default_rng(0)
@@ -67,7 +56,9 @@ def cases(I=16, H=32, steps=20):
     h = np.zeros((1, 1, H), np.float32)
     c = np.zeros((1, 1, H), np.float32)
     plan = lstmcy.LSTMPlan()
-    ref, cell = _cells(I, H)
+    torch.manual_seed(0)
+    ref, cell = torch.nn.LSTMCell(I, H), lt.LSTMCell(I, H)
+    cell.load_state_dict(ref.state_dict())
     xt, ht, ct = torch.randn(1, I), torch.zeros(1, H), torch.zeros(1, H)
 
     def no_grad(fn):

@@ -13,10 +13,6 @@ Run::
 
     python benchmarks/bench_torch_memory.py                    # 30 steps, vocabulary 33278
     python benchmarks/bench_torch_memory.py --steps 50 --vocab 10000 --hidden 650
-    python benchmarks/bench_torch_memory.py --baseline /tmp/torch_main.py  # + another version
-
-``--baseline FILE`` also runs the loop with the ``LSTM`` of another version of
-``lstmcy/torch/__init__.py`` (as in ``bench_torch_module.py``).
 """
 import argparse
 import json
@@ -24,8 +20,7 @@ import os
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _env import reexec_without_openblas_overrides  # noqa: E402  (no numpy import)
+from _env import reexec_without_openblas_overrides  # (no numpy import)
 
 
 def _status_mib(field):
@@ -36,7 +31,7 @@ def _status_mib(field):
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def train(kind, steps, vocab, hidden, layers, bptt, batch, threads, baseline=None):
+def train(kind, steps, vocab, hidden, layers, bptt, batch, threads):
     """One training loop in this process; returns the memory figures."""
     import torch
     from torch import nn
@@ -46,11 +41,7 @@ def train(kind, steps, vocab, hidden, layers, bptt, batch, threads, baseline=Non
     if threads:
         torch.set_num_threads(threads)
         lstmcy.set_num_threads(threads)
-    if kind == "baseline":
-        from bench_torch_module import load_baseline
-        lstm_class = load_baseline(baseline)
-    else:
-        lstm_class = nn.LSTM if kind == "torch" else lstmcy.torch.LSTM
+    lstm_class = nn.LSTM if kind == "torch" else lstmcy.torch.LSTM
     torch.manual_seed(0)
 
     class LanguageModel(nn.Module):
@@ -95,14 +86,12 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=20)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=2, help="processes per model")
-    parser.add_argument("--baseline", metavar="FILE",
-                        help="another version of lstmcy/torch/__init__.py, run as a third model")
-    parser.add_argument("--child", choices=("torch", "lstmcy", "baseline"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("torch", "lstmcy"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sizes = (args.steps, args.vocab, args.hidden, args.layers, args.bptt, args.batch,
              args.threads)
     if args.child:
-        print(json.dumps(train(args.child, *sizes, baseline=args.baseline)))
+        print(json.dumps(train(args.child, *sizes)))
         return
     print(f"language model: vocabulary {args.vocab}, {args.layers} layers of {args.hidden}, "
           f"bptt {args.bptt}, batch {args.batch}, {args.steps} steps; MiB, one process each")
@@ -111,7 +100,7 @@ def main(argv=None):
         f"--{name}={value}" for name, value in vars(args).items()
         if name not in ("child", "repeats") and value is not None]
     for _ in range(args.repeats):
-        for kind in ("torch", "lstmcy") + (("baseline",) if args.baseline else ()):
+        for kind in ("torch", "lstmcy"):
             out = subprocess.run(base + [f"--child={kind}"], capture_output=True, text=True,
                                  check=True).stdout
             figures = json.loads(out.strip().splitlines()[-1])

@@ -17,22 +17,13 @@ Run::
     python benchmarks/bench_torch_module.py                 # default shapes, float32, Adam
     python benchmarks/bench_torch_module.py --optim sgd --dtype float64 --repeats 100
     python benchmarks/bench_torch_module.py --shape 32,16,32,64,1,0   # T,B,I,H,layers,bidir
-    python benchmarks/bench_torch_module.py --threads 1     # both libraries single-threaded
     python benchmarks/bench_torch_module.py --breakdown     # and where the step's time goes
-    python benchmarks/bench_torch_module.py --block 1       # alternate single steps
     python benchmarks/bench_torch_module.py --threads 1 --clock cpu  # on a loaded machine
     python benchmarks/bench_torch_module.py --shape 32,16,32,64,1,0,1  # packed sequences
     python benchmarks/bench_torch_module.py --shape 50,32,80,512,1,0 --proj-size 128  # LSTMP
-    git show main:lstmcy/torch/__init__.py > /tmp/torch_main.py
-    python benchmarks/bench_torch_module.py --baseline /tmp/torch_main.py   # A/B of two versions
 
 A shape's optional seventh field (1) feeds ``PackedSequence`` batches of random lengths
 in ``[T/2, T]`` (unsorted, ``enforce_sorted=False``) instead of padded tensors.
-
-``--baseline FILE`` loads another version of ``lstmcy/torch/__init__.py`` (it must work with the
-installed lstmcy) and times its ``LSTM`` as a third model in the same rounds, so that two
-versions of the module are compared side by side, on the same kernels, under the same
-machine load.
 
 ``--breakdown`` also times, in the same interleaved rounds, each module's LSTM alone
 (forward and backward of ``h_n``, no head, loss or optimiser) and its forward alone, so
@@ -42,18 +33,12 @@ peak, to show how fast lstmcy's part would have to be for a given speed-up and w
 FLOPs cost at that peak.
 """
 import argparse
-import importlib.util
-import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _env import reexec_without_openblas_overrides  # noqa: E402  (no numpy import)
+from _env import reexec_without_openblas_overrides  # (no numpy import)
 
-if __name__ == "__main__":
-    # OpenBLAS reads OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE when loaded: drop them first.
-    reexec_without_openblas_overrides()
+reexec_without_openblas_overrides(__name__)
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
@@ -73,14 +58,6 @@ DEFAULT_SHAPES = [
 NUM_CLASSES = 10
 # Steps at the start of each block that are run but not timed (see the module docstring).
 SETTLE = 2
-
-
-def set_lstmcy_threads(n_threads):
-    lstmcy.set_num_threads(n_threads)
-
-
-def get_lstmcy_threads():
-    return lstmcy.get_num_threads()
 
 
 class Classifier(nn.Module):
@@ -132,36 +109,14 @@ def make_lstm_only(model, seed=1):
     return lstm_only
 
 
-def make_lstm_forward(model):
-    """The model's LSTM forward alone, recording the graph as in a step (then dropped), so
-    that the LSTM's backward is the LSTM alone minus this."""
-
-    def lstm_forward(x, target):
-        model.rnn(x)
-
-    return lstm_forward
-
-
 def step_flops(shape):
-    """FLOPs of the LSTM's forward and backward in a training step: 8 T B H (I_l + H) per
-    layer-direction forward, twice that backward, less the input gradient of layer 0
-    (8 T B H I per direction), which a step does not need. (Packed batches count all
-    T B positions: an upper bound.)"""
-    T, B, I, H, L, bidir = shape[:6]
-    D = 2 if bidir else 1
-    total = 0.0
-    for layer in range(L):
-        width = I if layer == 0 else D * H
-        total += D * 24.0 * T * B * H * (width + H)
-    return total - D * 8.0 * T * B * H * I
+    """FLOPs of the LSTM's forward and backward in a training step (as ``cases.py`` counts
+    them), less the input gradient of layer 0 (8 T B H I per direction), which a step does
+    not need. (Packed batches count all T B positions: an upper bound.)"""
+    from cases import Case, backward_flops, forward_flops
 
-
-def load_baseline(path):
-    """The ``LSTM`` class of another version of ``lstmcy/torch/__init__.py``."""
-    spec = importlib.util.spec_from_file_location("lstmcy_torch_baseline", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.LSTM
+    case = Case("step", *shape[:5], bidirectional=shape[5])
+    return forward_flops(case) + backward_flops(case) - case.D * 8.0 * case.T * case.B * case.H * case.I
 
 
 def make_batches(shape, dtype, count=8, seed=0):
@@ -180,22 +135,20 @@ def make_batches(shape, dtype, count=8, seed=0):
 
 
 def bench_shape(shape, dtype, optim_name, repeats, warmup, seed=0, breakdown=False, block=10,
-                baseline=None, clock=time.perf_counter, proj_size=0):
+                clock=time.perf_counter, proj_size=0):
     T, B, I, H, L, bidir, packed = shape
     torch.manual_seed(seed)
     ours = Classifier(lstmcy_torch.LSTM, T, B, I, H, L, bidir, dtype, proj_size)
     ref = Classifier(nn.LSTM, T, B, I, H, L, bidir, dtype, proj_size)
     ref.load_state_dict(ours.state_dict())
     steps = {"lstmcy": make_step(ours, optim_name), "torch": make_step(ref, optim_name)}
-    if baseline is not None:
-        before = Classifier(baseline, T, B, I, H, L, bidir, dtype, proj_size)
-        before.load_state_dict(ours.state_dict())
-        steps["baseline"] = make_step(before, optim_name)
     if breakdown:
         steps["lstmcy_lstm"] = make_lstm_only(ours)
         steps["torch_lstm"] = make_lstm_only(ref)
-        steps["lstmcy_forward"] = make_lstm_forward(ours)
-        steps["torch_forward"] = make_lstm_forward(ref)
+        # The LSTM's forward alone, recording the graph as in a step (then dropped): the
+        # LSTM's backward is the LSTM alone minus this.
+        steps["lstmcy_forward"] = lambda x, target: ours.rnn(x)
+        steps["torch_forward"] = lambda x, target: ref.rnn(x)
     batches = make_batches(shape, dtype)
     for name in steps:  # warm-up, not timed
         for k in range(warmup):
@@ -242,8 +195,6 @@ def main(argv=None):
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="time steps by the wall clock, or by this process's CPU time "
                              "(with --threads 1, less sensitive to other processes' load)")
-    parser.add_argument("--baseline", metavar="FILE",
-                        help="another version of lstmcy/torch/__init__.py, timed as a third model")
     parser.add_argument("--breakdown", action="store_true",
                         help="also time each LSTM alone and report the rest of the step, "
                              "with the GEMM peak")
@@ -257,33 +208,29 @@ def main(argv=None):
     dtype = getattr(torch, args.dtype)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-        set_lstmcy_threads(args.threads)
+        lstmcy.set_num_threads(args.threads)
     shapes = args.shape or DEFAULT_SHAPES
-    baseline = load_baseline(args.baseline) if args.baseline else None
     print(f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, "
-          f"lstmcy threads {get_lstmcy_threads() or 'auto'}, "
+          f"lstmcy threads {lstmcy.get_num_threads() or 'auto'}, "
           f"mkldnn {'on' if torch.backends.mkldnn.is_available() else 'off'}; "
           f"{args.dtype}, {args.optim}, median of {args.repeats} steps (after {args.warmup} warm-up; "
           f"blocks of {args.block}; {args.clock} clock"
           + (f"; proj_size {args.proj_size}" if args.proj_size else "") + ")")
-    extra = f" | {'baseline ms':>11} {'baseline/lstmcy':>15}" if baseline else ""
-    print(f"{'T':>4} {'B':>4} {'I':>4} {'H':>4} {'L':>2} {'bi':>3} {'pk':>3} | "
-          f"{'lstmcy ms':>10} {'torch ms':>10} {'speed-up':>9}{extra}")
+    print(f"{SHAPE_HEADER} | {'lstmcy ms':>10} {'torch ms':>10} {'speed-up':>9}")
     results = []
     for shape in shapes:
         result = bench_shape(shape, dtype, args.optim, args.repeats, args.warmup,
-                             breakdown=args.breakdown, block=args.block, baseline=baseline,
+                             breakdown=args.breakdown, block=args.block,
                              clock=time.process_time if args.clock == "cpu" else time.perf_counter,
                              proj_size=args.proj_size)
         results.append(result)
         ours, ref = result["lstmcy"] * 1e3, result["torch"] * 1e3
-        line = f"{shape_label(shape)} | {ours:>10.3f} {ref:>10.3f} {ref / ours:>8.2f}x"
-        if baseline:
-            before = result["baseline"] * 1e3
-            line += f" | {before:>11.3f} {before / ours:>14.2f}x"
-        print(line, flush=True)
+        print(f"{shape_label(shape)} | {ours:>10.3f} {ref:>10.3f} {ref / ours:>8.2f}x", flush=True)
     if args.breakdown:
         print_breakdown(shapes, results, args.dtype, args.target, args.threads)
+
+
+SHAPE_HEADER = f"{'T':>4} {'B':>4} {'I':>4} {'H':>4} {'L':>2} {'bi':>3} {'pk':>3}"
 
 
 def shape_label(shape):
@@ -302,8 +249,8 @@ def print_breakdown(shapes, results, dtype, target, threads=None):
         peak = gemm_peak(dtype)["peak_gflops"]
     print(f"\nWhere the step goes (ms; rest = step - LSTM alone; GEMM peak {peak:.0f} GF/s "
           f"{dtype}, measured now):")
-    print(f"{'T':>4} {'B':>4} {'I':>4} {'H':>4} {'L':>2} {'bi':>3} {'pk':>3} | {'LSTM lstmcy':>11} "
-          f"{'LSTM torch':>10} {'ratio':>6} | {'rest lstmcy':>11} {'rest torch':>10} | "
+    print(f"{SHAPE_HEADER} | {'LSTM lstmcy':>11} {'LSTM torch':>10} {'ratio':>6} | "
+          f"{'rest lstmcy':>11} {'rest torch':>10} | "
           f"{'LSTM for ' + format(target, 'g') + 'x':>12} {'FLOPs at peak':>13} | "
           f"{'fwd lstmcy':>10} {'fwd torch':>9} {'ratio':>6} | {'bwd lstmcy':>10} "
           f"{'bwd torch':>9} {'ratio':>6}")

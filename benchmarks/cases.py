@@ -18,32 +18,10 @@ __all__ = ["Case", "CASES", "select_cases", "make_inputs", "backward_flops", "fo
 
 @dataclass(frozen=True)
 class Case:
-    """One benchmark configuration.
+    """One benchmark configuration: sequence length ``T``, batch ``B``, input size ``I``,
+    hidden size ``H`` and layers ``L``, and what goes with them."""
 
-    Parameters
-    ----------
-    name : str
-        Unique name, used by ``--shapes``.
-    T, B, I, H, L : int
-        Sequence length, batch, input size, hidden size, layers.
-    bidirectional : bool
-        Two directions per layer.
-    dtype : str
-        ``"float32"`` or ``"float64"``.
-    packed : bool
-        Variable-length batch (lengths spread 1..T, PackedSequence layout).
-    group : str
-        ``"tiny"``, ``"small"`` or ``"large"`` (decides which targets apply).
-    quick : bool
-        Part of the ``--quick`` subset.
-    targets : dict
-        ``metric -> (minimum, source)``; metrics are ``bwd_ratio``, ``fwd_ratio``,
-        ``bwd_efficiency``, ``packed_vs_torch_packed`` and ``packed_vs_own_padded``.
-    note : str
-        Where the shape comes from.
-    """
-
-    name: str
+    name: str  # unique, selected by --shapes
     T: int
     B: int
     I: int
@@ -51,11 +29,13 @@ class Case:
     L: int = 1
     bidirectional: bool = False
     dtype: str = "float32"
-    packed: bool = False
-    group: str = "small"
-    quick: bool = False
+    packed: bool = False  # a variable-length batch: lengths spread 1..T, PackedSequence layout
+    group: str = "small"  # "tiny", "small" or "large": which targets apply
+    quick: bool = False  # part of the --quick subset
+    # metric -> (minimum, source); the metrics are bwd_ratio, fwd_ratio, bwd_efficiency,
+    # packed_vs_torch_packed and packed_vs_own_padded
     targets: dict = field(default_factory=dict, hash=False, compare=False)
-    note: str = ""
+    note: str = ""  # where the shape comes from
 
     @property
     def D(self):
@@ -180,18 +160,12 @@ def forward_flops(case, padded=False):
 
 
 def make_inputs(case, seed=0):
-    """Inputs for one case, as numpy arrays of the case's dtype (no torch needed).
-
-    Returns
-    -------
-    dict
-        ``x`` ``[T, B, I]`` (zero beyond each length when packed), ``h0``, ``c0``
-        ``[L*D, B, H]``, ``params`` (drawn like ``torch.nn.LSTM``'s initialisation,
-        uniform in ``[-1/sqrt(H), 1/sqrt(H)]``), ``dy``
-        ``[T, B, D*H]`` (zero beyond each length), ``dh``, ``dc``; for packed
-        cases also ``lengths``, ``batch_sizes``, ``x_packed`` ``[N, I]`` and
-        ``dy_packed`` ``[N, D*H]`` (PyTorch's packed row order).
-    """
+    """Inputs for one case, numpy arrays of the case's dtype (no torch needed): ``x``
+    ``[T, B, I]`` (zero beyond each length when packed), ``h0``, ``c0`` ``[L*D, B, H]``,
+    ``params`` (drawn like ``torch.nn.LSTM``'s initialisation, uniform in
+    ``[-1/sqrt(H), 1/sqrt(H)]``), ``dy`` ``[T, B, D*H]`` (zero beyond each length), ``dh``,
+    ``dc``; for packed cases also ``lengths``, ``batch_sizes``, ``x_packed`` ``[N, I]`` and
+    ``dy_packed`` ``[N, D*H]`` (PyTorch's packed row order)."""
     dtype = np.dtype(case.dtype)
     rng = np.random.default_rng(seed)
     T, B, D, H = case.T, case.B, case.D, case.H
@@ -226,3 +200,13 @@ def make_inputs(case, seed=0):
 def lstm_kwargs(case):
     """Keyword arguments shared by lstmcy's forward and backward for ``case``."""
     return dict(num_layers=case.L, bidirectional=case.bidirectional, has_bias=True)
+
+
+def training_pass(case, inputs, plan):
+    """The training forward and the backward of ``case`` on its padded ``inputs``, through
+    ``plan`` (an ``lstmcy.LSTMPlan``)."""
+    kw = lstm_kwargs(case)
+    hx = (inputs["h0"], inputs["c0"])
+    cache = plan.forward(inputs["x"], hx, inputs["params"], **kw)[3]
+    plan.backward(inputs["x"], hx, inputs["params"], inputs["dy"], inputs["dh"], inputs["dc"],
+                  *cache.saved(), **kw)

@@ -18,34 +18,21 @@ Usage (the OpenBLAS variables unset in this command only)::
 import argparse
 import json
 import multiprocessing as mp
-import os
-import sys
 import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-
-import lstmcy  # noqa: E402
-from lstmcy import _threads  # noqa: E402
-from cases import CASES, lstm_kwargs, make_inputs  # noqa: E402
-from machine import machine_label, short_commit  # noqa: E402
+import lstmcy
+from lstmcy import _threads
+from cases import CASES, make_inputs, training_pass
+from machine import result_stamp
+from report import contention_table, text_table
 
 
 def _spin(stop):
     while not stop.is_set():
         for _ in range(100000):
             pass
-
-
-def training_pass(case, inputs, plan):
-    kw = lstm_kwargs(case)
-    hx = (inputs["h0"], inputs["c0"])
-    y, h_n, c_n, cache = plan.forward(inputs["x"], hx, inputs["params"], **kw)
-    plan.backward(inputs["x"], hx, inputs["params"], inputs["dy"], inputs["dh"], inputs["dc"],
-                  *cache.saved(), **kw)
 
 
 def side_by_side(case, inputs, counts, blocks, per_block):
@@ -73,10 +60,8 @@ def main(argv=None):
     cpus = _threads.available_cpus()
     many = 4 * cpus
     by_name = {c.name: c for c in CASES}
-    with open("/proc/loadavg") as fh:
-        load = fh.read().split()[0]
-    print(f"{cpus} CPUs; load average {load} before the run")
-    results = []
+    doc = dict(cpus=cpus, **result_stamp(), blocks=args.blocks, per_block=args.per_block, results=[])
+    print(f"{cpus} CPUs; load average {doc['load']} before the run")
     for name in args.shapes.split(","):
         case = by_name[name]
         inputs = make_inputs(case)
@@ -92,20 +77,13 @@ def main(argv=None):
             stop.set()
             for p in hogs:
                 p.join(10)
-        results.append(dict(case=name, shape=case.shape_label, dtype=case.dtype,
-                            two=over[2], many=over[many], many_threads=many,
-                            loaded_one=loaded[1], loaded_auto=loaded[None]))
-    print(f"{'shape':<20} {'2 threads ms':>12} {f'{many} threads ms':>13} {'ratio':>6}   "
-          f"{'busy: 1 thread ms':>17} {'automatic ms':>12} {'ratio':>6}")
-    for r in results:
-        print(f"{r['shape']:<20} {r['two'] * 1e3:12.3f} {r['many'] * 1e3:13.3f} "
-              f"{r['many'] / r['two']:6.3f}   {r['loaded_one'] * 1e3:17.3f} "
-              f"{r['loaded_auto'] * 1e3:12.3f} {r['loaded_auto'] / r['loaded_one']:6.3f}")
+        doc["results"].append(dict(case=name, shape=case.shape_label, dtype=case.dtype,
+                                   two=over[2], many=over[many], many_threads=many,
+                                   loaded_one=loaded[1], loaded_auto=loaded[None]))
+    print(text_table(*contention_table(doc)))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(dict(cpus=cpus, load=load, machine=machine_label(), lstmcy=short_commit(ROOT),
-                           blocks=args.blocks,
-                           per_block=args.per_block, results=results), fh, indent=1)
+            json.dump(doc, fh, indent=1)
 
 
 if __name__ == "__main__":

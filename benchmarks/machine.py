@@ -10,9 +10,13 @@ import os
 import platform
 import subprocess
 import sys
-import time
 
 import numpy as np
+
+from timing import run_batch
+
+#: The checkout holding benchmarks/.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 __all__ = ["lscpu_summary", "machine_label", "blas_info", "gemm_peak", "versions", "git_state"]
 
@@ -46,18 +50,6 @@ def machine_label():
     return f"{cpu.get('Model name', '?')}, {cpu.get('CPU(s)', '?')} CPUs, {cpu.get('simd', '')}"
 
 
-def _torch_config_lines(torch):
-    keep = ("MKL", "MKL-DNN", "OpenMP", "CPU capability", "BLAS_INFO")
-    lines = [ln.strip(" -") for ln in torch.__config__.show().splitlines()]
-    out = [ln for ln in lines if any(k in ln for k in keep) and not ln.startswith("Build settings")]
-    for ln in lines:
-        if ln.startswith("Build settings"):
-            for item in ln.split(","):
-                if "BLAS_INFO" in item or "USE_MKLDNN" in item or "USE_OPENMP" in item:
-                    out.append(item.strip())
-    return out
-
-
 def blas_info():
     """BLAS and OpenMP runtimes loaded in this process (threadpoolctl) and PyTorch's backends.
 
@@ -79,7 +71,8 @@ def blas_info():
         "mkldnn_enabled": bool(torch.backends.mkldnn.enabled),
         "mkl_available": bool(torch.backends.mkl.is_available()),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "config": _torch_config_lines(torch),
+        "config": [ln.strip(" -") for ln in torch.__config__.show().replace(",", "\n").splitlines()
+                   if any(k in ln for k in ("MKL", "OpenMP", "OPENMP", "CPU capability", "BLAS_INFO"))],
     }
     env = {k: v for k, v in os.environ.items()
            if k.startswith(("OPENBLAS", "OMP_", "MKL", "GOMP", "KMP", "DNNL", "ONEDNN"))}
@@ -102,29 +95,12 @@ def describe_pools(info):
     return lines
 
 
-def _times(fn, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return times
-
-
 def gemm_peak(dtype, sizes=(1024, 2048), repeats=5):
-    """GF/s of square GEMMs of each size in numpy, scipy and torch; the best is the peak.
-
-    Each library and size is timed ``repeats`` times; its GF/s is that of the fastest
-    call (a peak, so the least disturbed call counts), the median is kept too.
-
-    Returns
-    -------
-    dict
-        ``{"peak_gflops": float, "best": "lib@n", "runs": {"numpy.matmul@1024": gflops, ...},
-        "median_runs": {...}}``
-    """
+    """GF/s of square GEMMs of each size in numpy, scipy and torch; the best is the peak:
+    ``{"peak_gflops": float, "best": "lib@n", "runs": {"numpy.matmul@1024": gflops, ...},
+    "median_runs": {...}}``. Each library and size is timed ``repeats`` times; its GF/s is
+    that of the fastest call (a peak, so the least disturbed call counts), the median is
+    kept too."""
     import scipy.linalg.blas as sblas
     import torch
 
@@ -147,7 +123,8 @@ def gemm_peak(dtype, sizes=(1024, 2048), repeats=5):
             "torch.mm": lambda: torch.mm(ta, tb, out=tc),
         }
         for name, fn in candidates.items():
-            times = _times(fn, repeats)
+            fn()
+            times = sorted(run_batch(fn, 1)[0] for _ in range(repeats))
             runs[f"{name}@{n}"] = flops / times[0] / 1e9
             median_runs[f"{name}@{n}"] = flops / times[len(times) // 2] / 1e9
     best = max(runs, key=runs.get)
@@ -155,20 +132,14 @@ def gemm_peak(dtype, sizes=(1024, 2048), repeats=5):
 
 
 def versions():
-    import numpy
     import scipy
+    import threadpoolctl
     import torch
 
     import lstmcy
-    out = {"python": sys.version.split()[0], "numpy": numpy.__version__, "scipy": scipy.__version__,
-           "torch": torch.__version__, "lstmcy": getattr(lstmcy, "__version__", "?"),
-           "lstmcy_path": os.path.dirname(lstmcy.__file__)}
-    try:
-        import threadpoolctl
-        out["threadpoolctl"] = threadpoolctl.__version__
-    except ImportError:
-        pass
-    return out
+    return {"python": sys.version.split()[0], "numpy": np.__version__, "scipy": scipy.__version__,
+            "torch": torch.__version__, "lstmcy": lstmcy.__version__,
+            "lstmcy_path": os.path.dirname(lstmcy.__file__), "threadpoolctl": threadpoolctl.__version__}
 
 
 def git_state(path):
@@ -183,13 +154,15 @@ def git_state(path):
     return {"commit": commit, "kernel_changes_uncommitted": dirty.splitlines()}
 
 
-def short_commit(path):
-    """The checkout's commit, abbreviated, with "+" when lstmcy/ or src/ have changes that
-    are not committed (None outside git)."""
-    state = git_state(path)
-    if state is None:
-        return None
-    return state["commit"][:7] + ("+" if state["kernel_changes_uncommitted"] else "")
+def result_stamp():
+    """Where a result file was measured: ``load``, the load average now; ``machine``;
+    ``lstmcy``, this checkout's commit, abbreviated, with "+" when lstmcy/ or src/ have
+    changes that are not committed (None outside git)."""
+    with open("/proc/loadavg") as fh:
+        load = fh.read().split()[0]
+    state = git_state(ROOT)
+    commit = state and state["commit"][:7] + ("+" if state["kernel_changes_uncommitted"] else "")
+    return {"load": load, "machine": machine_label(), "lstmcy": commit}
 
 
 def cpu_snapshot():

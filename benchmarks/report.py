@@ -1,21 +1,13 @@
 #!/usr/bin/env python
 """Tables (plain text or Markdown) and a PNG chart from a benchmark JSON file.
 
-``run.py`` prints :func:`text_report` and draws :func:`chart`. To turn a saved run
-into Markdown (as pasted into ``RESULTS.md``)::
-
-    python benchmarks/report.py benchmarks/results/<timestamp>.json [--chart out.png]
-    python benchmarks/report.py run1.json run2.json ...   # merge: per case the least disturbed run
-
-``--results-md`` writes the whole of ``RESULTS.md``: how the suite measures, the headline
-run's tables and targets, and (``--scaling``, ``--contention``, ``--estimators``,
+``run.py`` prints :func:`text_report` and draws :func:`chart`;
+``python benchmarks/report.py <run>.json [--chart out.png]`` turns a saved run into
+Markdown. ``--results-md`` writes the whole of ``RESULTS.md``: how the suite measures, the
+headline run's tables and targets, and (``--scaling``, ``--contention``, ``--estimators``,
 ``--ragged``) the predicted scaling to N threads, the oversubscription and outside-load
-runs, the estimators against skorch and the estimators on ragged data::
-
-    python benchmarks/report.py benchmarks/results/<headline>.json \
-        --scaling benchmarks/results/scaling.json --contention benchmarks/results/contention.json \
-        --estimators benchmarks/results/estimators.json \
-        --ragged benchmarks/results/ragged-estimators.json --results-md benchmarks/RESULTS.md
+runs, the estimators against skorch and the estimators on ragged data (the command:
+docs/benchmarks.md).
 """
 import argparse
 import json
@@ -33,12 +25,6 @@ LOAD_LIMIT = 0.3
 def _graded(result):
     others = result.get("others_cores")
     return others is not None and others <= LOAD_LIMIT
-
-
-def _verdict(result, check):
-    if not _graded(result):
-        return "not graded"
-    return "yes" if check["met"] else "NO"
 
 
 def format_peaks(peaks):
@@ -80,9 +66,8 @@ def tables(doc):
     """``[(title, header, rows, notes)]`` for a results document."""
     cases = doc["cases"]
     out = []
-    merged = any("run" in r for r in cases)
     header = ["case", "T,B,I,H,L", "dtype", "GFLOP", "lstmcy ms", "torch ms", "torch/ours",
-              "ours GF/s (%)", "torch GF/s (%)", "load"] + (["run"] if merged else [])
+              "ours GF/s (%)", "torch GF/s (%)", "load"]
     rows = []
     for r in cases:
         t, g, e = r["times"], r["gflops"], r.get("efficiency", {})
@@ -91,8 +76,7 @@ def tables(doc):
                      _spread(t["lstmcy_bwd"]), _spread(t["torch_bwd"]), _x(r["ratios"]["bwd_ratio"]),
                      f"{g['lstmcy_bwd']:.1f} ({_pct(e.get('lstmcy_bwd', 0))})",
                      f"{g['torch_bwd']:.1f} ({_pct(e.get('torch_bwd', 0))})",
-                     "-" if r.get("others_cores") is None else f"{r['others_cores']:.1f}"]
-                    + ([r.get("run", "")] if merged else []))
+                     "-" if r.get("others_cores") is None else f"{r['others_cores']:.1f}"])
     out.append(("Backward (median ± half the inter-quartile range)", header, rows,
                 ["torch = torch.autograd.grad(retain_graph=True) on a recorded forward; packed rows "
                  "compare PyTorch's PackedSequence path.",
@@ -140,7 +124,7 @@ def tables(doc):
             else:
                 req, got = f">= {c['min']:.2f}x", _x(c["measured"])
             rows.append([r["name"], r["dtype"].replace("float", "f"), metric, req, got,
-                         _verdict(r, c), c["source"]])
+                         ("yes" if c["met"] else "NO") if _graded(r) else "not graded", c["source"]])
     graded = [(r, c) for r in cases for c in r.get("targets", []) if _graded(r)]
     n_met = sum(1 for r, c in graded if c["met"])
     n_all = sum(len(r.get("targets", [])) for r in cases)
@@ -302,7 +286,7 @@ def _thread_note(meta_peers):
     return "; ".join(parts)
 
 
-def _text_table(header, rows):
+def text_table(header, rows):
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     lines = ["  ".join(str(h).ljust(w) for h, w in zip(header, widths)),
              "  ".join("-" * w for w in widths)]
@@ -310,7 +294,7 @@ def _text_table(header, rows):
     return "\n".join(lines)
 
 
-def _md_table(header, rows):
+def md_table(header, rows):
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
@@ -336,7 +320,7 @@ def text_report(doc):
     suite's cases)."""
     parts = ["GEMM peak (GF/s, same run):"] + [_wrap("  " + ln) for ln in _peak_lines(doc, detail=True)]
     for title, header, rows, notes in tables(doc):
-        parts += ["", _wrap(title), _text_table(header, rows)] + [_wrap(n) for n in notes]
+        parts += ["", _wrap(title), text_table(header, rows)] + [_wrap(n) for n in notes]
     return "\n".join(parts)
 
 
@@ -349,43 +333,11 @@ def _run_line(meta, n_cases):
             f"{meta['loadavg_start'][0]:.2f} -> {meta['loadavg_end'][0]:.2f}, {meta['wall_s']:.0f} s")
 
 
-def merge(docs):
-    """One document from several runs: per case, the run with the least outside load.
-
-    Ties (outside load equal to 0.1 core) go to the later run. Each case keeps the
-    efficiency and targets computed against its own run's GEMM peak, and is tagged
-    with ``run`` (that run's timestamp).
-    """
-    chosen, order = {}, []
-    for index, doc in enumerate(docs):
-        for r in doc["cases"]:
-            key = (round(r.get("others_cores") or 0.0, 1), -index)
-            if r["name"] not in chosen:
-                order.append(r["name"])
-            if r["name"] not in chosen or key < chosen[r["name"]][0]:
-                chosen[r["name"]] = (key, dict(r, run=doc["meta"]["timestamp"]))
-    try:
-        from cases import CASES
-        rank = {c.name: i for i, c in enumerate(CASES)}
-        order.sort(key=lambda name: rank.get(name, len(rank)))
-    except ImportError:
-        pass
-    return {"meta": docs[-1]["meta"], "runs": [{"meta": d["meta"], "peaks": d["peaks"],
-                                                "n_cases": len(d["cases"])} for d in docs],
-            "peaks": docs[-1]["peaks"], "cases": [chosen[name][1] for name in order]}
-
-
 def markdown_report(doc):
-    runs = doc.get("runs") or [{"meta": doc["meta"], "peaks": doc["peaks"], "n_cases": len(doc["cases"])}]
-    parts = []
-    if len(runs) > 1:
-        parts += ["Merged from several runs; each case is taken from the run with the least outside "
-                  "load (ties: the later run), with efficiencies against that run's own GEMM peak.", ""]
-    for run in runs:
-        parts.append(f"- {_run_line(run['meta'], run['n_cases'])}")
-        parts += [f"  - GEMM peak {ln}" for ln in _peak_lines(run)]
+    parts = [f"- {_run_line(doc['meta'], len(doc['cases']))}"]
+    parts += [f"  - GEMM peak {ln}" for ln in _peak_lines(doc)]
     for title, header, rows, notes in tables(doc):
-        parts += ["", f"### {title}", "", _md_table(header, rows)]
+        parts += ["", f"### {title}", "", md_table(header, rows)]
         if notes:
             parts += [""] + [f"- {n}" for n in notes]
     return "\n".join(parts)
@@ -501,8 +453,8 @@ def _ran_on(doc):
     return f"Run on {doc['machine']}{commit}. "
 
 
-def scaling_section(doc):
-    """Markdown of a ``benchmarks/scaling.py --json`` file."""
+def scaling_table(doc):
+    """Header and rows of a ``benchmarks/scaling.py --json`` file."""
     results = doc["results"]
     counts = [row["n"] for row in results[0]["rows"]] if results else []
     header = ["shape", "dtype"] + [f"{n} threads" for n in counts] + [
@@ -514,6 +466,11 @@ def scaling_section(doc):
         rows.append([r["shape"], r["dtype"]] + [f"{row['speedup']:.2f}x" for row in r["rows"]]
                     + [f"{r['measured_1_to_2']:.2f}x", ", ".join(bounds),
                        by_n.get(8, {}).get("split", "?"), f"{r.get('handoff_us', 0.0):.1f}"])
+    return header, rows
+
+
+def scaling_section(doc):
+    """Markdown of a ``benchmarks/scaling.py --json`` file."""
     return "\n".join([
         "## Predicted scaling to N threads (`benchmarks/scaling.py`)", "",
         "The kernels' task graphs, traced on one thread with the schedule of each thread "
@@ -527,30 +484,34 @@ def scaling_section(doc):
         "its replay) on top of its traced time. The model leaves out shared caches, "
         f"memory bandwidth and frequency changes. {_ran_on(doc)}Load average {doc.get('load', '?')} "
         "at the start.",
-        "", _md_table(header, rows)])
+        "", md_table(*scaling_table(doc))])
+
+
+def contention_table(doc):
+    """Header and rows of a ``benchmarks/contention.py --json`` file."""
+    rows = [[r["shape"], r["dtype"], _ms(r["two"]), _ms(r["many"]), f"{r['many'] / r['two']:.3f}",
+             _ms(r["loaded_one"]), _ms(r["loaded_auto"]), f"{r['loaded_auto'] / r['loaded_one']:.3f}"]
+            for r in doc["results"]]
+    return ["shape", "dtype", "2 threads ms", f"{_many(doc)} threads ms", "ratio",
+            "busy: 1 thread ms", "busy: automatic ms", "ratio"], rows
+
+
+def _many(doc):
+    return doc["results"][-1]["many_threads"] if doc["results"] else None
 
 
 def contention_section(doc):
     """Markdown of a ``benchmarks/contention.py --json`` file."""
-    rows = []
-    many = None
-    for r in doc["results"]:
-        many = r["many_threads"]
-        rows.append([r["shape"], r["dtype"], _ms(r["two"]), _ms(r["many"]), f"{r['many'] / r['two']:.3f}",
-                     _ms(r["loaded_one"]), _ms(r["loaded_auto"]),
-                     f"{r['loaded_auto'] / r['loaded_one']:.3f}"])
-    header = ["shape", "dtype", "2 threads ms", f"{many} threads ms", "ratio",
-              "busy: 1 thread ms", "busy: automatic ms", "ratio"]
     blocks = f"{doc['blocks']} " if "blocks" in doc else ""
     passes = f" of {doc['per_block']} passes" if "per_block" in doc else ""
     return "\n".join([
         "## More threads than cores, and cores another process holds (`benchmarks/contention.py`)", "",
         f"Training pass (forward + backward), medians of {blocks}alternating blocks{passes}. Left: 2 threads "
-        f"against {many} on {doc.get('cpus', '?')} CPUs (target: within about 10 %). Right: with "
+        f"against {_many(doc)} on {doc.get('cpus', '?')} CPUs (target: within about 10 %). Right: with "
         f"a spinning process on every CPU, the automatic thread count against one thread "
         f"(target: at most 10 % slower). {_ran_on(doc)}Load average {doc.get('load', '?')} before "
         "the run.",
-        "", _md_table(header, rows)])
+        "", md_table(*contention_table(doc))])
 
 
 def estimators_section(doc):
@@ -570,9 +531,15 @@ def ragged_section(doc):
                            heading=f"## {RAGGED_TITLE} (`benchmarks/bench_estimators.py --ragged`)")
 
 
-def results_md(doc, paths, scaling=None, contention=None, estimators=None, ragged=None):
-    """The whole of ``RESULTS.md`` for a headline run (and optional scaling, contention,
-    estimator and ragged-data runs); ``paths`` names the files, as cited."""
+#: The sections of RESULTS.md after the headline run, each from a result file of its own.
+SECTIONS = {"scaling": scaling_section, "contention": contention_section,
+            "estimators": estimators_section, "ragged": ragged_section}
+
+
+def results_md(doc, paths, **extra):
+    """The whole of ``RESULTS.md`` for a headline run and the runs of ``extra`` (keys of
+    :data:`SECTIONS`: scaling, contention, estimator and ragged-data runs); ``paths`` names
+    the files, as cited."""
     meta = doc["meta"]
     argv = " ".join(meta.get("argv") or ["benchmarks/run.py"])
     parts = ["# Benchmark results", "", METHOD, "",
@@ -581,54 +548,39 @@ def results_md(doc, paths, scaling=None, contention=None, estimators=None, ragge
              f"`env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python {argv}`.", ""]
     parts += _machine_lines(meta)
     parts += ["", markdown_report(doc)]
-    if scaling is not None:
-        parts += ["", scaling_section(scaling), "", f"From `{paths['scaling']}`."]
-    if contention is not None:
-        parts += ["", contention_section(contention), "", f"From `{paths['contention']}`."]
-    if estimators is not None:
-        parts += ["", estimators_section(estimators), "", f"From `{paths['estimators']}`."]
-    if ragged is not None:
-        parts += ["", ragged_section(ragged), "", f"From `{paths['ragged']}`."]
+    for key, section in SECTIONS.items():
+        if extra.get(key) is not None:
+            parts += ["", section(extra[key]), "", f"From `{paths[key]}`."]
     return "\n".join(parts) + "\n"
 
 
+def _load(path):
+    with open(path) as fh:
+        return json.load(fh)
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Markdown tables (and a chart) from benchmark JSON files")
-    parser.add_argument("json", nargs="+", help="one run, or several to merge (see merge())")
+    parser = argparse.ArgumentParser(description="Markdown tables (and a chart) from a benchmark JSON file")
+    parser.add_argument("json", help="a run's JSON file (run.py's)")
     parser.add_argument("--chart", default=None, help="also draw the PNG chart here")
     parser.add_argument("--text", action="store_true", help="plain-text tables instead of Markdown")
     parser.add_argument("--results-md", default=None, metavar="PATH",
-                        help="write the whole RESULTS.md here (one headline JSON)")
-    parser.add_argument("--scaling", default=None, help="a scaling.py --json file, for --results-md")
-    parser.add_argument("--contention", default=None, help="a contention.py --json file, for --results-md")
-    parser.add_argument("--estimators", default=None,
-                        help="a bench_estimators.py JSON file (estimators.json), for --results-md")
-    parser.add_argument("--ragged", default=None,
-                        help="a bench_estimators.py --ragged JSON file (ragged-estimators.json), "
-                             "for --results-md")
+                        help="write the whole RESULTS.md here (the JSON file is the headline run)")
+    for key, what in (("scaling", "a scaling.py --json file"),
+                      ("contention", "a contention.py --json file"),
+                      ("estimators", "a bench_estimators.py JSON file (estimators.json)"),
+                      ("ragged", "a bench_estimators.py --ragged JSON file (ragged-estimators.json)")):
+        parser.add_argument(f"--{key}", default=None, help=f"{what}, for --results-md")
     args = parser.parse_args(argv)
     if args.results_md:
-        if len(args.json) != 1:
-            parser.error("--results-md takes one headline JSON")
-        extra = {}
-        for key in ("scaling", "contention", "estimators", "ragged"):
-            path = getattr(args, key)
-            if path:
-                with open(path) as fh:
-                    extra[key] = json.load(fh)
-        with open(args.json[0]) as fh:
-            doc = json.load(fh)
-        paths = {"headline": args.json[0], "scaling": args.scaling, "contention": args.contention,
-                 "estimators": args.estimators, "ragged": args.ragged}
-        text = results_md(doc, paths, **extra)
+        paths = dict({"headline": args.json},
+                     **{key: getattr(args, key) for key in SECTIONS if getattr(args, key)})
+        docs = {key: _load(path) for key, path in paths.items()}
+        text = results_md(docs.pop("headline"), paths, **docs)
         with open(args.results_md, "w") as fh:
             fh.write(text)
         return 0
-    docs = []
-    for path in args.json:
-        with open(path) as fh:
-            docs.append(json.load(fh))
-    doc = docs[0] if len(docs) == 1 else merge(docs)
+    doc = _load(args.json)
     print(text_report(doc) if args.text else markdown_report(doc))
     if args.chart and not chart(doc, args.chart):
         print("matplotlib not importable: no chart", file=sys.stderr)

@@ -9,29 +9,22 @@ Usage::
     python benchmarks/run.py --peers torch,jax,tf                # also JAX and TensorFlow/Keras
     python benchmarks/run.py --list
 
-(The script also re-executes itself without ``OPENBLAS_CORETYPE`` /
-``OPENBLAS_L2_SIZE`` when they are set: OpenBLAS reads them when it is loaded and
-they select older kernels.)
+(The script re-executes itself without ``OPENBLAS_CORETYPE`` / ``OPENBLAS_L2_SIZE``:
+OpenBLAS reads them when it is loaded, and they select older kernels.)
 
-For every case, in one process and in interleaved rounds (median over
-``--repeats`` rounds, see ``timing.py``):
-
-* lstmcy backward (``lstm_backward`` with all outputs) and training forward
-  (``lstm_forward(train=True)``, which saves the cache);
-* PyTorch backward only: ``torch.autograd.grad(..., retain_graph=True)`` on one
-  recorded forward of ``torch.nn.LSTM`` (float32 takes oneDNN's RNN primitive,
-  float64 ATen's native path; the aten ops seen are recorded), and PyTorch's
-  training forward (autograd recording);
-* the numpy reference ``lstmcy.reference`` once (skipped when a short probe
-  predicts more than ``--ref-budget`` seconds);
-* for packed cases, also PyTorch's PackedSequence path and lstmcy / PyTorch on the
-  same tokens as a full padded ``T x B`` batch;
-* sgemm/dgemm peak (numpy, scipy and torch square GEMMs) at the start and end of
-  the run; efficiency = achieved GF/s / peak with backward FLOPs
-  ``16 T B H (I_l + H)`` per layer and direction (forward: half);
-* with ``--peers`` naming ``jax`` or ``tf``: forward+backward in one call for
-  lstmcy, PyTorch and each peer, and the peers' forward and backward, once their
-  outputs and gradients agree with lstmcy's (``peers/``, docs/benchmarks.md).
+For every case, in one process and in interleaved rounds (medians over ``--repeats``
+rounds, ``timing.py``): lstmcy's backward (``lstm_backward``, all outputs) and training
+forward (``lstm_forward(train=True)``), plain and through an ``LSTMPlan``; PyTorch's
+backward (``torch.autograd.grad(retain_graph=True)`` on one recorded forward of
+``torch.nn.LSTM``; float32 takes oneDNN's RNN primitive, float64 ATen's native path; the
+aten ops seen are recorded) and training forward; for packed cases also PyTorch's
+PackedSequence path, and both on the same tokens as a padded ``T x B`` batch; with
+``--peers`` naming ``jax`` or ``tf``, forward+backward in one call for all, once the
+peers' results agree with lstmcy's (``peers/``, docs/benchmarks.md). Once per case: the
+numpy reference ``lstmcy.reference`` (skipped when a probe predicts more than
+``--ref-budget`` seconds) and the numpy memory of one call. The sgemm/dgemm peak (numpy,
+scipy and torch) at the start and the end of the run scales the efficiencies (backward
+FLOPs ``16 T B H (I_l + H)`` per layer and direction; forward: half).
 
 Output: a table on stdout, ``benchmarks/results/<timestamp>.json`` (or ``--json``)
 and, when matplotlib is importable, a PNG chart beside it.
@@ -39,24 +32,25 @@ and, when matplotlib is importable, a PNG chart beside it.
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _env import reexec_without_openblas_overrides  # noqa: E402  (no numpy import)
+from _env import reexec_without_openblas_overrides  # (no numpy import)
 
-if __name__ == "__main__":
-    reexec_without_openblas_overrides()
+reexec_without_openblas_overrides(__name__)
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
 import time  # noqa: E402
 import tracemalloc  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-HAS_PLAN = False  # set in main(): lstmcy has LSTMPlan (work buffers kept between calls)
-RESULTS_DIR = os.path.join(HERE, "results")
+import machine  # noqa: E402
+import report  # noqa: E402
+from cases import backward_flops, forward_flops, lstm_kwargs, make_inputs, select_cases  # noqa: E402
+from peers import check, compare, load_peers, parse_peers  # noqa: E402
+from timing import measure  # noqa: E402
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def parse_args(argv=None):
@@ -89,8 +83,6 @@ def parse_args(argv=None):
                              "installed is skipped (pip install -e '.[bench]')")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     args = parser.parse_args(argv)
-    from peers import parse_peers
-
     try:
         args.peers = parse_peers(args.peers)
     except ValueError as exc:
@@ -107,75 +99,52 @@ def parse_args(argv=None):
     return args
 
 
+def _problem(case, inp, packed):
+    """``(x, hx, dy, kwargs)`` of the case's calls, numpy arrays: packed 2-D layout or padded
+    ``[T, B, I]``."""
+    kw = lstm_kwargs(case)
+    if packed:
+        kw["batch_sizes"] = inp["batch_sizes"]
+        return inp["x_packed"], (inp["h0"], inp["c0"]), inp["dy_packed"], kw
+    return inp["x"], (inp["h0"], inp["c0"]), inp["dy"], kw
+
+
 # --------------------------------------------------------------------------- torch side
 
-def _torch_dtype(torch, dtype):
-    return torch.float32 if np.dtype(dtype) == np.float32 else torch.float64
-
-
-def _torch_model(case, inp, packed):
-    """``torch.nn.LSTM`` with lstmcy's parameters: ``(forward, inputs, cotangents)``.
+def torch_setup(case, inp, packed, step=False):
+    """``torch.nn.LSTM`` with lstmcy's parameters, and forward / backward closures.
 
     ``packed`` selects the PackedSequence path (input ``x_packed`` and ``batch_sizes``);
-    otherwise the padded ``[T, B, I]`` input is used. ``forward()`` returns
-    ``(y, h_n, c_n)``; ``inputs`` are the tensors and weights gradients are taken of.
+    otherwise the padded ``[T, B, I]`` input is used. The backward takes the gradients of
+    one recorded forward, or with ``step`` runs its own forward first (a training step's
+    gradients).
     """
     import torch
     from torch.nn.utils.rnn import PackedSequence
 
-    tdt = _torch_dtype(torch, case.dtype)
+    tdt = torch.float32 if case.dtype == "float32" else torch.float64
     module = torch.nn.LSTM(case.I, case.H, case.L, bidirectional=case.bidirectional).to(tdt)
     with torch.no_grad():
         for weight, value in zip(module._flat_weights, inp["params"]):
             weight.copy_(torch.from_numpy(value))
-    h0 = torch.from_numpy(inp["h0"].copy()).requires_grad_()
-    c0 = torch.from_numpy(inp["c0"].copy()).requires_grad_()
-    if packed:
-        x = torch.from_numpy(inp["x_packed"].copy()).requires_grad_()
-        batch_sizes = torch.from_numpy(inp["batch_sizes"].copy())
-        dy = torch.from_numpy(inp["dy_packed"].copy())
+    x, (h0, c0), dy, _ = _problem(case, inp, packed)
+    x, h0, c0 = (torch.from_numpy(a.copy()).requires_grad_() for a in (x, h0, c0))
+    cotangents = [torch.from_numpy(a.copy()) for a in (dy, inp["dh"], inp["dc"])]
+    batch_sizes = torch.from_numpy(inp["batch_sizes"].copy()) if packed else None
 
-        def forward():
-            out, (h_n, c_n) = module(PackedSequence(x, batch_sizes), (h0, c0))
-            return out.data, h_n, c_n
-    else:
-        x = torch.from_numpy(inp["x"].copy()).requires_grad_()
-        dy = torch.from_numpy(inp["dy"].copy())
+    def forward():
+        out, (h_n, c_n) = module(PackedSequence(x, batch_sizes) if packed else x, (h0, c0))
+        return (out.data if packed else out), h_n, c_n
 
-        def forward():
-            out, (h_n, c_n) = module(x, (h0, c0))
-            return out, h_n, c_n
-    dh, dc = torch.from_numpy(inp["dh"].copy()), torch.from_numpy(inp["dc"].copy())
-    return forward, [x, h0, c0] + list(module._flat_weights), [dy, dh, dc]
-
-
-def torch_setup(case, inp, packed):
-    """``torch.nn.LSTM`` with lstmcy's parameters, and forward / backward closures.
-
-    ``packed`` selects the PackedSequence path (input ``x_packed`` and ``batch_sizes``);
-    otherwise the padded ``[T, B, I]`` input is used.
-    """
-    import torch
-
-    forward, inputs, cotangents = _torch_model(case, inp, packed)
-    outputs = forward()  # the recorded forward that backward differentiates
+    inputs = [x, h0, c0] + list(module._flat_weights)
+    outputs = None if step else forward()  # the recorded forward that backward differentiates
 
     def backward():
+        if step:
+            return torch.autograd.grad(list(forward()), inputs, cotangents)
         return torch.autograd.grad(list(outputs), inputs, cotangents, retain_graph=True)
 
     return forward, backward
-
-
-def torch_step(case, inp, packed):
-    """PyTorch's forward and backward in one call (a training step's gradients)."""
-    import torch
-
-    forward, inputs, cotangents = _torch_model(case, inp, packed)
-
-    def step():
-        return torch.autograd.grad(list(forward()), inputs, cotangents)
-
-    return step
 
 
 def torch_ops(fn, top=6):
@@ -200,27 +169,18 @@ def torch_ops(fn, top=6):
 
 # --------------------------------------------------------------------------- lstmcy side
 
-def _lstmcy_problem(case, inp, packed):
-    """``(x, hx, dy, kwargs)`` of lstmcy's calls: packed 2-D layout or padded ``[T, B, I]``."""
-    from cases import lstm_kwargs
-
-    kw = lstm_kwargs(case)
-    if packed:
-        kw["batch_sizes"] = inp["batch_sizes"]
-        return inp["x_packed"], (inp["h0"], inp["c0"]), inp["dy_packed"], kw
-    return inp["x"], (inp["h0"], inp["c0"]), inp["dy"], kw
-
-
-def lstmcy_setup(case, inp, packed, plan=False):
+def lstmcy_setup(case, inp, packed, plan=False, step=False):
     """Forward / backward closures for lstmcy (packed 2-D layout or padded ``[T, B, I]``).
 
     ``plan`` runs them through one ``lstmcy.LSTMPlan`` (work buffers kept between calls)
-    instead of the plain ``lstm_forward`` / ``lstm_backward``.
+    instead of the plain ``lstm_forward`` / ``lstm_backward``. The backward starts from
+    what one training forward saved, or with ``step`` runs its own forward first (a
+    training step's gradients).
     """
     import lstmcy
 
     api = lstmcy.LSTMPlan() if plan else lstmcy
-    x, hx, dy, kw = _lstmcy_problem(case, inp, packed)
+    x, hx, dy, kw = _problem(case, inp, packed)
     params = inp["params"]
     run_forward = api.forward if plan else api.lstm_forward
     run_backward = api.backward if plan else api.lstm_backward
@@ -228,37 +188,20 @@ def lstmcy_setup(case, inp, packed, plan=False):
     def forward():
         return run_forward(x, hx, params, train=True, **kw)
 
-    _, _, _, cache = forward()
-    saved = cache.saved()
+    saved = forward()[3].saved()
 
     def backward():
-        return run_backward(x, hx, params, dy, inp["dh"], inp["dc"], *saved, **kw)
+        return run_backward(x, hx, params, dy, inp["dh"], inp["dc"],
+                            *(forward()[3].saved() if step else saved), **kw)
 
     return forward, backward
 
 
-def lstmcy_step(case, inp, packed):
-    """lstmcy's training forward and its backward in one call (a training step's gradients)."""
-    import lstmcy
-
-    x, hx, dy, kw = _lstmcy_problem(case, inp, packed)
-    params = inp["params"]
-
-    def step():
-        cache = lstmcy.lstm_forward(x, hx, params, train=True, **kw)[3]
-        return lstmcy.lstm_backward(x, hx, params, dy, inp["dh"], inp["dc"], *cache.saved(), **kw)
-
-    return step
-
-
-def reference_run(case, inp, budget, repeats):
-    """Time the numpy reference once (or a few times), unless a probe predicts > ``budget`` s."""
+def reference_run(case, inp, budget):
+    """Time the numpy reference once, unless a probe predicts more than ``budget`` s."""
     from lstmcy import reference
 
-    from cases import lstm_kwargs
-
-    kw = lstm_kwargs(case)
-    hx = (inp["h0"], inp["c0"])
+    _, hx, _, kw = _problem(case, inp, packed=False)
     params = inp["params"]
     # Probe: the first few steps of the padded problem; the reference is linear in T.
     t_probe = min(case.T, 3)
@@ -270,27 +213,16 @@ def reference_run(case, inp, budget, repeats):
     if estimate > budget:
         return {"status": "skipped", "estimate_s": estimate,
                 "reason": f"predicted {estimate:.1f} s for forward+backward > budget {budget:g} s"}
-    if case.packed:
-        kw["batch_sizes"] = inp["batch_sizes"]
-        x, dy = inp["x_packed"], inp["dy_packed"]
-    else:
-        x, dy = inp["x"], inp["dy"]
-    repeats = max(1, min(repeats, int(budget / max(estimate, 1e-9))))
-    fwd_times, bwd_times = [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        y, h_n, c_n, cache = reference.lstm_forward(x, hx, params, train=True, **kw)
-        mid = time.perf_counter()
-        reference.lstm_backward(x, hx, params, dy, inp["dh"], inp["dc"], *cache.saved(), **kw)
-        fwd_times.append(mid - start)
-        bwd_times.append(time.perf_counter() - mid)
-    return {"status": "ran", "estimate_s": estimate, "repeats": repeats,
-            "fwd": float(np.median(fwd_times)), "bwd": float(np.median(bwd_times))}
+    x, hx, dy, kw = _problem(case, inp, case.packed)
+    start = time.perf_counter()
+    cache = reference.lstm_forward(x, hx, params, train=True, **kw)[3]
+    mid = time.perf_counter()
+    reference.lstm_backward(x, hx, params, dy, inp["dh"], inp["dc"], *cache.saved(), **kw)
+    return {"status": "ran", "estimate_s": estimate, "repeats": 1, "fwd": mid - start,
+            "bwd": time.perf_counter() - mid}
 
 
 def _nbytes(obj):
-    if obj is None:
-        return 0
     if isinstance(obj, np.ndarray):
         return obj.nbytes
     if isinstance(obj, (list, tuple)):
@@ -314,14 +246,10 @@ def peak_memory(fn):
 
 
 def max_rel_err(ours, theirs):
-    """Largest ``max|a - b| / max|b|`` over the gradients (dx, dh0, dc0, dparams...)."""
-    worst = 0.0
-    flat_ours = list(ours[:3]) + list(ours[3])
-    for a, b in zip(flat_ours, theirs):
-        b = b.detach().numpy().astype(np.float64)
-        scale = max(float(np.abs(b).max(initial=0.0)), 1e-300)
-        worst = max(worst, float(np.abs(np.asarray(a, dtype=np.float64) - b).max(initial=0.0)) / scale)
-    return worst
+    """Largest ``max|a - b| / max|b|`` over lstmcy's gradients ``a`` (dx, dh0, dc0, dparams...)
+    and PyTorch's ``b``."""
+    return max(check.rel_err(b.detach().numpy(), a)[0]
+               for a, b in zip(list(ours[:3]) + list(ours[3]), theirs))
 
 
 # --------------------------------------------------------------------------- one case
@@ -329,17 +257,12 @@ def max_rel_err(ours, theirs):
 def run_case(case, args, peers=None):
     """Time one case; ``peers`` (``name -> (module, info)``, see ``peers.load_peers``) adds
     forward+backward for lstmcy and PyTorch and, after their cross-check, the peers."""
-    from cases import backward_flops, forward_flops, make_inputs
-    from timing import measure
-
     inp = make_inputs(case)
-    functions = {}
     cy_fwd, cy_bwd = lstmcy_setup(case, inp, packed=case.packed)
     pt_fwd, pt_bwd = torch_setup(case, inp, packed=case.packed)
-    functions.update(lstmcy_bwd=cy_bwd, torch_bwd=pt_bwd, lstmcy_fwd=cy_fwd, torch_fwd=pt_fwd)
-    if HAS_PLAN:
-        plan_fwd, plan_bwd = lstmcy_setup(case, inp, packed=case.packed, plan=True)
-        functions.update(lstmcy_plan_bwd=plan_bwd, lstmcy_plan_fwd=plan_fwd)
+    plan_fwd, plan_bwd = lstmcy_setup(case, inp, packed=case.packed, plan=True)
+    functions = dict(lstmcy_bwd=cy_bwd, torch_bwd=pt_bwd, lstmcy_fwd=cy_fwd, torch_fwd=pt_fwd,
+                     lstmcy_plan_bwd=plan_bwd, lstmcy_plan_fwd=plan_fwd)
     if case.packed:
         cyp_fwd, cyp_bwd = lstmcy_setup(case, inp, packed=False)
         ptp_fwd, ptp_bwd = torch_setup(case, inp, packed=False)
@@ -360,15 +283,11 @@ def run_case(case, args, peers=None):
     result["max_rel_err_vs_torch"] = max_rel_err(cy_bwd(), pt_bwd())
     result["torch_ops"] = {"bwd": torch_ops(pt_bwd), "fwd": torch_ops(pt_fwd)}
     if peers:
-        from peers import check, compare
-
-        functions.update(lstmcy_fwdbwd=lstmcy_step(case, inp, case.packed),
-                         torch_fwdbwd=torch_step(case, inp, case.packed))
+        functions.update(lstmcy_fwdbwd=lstmcy_setup(case, inp, case.packed, step=True)[1],
+                         torch_fwdbwd=torch_setup(case, inp, case.packed, step=True)[1])
         peer_functions, result["peers"] = compare.setup_case(case, inp, peers,
                                                              check.lstmcy_results(cy_fwd, cy_bwd))
         functions.update(peer_functions)
-
-    import machine
 
     before = machine.cpu_snapshot()
     times = measure(functions, repeats=args.repeats, min_time=args.min_time, warm_time=args.warm_time)
@@ -376,10 +295,9 @@ def run_case(case, args, peers=None):
     result["times"] = times
     med = {name: t["median"] for name, t in times.items()}
     ratios = {"bwd_ratio": med["torch_bwd"] / med["lstmcy_bwd"],
-              "fwd_ratio": med["torch_fwd"] / med["lstmcy_fwd"]}
-    if HAS_PLAN:
-        ratios["plan_bwd_ratio"] = med["torch_bwd"] / med["lstmcy_plan_bwd"]
-        ratios["plan_fwd_ratio"] = med["torch_fwd"] / med["lstmcy_plan_fwd"]
+              "fwd_ratio": med["torch_fwd"] / med["lstmcy_fwd"],
+              "plan_bwd_ratio": med["torch_bwd"] / med["lstmcy_plan_bwd"],
+              "plan_fwd_ratio": med["torch_fwd"] / med["lstmcy_plan_fwd"]}
     if case.packed:
         ratios["packed_vs_torch_packed"] = med["torch_bwd"] / med["lstmcy_bwd"]
         ratios["packed_vs_own_padded"] = med["lstmcy_padded_bwd"] / med["lstmcy_bwd"]
@@ -399,14 +317,12 @@ def run_case(case, args, peers=None):
     if peers:
         compare.summarise(result, med)
 
-    ref = reference_run(case, inp, args.ref_budget, repeats=1)
-    result["reference"] = ref
+    result["reference"] = reference_run(case, inp, args.ref_budget)
 
     fwd_peak, fwd_out = peak_memory(cy_fwd)
     bwd_peak, bwd_out = peak_memory(cy_bwd)
-    if HAS_PLAN:
-        result["memory_plan"] = {"fwd_peak_bytes": peak_memory(plan_fwd)[0],
-                                 "bwd_peak_bytes": peak_memory(plan_bwd)[0]}
+    result["memory_plan"] = {"fwd_peak_bytes": peak_memory(plan_fwd)[0],
+                             "bwd_peak_bytes": peak_memory(plan_bwd)[0]}
     itemsize = np.dtype(case.dtype).itemsize
     gates_bytes = case.T * case.B * 4 * case.H * itemsize
     result["memory"] = {"fwd_peak_bytes": fwd_peak, "fwd_result_bytes": fwd_out,
@@ -438,8 +354,6 @@ def wait_quiet(max_wait, threshold=0.3, interval=1.0):
 
     Returns ``(others_cores, waited_seconds)`` of the last sample.
     """
-    import machine
-
     start = time.perf_counter()
     while True:
         before = machine.cpu_snapshot()
@@ -452,8 +366,6 @@ def wait_quiet(max_wait, threshold=0.3, interval=1.0):
 
 def main(argv=None):
     args = parse_args(argv)
-    from cases import select_cases
-
     cases = select_cases(args.shapes, quick=args.quick)
     if args.list:
         for c in cases:
@@ -465,34 +377,24 @@ def main(argv=None):
     import torch
 
     import lstmcy  # loads scipy's OpenBLAS through scipy.linalg.cython_blas
-    import machine
-    import report
 
-    global HAS_PLAN
-    HAS_PLAN = hasattr(lstmcy, "LSTMPlan")
-    limiter = None
     if args.threads is not None:
         limiter = threadpoolctl.threadpool_limits(limits=args.threads)  # noqa: F841  (kept alive)
         torch.set_num_threads(args.threads)
-        if hasattr(lstmcy, "set_num_threads"):
-            lstmcy.set_num_threads(args.threads)
+        lstmcy.set_num_threads(args.threads)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     meta = {"timestamp": stamp, "argv": sys.argv, "quick": args.quick, "repeats": args.repeats,
             "wait_quiet": args.wait_quiet,
             "threads": args.threads, "min_time": args.min_time, "warm_time": args.warm_time,
             "ref_budget": args.ref_budget, "cpu": machine.lscpu_summary(), "blas": machine.blas_info(),
-            "versions": machine.versions(), "git": machine.git_state(os.path.dirname(HERE)),
-            "lstmcy_threads": (lstmcy.get_num_threads() if hasattr(lstmcy, "get_num_threads") else None),
-            "loadavg_start": os.getloadavg()}
+            "versions": machine.versions(), "git": machine.git_state(machine.ROOT),
+            "lstmcy_threads": lstmcy.get_num_threads(), "loadavg_start": os.getloadavg()}
     print(f"lstmcy benchmark {stamp}: {len(cases)} cases, {args.repeats} rounds, "
           f"threads={args.threads or 'default'}, load average {meta['loadavg_start'][0]:.2f}")
     for line in machine.describe_pools(meta["blas"]):
         print("  " + line)
     if meta["blas"]["unset_by_run_py"]:
         print(f"  re-executed without {meta['blas']['unset_by_run_py']}")
-    leftover = [k for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ]
-    if leftover:
-        print(f"  WARNING: {leftover} still set: OpenBLAS may run older kernels")
     peers = load_peers_for_run(args, meta, torch)
 
     def peaks_now():
@@ -539,7 +441,7 @@ def main(argv=None):
     json_path = args.json or os.path.join(RESULTS_DIR, f"{stamp}.json")
     os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
     with open(json_path, "w") as fh:
-        json.dump(doc, fh, indent=1, default=_json_default)
+        json.dump(doc, fh, indent=1, default=lambda obj: obj.tolist())  # numpy scalars, arrays
     print(f"\nresults: {json_path}")
     if not args.no_chart:
         chart_path = args.chart or os.path.splitext(json_path)[0] + ".png"
@@ -562,8 +464,6 @@ def load_peers_for_run(args, meta, torch):
     The suite's thread count is ``--threads`` or, by default, PyTorch's (the cores).
     Returns ``name -> (module, info)`` (empty for PyTorch alone).
     """
-    from peers import load_peers
-
     threads = args.threads or torch.get_num_threads()
     loaded, skipped = load_peers(args.peers, threads)
     meta["peers"] = {"requested": args.peers, "threads": threads,
@@ -582,18 +482,6 @@ def peer_line(result):
              for name in ["torch"] + list(result["peers"]) if f"{name}_fwdbwd_ratio" in result["ratios"]]
     parts += [f"{name} {s['status'].upper()}" for name, s in result["peers"].items() if s["status"] != "ran"]
     return ", fwd+bwd peer/lstmcy: " + " ".join(parts)
-
-
-def _json_default(obj):
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (np.floating,)):
-        return float(obj)
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, float) and math.isnan(obj):
-        return None
-    raise TypeError(f"not JSON serialisable: {type(obj)}")
 
 
 if __name__ == "__main__":

@@ -28,20 +28,15 @@ Usage (the OpenBLAS variables unset in this command only)::
 """
 import argparse
 import json
-import os
-import sys
 from collections import defaultdict
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-
-import lstmcy  # noqa: E402
-from lstmcy import _schedule, _threads  # noqa: E402
-from cases import CASES, lstm_kwargs, make_inputs  # noqa: E402
-from machine import machine_label, short_commit  # noqa: E402
+import lstmcy
+from lstmcy import _schedule, _threads
+from cases import CASES, make_inputs, training_pass
+from machine import result_stamp
+from report import scaling_table, text_table
 
 # Task kinds (src/lstmcy/_layer.pxd, TaskKind)
 PACK, PROJECT, RECURRENCE, UNIT_STEP, GATHER, WEIGHTS, DX, FINISH = range(8)
@@ -74,14 +69,10 @@ def traced_calls(case, inputs, n_model, n_run, repeats, units=False):
             T, B, I, H, D, n_model, projected, small_gemms=small_gemms),
         cap_at_cpus=False)
     plan = lstmcy.LSTMPlan(n_threads=n_run, schedules=policy)
-    kw = lstm_kwargs(case)
-    hx = (inputs["h0"], inputs["c0"])
     runs = []
     for repeat in range(repeats + 1):
         plan.trace = []
-        y, h_n, c_n, cache = plan.forward(inputs["x"], hx, inputs["params"], **kw)
-        plan.backward(inputs["x"], hx, inputs["params"], inputs["dy"], inputs["dh"],
-                      inputs["dc"], *cache.saved(), **kw)
+        training_pass(case, inputs, plan)
         if repeat:  # the first run warms up
             runs.append(plan.trace)
     calls = []
@@ -274,19 +265,15 @@ def replay(g, workers, handoff=0.0):
                 own[w] = chosen
                 free[w] = t
                 continue
+            if not dx and not any(next_chunk[b] < len(blocks[b]) and held_until[b] <= t
+                                  for b in range(len(blocks))):
+                # Nothing left, or every block left is held by another worker: in the kernels
+                # this worker returns; here it would only wait for the holder, so it stops too.
+                active.discard(w)
+                continue
             waiting = [ready(dx[0])] if dx else []
             waiting += [max(ready(blocks[b][next_chunk[b]]), held_until[b])
                         for b in range(len(blocks)) if next_chunk[b] < len(blocks[b])]
-            free_left = dx or any(next_chunk[b] < len(blocks[b]) and held_until[b] <= t
-                                  for b in range(len(blocks)))
-            if not free_left and not any(next_chunk[b] < len(blocks[b]) for b in range(len(blocks))):
-                active.discard(w)
-                continue
-            if not free_left:
-                # Every block left is held by another worker: in the kernels this worker
-                # returns; here it would only wait for the holder, so it stops too.
-                active.discard(w)
-                continue
             free[w] = max(t, min(waiting))
     return max(free)
 
@@ -335,23 +322,13 @@ def main(argv=None):
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     by_name = {c.name: c for c in CASES}
-    with open("/proc/loadavg") as fh:
-        load = fh.read().split()[0]
-    results = [model_case(by_name[name], args.repeats) for name in args.shapes.split(",")]
-    print(f"load average {load} at the start; kernels only (forward + backward)")
-    header = " ".join(f"{n:>6}" for n in COUNTS)
-    print(f"{'shape':<24} {'dtype':<8} {header}   measured 1->2   bound at 8, 32   split at 8"
-          "   handoff us")
-    for r in results:
-        speedups = " ".join(f"{row['speedup']:6.2f}" for row in r["rows"])
-        by_n = {row["n"]: row for row in r["rows"]}
-        print(f"{r['shape']:<24} {r['dtype']:<8} {speedups}   {r['measured_1_to_2']:6.2f}"
-              f"          {by_n[8]['bound']}, {by_n[32]['bound']}     {by_n[8]['split']:<6}"
-              f"       {r['handoff_us']:.1f}")
+    doc = result_stamp()
+    doc["results"] = [model_case(by_name[name], args.repeats) for name in args.shapes.split(",")]
+    print(f"load average {doc['load']} at the start; kernels only (forward + backward)")
+    print(text_table(*scaling_table(doc)))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(dict(load=load, machine=machine_label(), lstmcy=short_commit(ROOT),
-                           results=results), fh, indent=1)
+            json.dump(doc, fh, indent=1)
 
 
 if __name__ == "__main__":

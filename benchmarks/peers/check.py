@@ -12,7 +12,7 @@ import numpy as np
 
 from .layout import padded_to_packed
 
-__all__ = ["TOLERANCE", "lstmcy_results", "cross_check"]
+__all__ = ["TOLERANCE", "lstmcy_results", "cross_check", "rel_err"]
 
 # max |peer - lstmcy| / max |lstmcy| allowed per array. lstmcy agrees with PyTorch to
 # about 3e-6 (float32) and 7e-15 (float64) on the suite's shapes.
@@ -41,7 +41,8 @@ def _param_label(index, num_directions):
     return f"{_PARAM_NAMES[k]}[layer {layer}{', reverse' if direction else ''}]"
 
 
-def _rel_err(ours, theirs):
+def rel_err(ours, theirs):
+    """``max|theirs - ours| / max|ours|`` and a problem (a shape mismatch) or None."""
     ours = np.asarray(ours, dtype=np.float64)
     theirs = np.asarray(theirs, dtype=np.float64)
     if ours.shape != theirs.shape:
@@ -91,7 +92,7 @@ def cross_check(case, inp, ours, theirs, tolerance=None):
             errors[key] = math.inf
             problems.append(f"{key}: missing")
             continue
-        errors[key], problem = _rel_err(a, b)
+        errors[key], problem = rel_err(a, b)
         if problem:
             problems.append(f"{key}: {problem}")
     worst = max(errors, key=errors.get)
