@@ -15,6 +15,27 @@
 # ValueError, never a read or write outside an array.
 
 
+cdef struct ForwardSync:
+    # A forward call's counters and events that are not arrays (zeroed before each call).
+    # Allocated apart from the call struct, which every thread reads throughout the call:
+    # threads write these, and on the struct's cache lines they would evict its fields.
+    lstmcy_event next_task
+    lstmcy_event pack_done[2]
+    lstmcy_event step_done[2]
+    int trace_count
+
+
+cdef struct BackwardSync:
+    # As ForwardSync, for a backward call.
+    lstmcy_event next_task
+    lstmcy_event pack_done[2]
+    lstmcy_event step_done[2]
+    lstmcy_event ih_packed
+    int dx_next
+    int ih_pack_claim
+    int trace_count
+
+
 cdef class ForwardLayer:
     """The forward of one kind of layer call (one layer, both directions).
 
@@ -66,10 +87,7 @@ cdef class ForwardLayer:
     cdef lstmcy_event *piece_done    # [n_pieces]
     cdef int *unit_claims            # [n_unit_claims]: D * T * groups (units split)
     cdef Py_ssize_t n_unit_claims
-    cdef lstmcy_event next_task
-    cdef lstmcy_event pack_done[2]
-    cdef lstmcy_event step_done[2]
-    cdef int trace_count
+    cdef ForwardSync *sync
 
     def __init__(self, tuple sizes, bint training, bint x_rows_packed, schedule,
                  tuple workspace, int n_threads):
@@ -94,6 +112,7 @@ cdef class ForwardLayer:
         free(self.row_start)
         free(self.piece_done)
         free(self.unit_claims)
+        free(self.sync)
 
     def run(self, tuple x, tuple y, tuple weights, tuple states, tuple saved, tuple steps,
             bint flush_denormals=True, trace=None):
@@ -231,8 +250,9 @@ cdef int _forward_setup(ForwardLayer layer, tuple sizes, bint training, bint x_r
     layer.row_start = <Py_ssize_t *>calloc(groups + 1, sizeof(Py_ssize_t))
     layer.piece_done = <lstmcy_event *>calloc(max(n_pieces, 1), sizeof(lstmcy_event))
     layer.unit_claims = <int *>calloc(max(layer.n_unit_claims, 1), sizeof(int))
+    layer.sync = <ForwardSync *>calloc(1, sizeof(ForwardSync))
     if (layer.tasks == NULL or layer.row_start == NULL or layer.piece_done == NULL
-            or layer.unit_claims == NULL):
+            or layer.unit_claims == NULL or layer.sync == NULL):
         raise MemoryError()  # __dealloc__ frees what was allocated
     n_tasks = 0
     if split == SPLIT_ROWS and H > 0:
@@ -254,9 +274,9 @@ cdef int _forward_setup(ForwardLayer layer, tuple sizes, bint training, bint x_r
     fc.row_start = layer.row_start
     fc.piece_done = layer.piece_done
     fc.unit_claims = layer.unit_claims
-    fc.next_task = &layer.next_task.value
-    fc.pack_done = layer.pack_done
-    fc.step_done = layer.step_done
+    fc.next_task = &layer.sync.next_task.value
+    fc.pack_done = layer.sync.pack_done
+    fc.step_done = layer.sync.step_done
     return 0
 
 
@@ -312,18 +332,15 @@ cdef int _forward_run(ForwardLayer layer,
         fc.h_n[d] = _data3(h_n, d)
         fc.c_state[d] = _data3(c_state, d)
     _row_blocks(fc.steps.sizes, T, B, fc.groups, layer.row_start)
-    layer.next_task.value = 0
-    memset(layer.pack_done, 0, 2 * sizeof(lstmcy_event))
-    memset(layer.step_done, 0, 2 * sizeof(lstmcy_event))
+    memset(layer.sync, 0, sizeof(ForwardSync))
     memset(layer.piece_done, 0, max(fc.n_pieces, 1) * sizeof(lstmcy_event))
     memset(layer.unit_claims, 0, max(layer.n_unit_claims, 1) * sizeof(int))
-    layer.trace_count = 0
-    fc.trace = _trace_of(trace, &layer.trace_count)
+    fc.trace = _trace_of(trace, &layer.sync.trace_count)
     with nogil:
         layer.n_workers = run_job(layer.n_threads,
                                   _forward_job_float if floating is float else _forward_job_double,
                                   <void *>fc, flush_denormals)
-    n_trace = min(layer.trace_count, fc.trace.capacity)
+    n_trace = min(layer.sync.trace_count, fc.trace.capacity)
     fc.trace.entries = NULL  # the trace array is the caller's: not kept past the call
     return n_trace
 
@@ -385,13 +402,7 @@ cdef class BackwardLayer:
     cdef int *lanes_done             # [D, n_blocks]
     cdef int *unit_claims            # [D, T + 1, groups] (units split)
     cdef Py_ssize_t n_gathers, n_chains, n_lane_blocks, n_unit_claims, n_progress
-    cdef lstmcy_event next_task
-    cdef lstmcy_event pack_done[2]
-    cdef lstmcy_event step_done[2]
-    cdef lstmcy_event ih_packed
-    cdef int dx_next
-    cdef int ih_pack_claim
-    cdef int trace_count
+    cdef BackwardSync *sync
 
     def __init__(self, tuple sizes, bint want_dx, bint want_dparams, bint x_rows_packed,
                  schedule, tuple workspace, int n_threads):
@@ -425,6 +436,7 @@ cdef class BackwardLayer:
         free(self.block_busy)
         free(self.lanes_done)
         free(self.unit_claims)
+        free(self.sync)
 
     def run(self, tuple x, tuple dy, dx, tuple weights, tuple states, tuple saved,
             tuple grads, tuple steps, bint flush_denormals=True, trace=None):
@@ -612,10 +624,11 @@ cdef int _backward_setup(BackwardLayer layer, tuple sizes, bint want_dx, bint wa
     layer.block_busy = <int *>calloc(max(layer.n_chains, 1), sizeof(int))
     layer.lanes_done = <int *>calloc(max(layer.n_lane_blocks, 1), sizeof(int))
     layer.unit_claims = <int *>calloc(max(layer.n_unit_claims, 1), sizeof(int))
+    layer.sync = <BackwardSync *>calloc(1, sizeof(BackwardSync))
     if (layer.tasks == NULL or layer.row_start == NULL or layer.dx_order == NULL
             or layer.progress == NULL or layer.gathered == NULL or layer.gather_claims == NULL
             or layer.block_next == NULL or layer.block_busy == NULL
-            or layer.lanes_done == NULL or layer.unit_claims == NULL):
+            or layer.lanes_done == NULL or layer.unit_claims == NULL or layer.sync == NULL):
         raise MemoryError()  # __dealloc__ frees what was allocated
     _order_dx_pieces(bc, layer.dx_order)
     if not want_dx:
@@ -637,19 +650,19 @@ cdef int _backward_setup(BackwardLayer layer, tuple sizes, bint want_dx, bint wa
     bc.tasks = layer.tasks
     bc.n_tasks = <int>n_tasks
     bc.row_start = layer.row_start
-    bc.next_task = &layer.next_task.value
-    bc.pack_done = layer.pack_done
-    bc.step_done = layer.step_done
+    bc.next_task = &layer.sync.next_task.value
+    bc.pack_done = layer.sync.pack_done
+    bc.step_done = layer.sync.step_done
     bc.progress = layer.progress
     bc.gathered = layer.gathered
-    bc.ih_packed = &layer.ih_packed
+    bc.ih_packed = &layer.sync.ih_packed
     bc.gather_claims = layer.gather_claims
     bc.block_next = layer.block_next
     bc.block_busy = layer.block_busy
     bc.lanes_done = layer.lanes_done
-    bc.dx_next = &layer.dx_next
+    bc.dx_next = &layer.sync.dx_next
     bc.unit_claims = layer.unit_claims
-    bc.ih_pack_claim = &layer.ih_pack_claim
+    bc.ih_pack_claim = &layer.sync.ih_pack_claim
     return 0
 
 
@@ -724,12 +737,7 @@ cdef int _backward_run(BackwardLayer layer,
             bc.db[d] = <char *>&db[d, 0]
             bc.dw_hr[d] = _data3(dw_hr, d) if bc.projected else NULL
     _row_blocks(bc.steps.sizes, T, B, bc.groups, layer.row_start)
-    layer.next_task.value = 0
-    memset(layer.pack_done, 0, 2 * sizeof(lstmcy_event))
-    memset(layer.step_done, 0, 2 * sizeof(lstmcy_event))
-    layer.ih_packed.value = 0
-    layer.dx_next = 0
-    layer.ih_pack_claim = 0
+    memset(layer.sync, 0, sizeof(BackwardSync))
     memset(layer.progress, 0, layer.n_progress * sizeof(lstmcy_event))
     memset(layer.gathered, 0, max(layer.n_gathers, 1) * sizeof(lstmcy_event))
     memset(layer.gather_claims, 0, max(layer.n_gathers, 1) * sizeof(int))
@@ -737,12 +745,11 @@ cdef int _backward_run(BackwardLayer layer,
     memset(layer.block_busy, 0, max(layer.n_chains, 1) * sizeof(int))
     memset(layer.lanes_done, 0, max(layer.n_lane_blocks, 1) * sizeof(int))
     memset(layer.unit_claims, 0, max(layer.n_unit_claims, 1) * sizeof(int))
-    layer.trace_count = 0
-    bc.trace = _trace_of(trace, &layer.trace_count)
+    bc.trace = _trace_of(trace, &layer.sync.trace_count)
     with nogil:
         layer.n_workers = run_job(layer.n_threads,
                                   _backward_job_float if floating is float else _backward_job_double,
                                   <void *>bc, flush_denormals)
-    n_trace = min(layer.trace_count, bc.trace.capacity)
+    n_trace = min(layer.sync.trace_count, bc.trace.capacity)
     bc.trace.entries = NULL  # the trace array is the caller's: not kept past the call
     return n_trace
