@@ -41,13 +41,24 @@ measurement in a fresh process; it writes ``benchmarks/results/ragged-estimators
 and ``.json`` (``report.py --ragged`` puts it in RESULTS.md)::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_estimators.py --ragged
+
+``--timeseries`` runs instead lstmcy's sktime and aeon classifiers beside each library's
+MiniRocket, TimeSeriesForestClassifier (sktime's reading the channels end to end) and MUSE
+on the UCR/UEA sets both package; each fit in a fresh process with an empty numba
+cache, twice (the first fit as on first use, compilation included; then a compiled one).
+sktime's classifiers need numba (in the ``bench`` extra); aeon runs in its own venv
+(``--aeon-python``, as .ci/timeseries.sh makes it). The run goes into
+``meta['timeseries']`` of the existing ``estimators.json``::
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_estimators.py --timeseries
 """
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path[:0] = [HERE, ROOT]  # this checkout's lstmcy, also when another one is installed
+# this checkout's lstmcy (also when another one is installed) and its tests' data loaders
+sys.path[:0] = [HERE, ROOT, os.path.join(ROOT, "tests")]
 from _env import reexec_without_openblas_overrides  # noqa: E402  (no numpy import)
 
 if __name__ == "__main__":
@@ -86,7 +97,8 @@ def load_dataset(name):
     a list of ``(channels, timepoints_i)`` arrays for variable lengths.
     """
     if name in UCR:
-        return (*_load_ucr(name, "train"), *_load_ucr(name, "test"), True)
+        from timeseries_data import packaged
+        return (*packaged(name, "train"), *packaged(name, "test"), True)
     if name == "digits":
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split
@@ -96,25 +108,9 @@ def load_dataset(name):
             stratify=digits.target)
         return X_train, y_train, X_test, y_test, False
     if name == "motions-20k":
-        sys.path.insert(0, os.path.join(ROOT, "tests"))
         from estimator_helpers import motions
         return (*motions(20000, seed=0), *motions(5000, seed=1), False)
     raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
-
-
-def _load_ucr(name, split):
-    import warnings
-
-    from sktime.datasets import load_UCR_UEA_dataset
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            X, y = load_UCR_UEA_dataset(name, split=split, return_type="numpy3D")
-        except ValueError:  # unequal lengths: one (channels, timepoints) array per series
-            frame, y = load_UCR_UEA_dataset(name, split=split, return_type="nested_univ")
-            X = [np.stack([np.asarray(frame.iloc[i, c], dtype=float)
-                           for c in range(frame.shape[1])]) for i in range(len(frame))]
-    return X, np.asarray(y)
 
 
 def describe(X, channels_first):
@@ -367,7 +363,152 @@ def estimators_markdown(records, datasets, meta, heading="## " + TITLE):
            "a burst hits whichever fit runs at the time." if np.median(others) >= 0.3
            else "The machine was quiet."),
     ]
+    if "timeseries" in meta:
+        lines += ["", timeseries_markdown(meta["timeseries"])]
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- sktime and aeon
+
+TS_TITLE = "sktime and aeon: lstmcy beside MiniRocket, an interval and a dictionary classifier"
+TS_DATASETS = ("BasicMotions", "JapaneseVowels", "GunPoint", "ArrowHead", "ItalyPowerDemand")
+TS_ROUTES = {  # kind: (module.Class, parameters besides random_state and n_jobs)
+    "sktime": {"lstmcy": ("lstmcy.sktime.LSTMClassifier", {}),
+               "MiniRocket": ("sktime.classification.kernel_based.RocketClassifier",
+                              {"rocket_transform": "minirocket"}),
+               "interval": ("sktime.classification.interval_based.TimeSeriesForestClassifier",
+                            {}),
+               "dictionary": ("sktime.classification.dictionary_based.MUSE", {})},
+    "aeon": {"lstmcy": ("lstmcy.aeon.LSTMClassifier", {}),
+             "MiniRocket": ("aeon.classification.convolution_based.MiniRocketClassifier", {}),
+             "interval": ("aeon.classification.interval_based.TimeSeriesForestClassifier", {}),
+             "dictionary": ("aeon.classification.dictionary_based.MUSE", {})}}
+AEON_PYTHON = os.path.join(os.environ.get("TMPDIR") or "/tmp", "lstmcy-aeon-venv/bin/python")
+
+
+def ts_worker(route, kind, dataset, seed):
+    """Fit one classifier twice in this process, score the second: one JSON line."""
+    import importlib
+
+    import machine
+    from timeseries_data import packaged
+    path, params = TS_ROUTES[route][kind]
+    module, _, name = path.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    params = dict(params, random_state=seed, **({"n_jobs": -1} if "n_jobs" in
+                                                 cls().get_params() else {}))
+    (X, y), (X_test, y_test) = packaged(dataset, "train"), packaged(dataset, "test")
+    if isinstance(X, list) and cls.get_class_tag("capability:unequal_length"):
+        if route == "sktime":  # as its loader gives them: nested DataFrames
+            from sktime.datasets import load_UCR_UEA_dataset
+            X, X_test = (load_UCR_UEA_dataset(dataset, split=s)[0] for s in ("train", "test"))
+    elif isinstance(X, list):  # zeros after the end, as sktime's PaddingTransformer
+        n = max(x.shape[1] for x in X + X_test)
+        X, X_test = (np.stack([np.pad(x, ((0, 0), (0, n - x.shape[1]))) for x in Xs])
+                     for Xs in (X, X_test))
+    make = lambda: cls(**params)  # noqa: E731
+    if (isinstance(X, np.ndarray) and X.shape[1] > 1
+            and not cls.get_class_tag("capability:multivariate")):
+        from sktime.transformations.colconcat import ColumnConcatenator  # channels end to end
+        make = lambda: ColumnConcatenator() * cls(**params)  # noqa: E731
+    before, seconds = machine.cpu_snapshot(), []
+    for _ in range(2):
+        clf, start = make(), time.perf_counter()
+        clf.fit(X, y)
+        seconds.append(time.perf_counter() - start)
+    print(json.dumps({
+        "route": route, "kind": kind, "name": name, "dataset": dataset, "seed": seed,
+        "accuracy": float(np.mean(clf.predict(X_test) == y_test)), "first_fit": seconds[0],
+        "fit": seconds[1], "others_cores": machine.others_cores(before, machine.cpu_snapshot()),
+        "version": f"{route} {importlib.import_module(route).__version__}"}))
+
+
+def timeseries_markdown(ts):
+    """The ``--timeseries`` run's Markdown (a subsection of the estimators section)."""
+    records, routes = ts["records"], sorted({r["route"] for r in ts["records"]}, reverse=True)
+    datasets = [d for d in TS_DATASETS if d in {r["dataset"] for r in records}]
+
+    def cell(route, kind, dataset):
+        rows = [r for r in records
+                if (r["route"], r["kind"], r["dataset"]) == (route, kind, dataset)]
+        return {"name": rows[0]["name"], "accuracy": np.mean([r["accuracy"] for r in rows]),
+                "sd": np.std([r["accuracy"] for r in rows]),
+                **{k: np.median([r[k] for r in rows]) for k in ("first_fit", "fit")}}
+
+    def seconds(x):
+        return f"{x:.2f}" if x < 1 else f"{x:.1f}" if x < 10 else f"{x:.0f}"
+
+    others = [r["others_cores"] for r in records if r["others_cores"] is not None]
+    lines = [
+        f"### {TS_TITLE}", "",
+        f"`{ts['command']}` — {ts['date']}, lstmcy {ts['commit']}, {ts['machine']} "
+        f"({'AVX-512' if 'avx512f' in ts['machine'] else 'AVX2 only'}), {ts['seeds']} seeds. "
+        f"{', '.join(sorted({r['version'] for r in records}))}.", "",
+        "Each library's classifiers with their defaults (`n_jobs=-1` where they take it, as "
+        "lstmcy uses all cores; sktime's MiniRocket is `RocketClassifier(rocket_transform="
+        "'minirocket')`) on the datasets sktime and aeon package, with their own "
+        "train/test splits; JapaneseVowels zero-padded to its longest series for all but "
+        "lstmcy, sktime's univariate TimeSeriesForestClassifier reading the channels end to "
+        "end (`ColumnConcatenator`). Accuracy: mean ± standard deviation over seeds. Fit: "
+        "median over seeds of the first fit in a fresh process with an empty numba cache "
+        "(what a user sees on first use, numba's compilation included) / of a second fit in "
+        "that process.", "",
+        "| dataset | classifier | " + " | ".join(f"{r} accuracy | {r} fit" for r in routes)
+        + " |", "| --- | --- |" + " --- | --- |" * len(routes)]
+    for dataset in datasets:
+        for kind in TS_ROUTES["sktime"]:
+            cells = [cell(route, kind, dataset) for route in routes]
+            names = " / ".join(dict.fromkeys(c["name"] for c in cells))
+            lines.append(f"| {dataset} | {kind}: {names} | "
+                         + " | ".join(f"{c['accuracy']:.3f} ± {c['sd']:.3f} | "
+                                      f"{seconds(c['first_fit'])} / {seconds(c['fit'])} s"
+                                      for c in cells) + " |")
+    lines += ["", "Target: accuracy within 0.03 of MiniRocket's on the multivariate sets with a "
+                  "fit at least as fast (first fits / later fits):", ""]
+    for dataset, route in [(d, r) for d in datasets if d in TS_DATASETS[:2] for r in routes]:
+        ours, rocket = cell(route, "lstmcy", dataset), cell(route, "MiniRocket", dataset)
+        verdict = ["met" if ok else "**missed**" for ok in (
+            ours["accuracy"] >= rocket["accuracy"] - 0.03,
+            ours["first_fit"] <= rocket["first_fit"], ours["fit"] <= rocket["fit"])]
+        lines.append(
+            f"- {dataset}, {route}: accuracy {ours['accuracy']:.3f} against "
+            f"{rocket['accuracy']:.3f} ({verdict[0]}); fit {seconds(ours['first_fit'])} / "
+            f"{seconds(ours['fit'])} s against {seconds(rocket['first_fit'])} / "
+            f"{seconds(rocket['fit'])} s ({verdict[1]} / {verdict[2]}).")
+    lines += ["", f"Outside load: other processes kept {np.median(others):.1f} cores busy "
+                  f"during the median run (from {min(others):.1f} to {max(others):.1f}; the "
+                  f"machine has {ts['cpus']}). " + (
+                      "The machine was shared with other jobs: the times are under load, not "
+                      "a clean measurement, and not graded." if np.median(others) >= 0.3 else "It was quiet.")]
+    return "\n".join(lines)
+
+
+def run_timeseries(args, command):
+    """Every classifier, dataset and seed in a fresh process; the records go into
+    ``meta['timeseries']`` of the estimators JSON beside ``args.out``."""
+    import tempfile
+
+    import machine
+    pythons = {"sktime": sys.executable, "aeon": args.aeon_python}
+    with open(os.path.splitext(args.out)[0] + ".json") as fh:
+        doc = json.load(fh)
+    ts = doc["meta"]["timeseries"] = {
+        "command": command, "commit": git_commit(), "machine": machine.machine_label(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "seeds": args.seeds, "cpus": os.cpu_count(), "records": []}
+    for dataset, seed in [(d, s) for d in TS_DATASETS for s in range(args.seeds)]:
+        for route in [r for r in TS_ROUTES if os.path.exists(pythons[r])]:
+            kinds = list(TS_ROUTES[route])
+            for kind in kinds[seed % 4:] + kinds[:seed % 4]:  # the order rotating
+                with tempfile.TemporaryDirectory() as cache:  # numba compiles as on first use
+                    record = _run(["--ts-worker", route, kind, dataset, str(seed)],
+                                  pythons[route], NUMBA_CACHE_DIR=cache)
+                ts["records"].append(record)
+                print(f"{dataset} seed {seed} {route} {record['name']}: accuracy "
+                      f"{record['accuracy']:.3f}, fit {record['first_fit']:.2f} s first, "
+                      f"{record['fit']:.2f} s later", flush=True)
+        write_results(args.out, doc["records"], doc["datasets"], doc["meta"])
+    print(f"wrote {args.out}")
 
 
 # --------------------------------------------------------------------------- ragged data
@@ -432,12 +573,12 @@ def ragged_worker(kind, memory):
     print(json.dumps(record))
 
 
-def _run(args):
-    """This script with ``args`` in a fresh process (this checkout's lstmcy): the JSON
-    of its last line."""
-    command = [sys.executable, os.path.abspath(__file__)] + args
+def _run(args, python=sys.executable, **env):
+    """This script with ``args`` in a fresh process of ``python`` (this checkout's lstmcy,
+    ``env`` added to the environment): the JSON of its last line."""
+    command = [python, os.path.abspath(__file__)] + args
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+        filter(None, [ROOT, os.environ.get("PYTHONPATH")])), **env)
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
@@ -562,6 +703,11 @@ def parse_args(argv=None):
                         help="timed processes per kind of data with --ragged (default 5)")
     parser.add_argument("--ragged-worker", nargs=2, metavar=("KIND", "WHAT"),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--timeseries", action="store_true",
+                        help="run the sktime and aeon route instead (see above)")
+    parser.add_argument("--aeon-python", default=AEON_PYTHON,
+                        help=f"aeon's venv's python for --timeseries (default {AEON_PYTHON})")
+    parser.add_argument("--ts-worker", nargs=4, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -574,6 +720,14 @@ def main(argv=None):
     if args.ragged_worker:
         kind, what = args.ragged_worker
         ragged_worker(kind, what == "memory")
+        return
+    if args.ts_worker:
+        route, kind, dataset, seed = args.ts_worker
+        ts_worker(route, kind, dataset, int(seed))
+        return
+    if args.timeseries:
+        run_timeseries(args, "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python "
+                             "benchmarks/bench_estimators.py " + " ".join(argv or sys.argv[1:]))
         return
     if args.ragged:
         out = DEFAULT_RAGGED_OUT if args.out == DEFAULT_OUT else args.out
@@ -589,6 +743,9 @@ def main(argv=None):
             "commit": git_commit(), "versions": versions(args.threads), "seeds": args.seeds,
             "large_seeds": args.large_seeds,
             "loadavg_start": os.getloadavg()[0], "cpus": os.cpu_count(), "datasets": {}}
+    if os.path.exists(os.path.splitext(args.out)[0] + ".json"):  # keep the --timeseries run
+        with open(os.path.splitext(args.out)[0] + ".json") as fh:
+            meta.update({k: v for k, v in json.load(fh)["meta"].items() if k == "timeseries"})
     records = []
     for dataset in datasets:
         X_train, y_train, X_test, y_test, channels_first = load_dataset(dataset)

@@ -67,8 +67,7 @@ def test_a_transformer_before_it_keeps_channels_and_lengths():
     assert pipe.predict(X[:5]).shape == (5,)
 
 
-def test_grid_search_and_evaluate():
-    from sktime.classification.model_evaluation import evaluate
+def test_grid_search():
     from sktime.classification.model_selection import TSCGridSearchCV
     from sklearn.model_selection import KFold
     X, y = packaged("BasicMotions", "train")
@@ -76,5 +75,27 @@ def test_grid_search_and_evaluate():
                              {"hidden_size": [4, 8]}, cv=KFold(2))
     search.fit(X, y)
     assert search.best_params_["hidden_size"] in (4, 8)
-    results = evaluate(LSTMClassifier(**dict(QUICK, max_iter=2)), X=X, y=y, cv=KFold(2))
-    assert len(results) == 2
+
+
+def test_evaluate_and_classification_benchmark_score_the_model_each_fold_fits():
+    from sklearn.metrics import accuracy_score
+    from sklearn.model_selection import KFold
+    from sktime.benchmarking.classification import ClassificationBenchmark
+    from sktime.classification.model_evaluation import evaluate
+    X, y = packaged("BasicMotions", "train")
+    cv = KFold(2, shuffle=True, random_state=0)
+    learns = dict(QUICK, hidden_size=16, max_iter=30, learning_rate_init=0.01)
+    expected = [LSTMClassifier(**learns).fit(X[train], y[train]).score(X[test], y[test])
+                for train, test in cv.split(X)]
+    assert min(expected) >= 0.6  # four classes: it learnt
+    results = evaluate(LSTMClassifier(**learns), X=X, y=y, cv=cv, scoring=accuracy_score,
+                       error_score="raise")
+    np.testing.assert_allclose(results["test_accuracy_score"], expected)
+    benchmark = ClassificationBenchmark()
+    benchmark.add_estimator(LSTMClassifier(**learns), estimator_id="lstmcy")
+    benchmark.add_task((X, y), cv, [accuracy_score], task_id="BasicMotions", error_score="raise")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        summary = benchmark.run()
+    assert len(summary) == 1
+    np.testing.assert_allclose(summary["accuracy_score_mean"], np.mean(expected))
