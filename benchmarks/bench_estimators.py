@@ -123,7 +123,7 @@ def describe(X, channels_first):
 
 def training_plan(y):
     """Batch size and early stopping of ``LSTMClassifier()`` on labels ``y``."""
-    from lstmcy.estimators import _AUTO_MIN_VALIDATION, auto_batch_size
+    from lstmcy.estimators._base import _AUTO_MIN_VALIDATION, auto_batch_size
     n = len(y)
     n_validation = math.ceil(VALIDATION_FRACTION * n)
     _, counts = np.unique(y, return_counts=True)

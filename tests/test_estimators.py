@@ -25,7 +25,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
 
 from estimator_helpers import (motions, params_equal, quiet_fit,  # noqa: E402
                                ragged_sequences, sum_sign_problem)
-from lstmcy._sequences import Sequences  # noqa: E402
+from lstmcy.estimators._sequences import Sequences  # noqa: E402
 from lstmcy.estimators import LSTMClassifier, LSTMRegressor, auto_batch_size  # noqa: E402
 
 
@@ -490,7 +490,7 @@ def test_verbose_prints_one_line_per_epoch(capsys):
 
 
 def test_verbose_reports_inside_long_epochs_and_is_silent_by_default(capsys, monkeypatch):
-    from lstmcy import _progress
+    from lstmcy.estimators import _progress
     X, y = sum_sign_problem(n=40)
     quiet_fit(LSTMClassifier(hidden_size=4, max_iter=2, random_state=0), X, y)
     assert capsys.readouterr().out == ""
@@ -526,7 +526,7 @@ def test_verbose_partial_fit_and_warm_start_number_their_epochs(capsys):
 
 
 def test_format_seconds():
-    from lstmcy._progress import format_seconds
+    from lstmcy.estimators._progress import format_seconds
     assert [format_seconds(s) for s in (0.04, 59.94, 61, 3599.6, 3725)] == \
         ["0.0 s", "59.9 s", "1:01", "1:00:00", "1:02:05"]
 
@@ -610,7 +610,7 @@ def test_optimizers_follow_scikit_learns(solver, dtype):
     # lstmcy's optimisers keep their state flat over all the parameters; every array must
     # still move as MLPClassifier's optimisers move it, array by array.
     from sklearn.neural_network._stochastic_optimizers import AdamOptimizer, SGDOptimizer
-    from lstmcy._optimizers import SGD, Adam
+    from lstmcy.estimators._optimizers import SGD, Adam
 
     rng = np.random.default_rng(0)
     shapes = [(16, 3), (16, 4), (16,), (16,), (4, 2), (2,)]

@@ -16,7 +16,7 @@ from estimator_helpers import quiet_fit, ragged_sequences  # noqa: E402
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 
 import lstmcy  # noqa: E402
-from lstmcy._sequences import MAX_PADDING, Sequences, cut  # noqa: E402
+from lstmcy.estimators._sequences import MAX_PADDING, Sequences, cut  # noqa: E402
 from lstmcy.estimators import LSTMClassifier, LSTMRegressor  # noqa: E402
 
 

@@ -11,7 +11,7 @@ import inspect
 
 import numpy as np
 
-from lstmcy.estimators import LSTMClassifier
+from lstmcy.estimators._classifier import LSTMClassifier
 
 __all__ = ["LSTMAdapter", "adapter_signature"]
 
