@@ -461,28 +461,22 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g=None, f=None, o=None, h=No
         p, arrays = _check_backward(cfg, input, hx, params, dy, dh, dc,
                                     (i, g, f, o, h, c, tanhc), batch_sizes, dropout_masks)
         output_mask = check_output_mask(output_mask)
-        has_bias, num_layers, dropout, train = cfg.has_bias, cfg.num_layers, cfg.dropout, cfg.train
-        bidirectional, batch_first, proj_size = cfg.bidirectional, cfg.batch_first, cfg.proj_size
         from lstmcy import aclnn
 
-        if backend == "aclnn" and p.projected:
-            raise ValueError("backend='aclnn' has no projections: aclnnLstmBackward takes no "
-                             f"w_hr (got proj_size={proj_size}); use backend='cpu'")
         use_npu = backend == "aclnn" or (
             not p.projected and aclnn.is_available()
-            and aclnn.unsupported_reason(p.dtype, dropout=dropout, train=train,
-                                         num_layers=num_layers) is None)
+            and aclnn.unsupported_reason(p.dtype, dropout=cfg.dropout, train=cfg.train,
+                                         num_layers=cfg.num_layers) is None)
         if use_npu:
+            # The NPU operator takes both states and both state gradients: zeros for None.
             states = (p.L * p.D, p.B, p.H)
             if hx is None:
                 hx = (np.zeros(states, p.dtype), np.zeros(states, p.dtype))
-            dh = np.zeros(states, p.dtype) if dh is None else dh
-            dc = np.zeros(states, p.dtype) if dc is None else dc
-            return LSTMGradients(*aclnn.lstm_backward(
-                input, tuple(hx), params, dy, dh, dc, i, g, f, o, h, c, tanhc,
-                batch_sizes=batch_sizes, has_bias=has_bias, num_layers=num_layers,
-                dropout=dropout, train=train, bidirectional=bidirectional,
-                batch_first=batch_first, output_mask=output_mask))
+            for name in ("dh", "dc"):
+                arrays.setdefault(name, np.zeros(states, p.dtype))
+            return LSTMGradients(*aclnn.run_backward(
+                p, arrays, input, tuple(hx), params, dropout=cfg.dropout, train=cfg.train,
+                output_mask=output_mask))
     return _thread_plan().backward(
         input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, config=cfg,
         batch_sizes=batch_sizes, output_mask=output_mask, dropout_masks=dropout_masks)

@@ -33,7 +33,8 @@ from lstmcy._layers import layer_weights
 from lstmcy._saved import block_reader, no_cache, saved_arrays, saved_size
 from lstmcy._schedule import SINGLE_THREADED_GEMM
 from lstmcy._threads import blas_single_threaded
-from lstmcy._validation import SAVED_NAMES, check_problem, to_compute, trusted_problem
+from lstmcy._validation import (SAVED_NAMES, check_array, check_problem, to_compute,
+                                trusted_problem)
 
 __all__ = ["forward", "backward", "run_forward", "run_backward", "saved_size", "saved_views",
            "check_problem", "trusted_problem", "SAVED_NAMES"]
@@ -106,27 +107,20 @@ def backward(problem, saved, dy, dh=None, dc=None, masks=None,
                          f"got {None if saved is None else saved.size}")
     # The kernels index these by the problem's sizes: their shapes are checked even for a
     # trusted problem.
-    shapes = problem.shapes
-    arrays = {"dy": _shaped("dy", dy, problem.output_shape())}
+    shapes, dtype = problem.shapes, problem.dtype
+    arrays = {"dy": check_array("dy", dy, problem.output_shape(), dtype, ndim=None)}
     if dh is not None:
-        arrays["dh"] = _shaped("dh", dh, shapes.h_state)
+        arrays["dh"] = check_array("dh", dh, shapes.h_state, dtype)
     if dc is not None:
-        arrays["dc"] = _shaped("dc", dc, shapes.c_state)
+        arrays["dc"] = check_array("dc", dc, shapes.c_state, dtype)
     if masks is not None:
         if len(masks) != problem.L - 1:
             raise ValueError(f"masks must be {problem.L - 1} arrays, got {len(masks)}")
-        mask_shape = (problem.T, problem.B, problem.D * problem.P)
-        arrays["dropout_masks"] = [_shaped(f"masks[{k}]", m, mask_shape)
+        arrays["dropout_masks"] = [check_array(f"masks[{k}]", m, shapes.mask, dtype)
                                    for k, m in enumerate(masks)]
     plan = _calling_threads_plan() if plan is None else plan
     return run_backward(plan, problem, block_reader(saved, problem), arrays,
                         tuple(bool(m) for m in output_mask))
-
-
-def _shaped(name, array, shape):
-    if array.shape != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {array.shape}")
-    return array
 
 
 def saved_views(saved, problem):

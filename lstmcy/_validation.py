@@ -87,9 +87,35 @@ def as_list(name, value, length, what):
 
 
 def check_bool(name, value):
+    if type(value) is bool:
+        return value
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool, got {_describe(value)}")
     return bool(value)
+
+
+class ArgumentNames:
+    """What messages call a call's arguments: the numpy API's names (:data:`NUMPY_NAMES`);
+    the torch operators name theirs as ``aten::lstm`` does (``lstmcy.torch._ops``)."""
+
+    input = "input"
+    params = "params"
+    h0 = "hx[0] (h0)"
+    c0 = "hx[1] (c0)"
+    dy = "dy"
+    dh = "dh"
+    dc = "dc"
+
+    def param(self, shapes, k):
+        """``params[k]`` named by what it is."""
+        return shapes.param_label(k)
+
+    def first_weight(self, k, kind):
+        """The first layer's forward-direction parameter ``k``, a ``kind`` (``w_ih``, ...)."""
+        return f"params[{k}] ({kind} of layer 0, forward direction)"
+
+
+NUMPY_NAMES = ArgumentNames()
 
 
 @dataclass(frozen=True)
@@ -378,6 +404,8 @@ def check_blas_limits(T, B, I, H, L, D, proj_size=0,
 
 def check_int(name, value, minimum):
     """``value`` as an int of at least ``minimum`` (numpy integers too; not bools)."""
+    if type(value) is int and value >= minimum:
+        return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, Integral):
         raise TypeError(f"{name} must be an int, got {_describe(value)}")
     if value < minimum:
@@ -392,15 +420,22 @@ def check_proj_size(proj_size):
 
 
 def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, batch_first,
-                  batch_sizes=None, proj_size=0, arrays_for_dtype=()):
-    """Validate the arguments common to forward and backward; return a :class:`Problem`.
+                  batch_sizes=None, proj_size=0, names=None):
+    """Check the arguments common to forward and backward; return their :class:`Problem`.
 
-    ``arrays_for_dtype`` lists further ``(name, array)`` pairs that must share the dtype.
+    The one check of these arguments. Every test is cheap when it passes (a type, a rank,
+    a shape or a dtype compared); the message naming the argument is formatted only when
+    one fails.
+
+    Parameters
+    ----------
+    input, hx, params, has_bias, num_layers, bidirectional, batch_first, batch_sizes, \
+proj_size
+        As ``lstm_forward`` takes them.
+    names : ArgumentNames, optional
+        What messages call the arguments (default: the numpy API's names).
     """
-    problem = _problem_fast(input, hx, params, has_bias, num_layers, bidirectional, batch_first,
-                            batch_sizes, proj_size)
-    if problem is not None and all(arr.dtype == problem.dtype for _, arr in arrays_for_dtype):
-        return problem
+    names = NUMPY_NAMES if names is None else names
     has_bias = check_bool("has_bias", has_bias)
     bidirectional = check_bool("bidirectional", bidirectional)
     batch_first = check_bool("batch_first", batch_first)
@@ -409,34 +444,15 @@ def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, bat
     D = 2 if bidirectional else 1
     projected = proj_size > 0
 
-    x = as_array("input", input, None)
+    x = as_array(names.input, input, None)
     sizes = None if batch_sizes is None else _check_batch_sizes(batch_sizes)
-
-    # Weights first: they fix H.
-    per_dir = len(_param_names(has_bias, projected))
-    params = as_list("params", params, L * D * per_dir,
-                     f"{per_dir} per layer and direction for num_layers={L}, "
-                     f"bidirectional={bidirectional}, has_bias={has_bias}, proj_size={proj_size}")
-    if projected:
-        name = f"params[{per_dir - 1}] (w_hr of layer 0, forward direction)"
-        w_hr0 = as_array(name, params[per_dir - 1], 2)
-        H = w_hr0.shape[1]
-        expect_shape(name, w_hr0, (proj_size, H),
-                     "[proj_size, H]: its second axis sets the hidden size H")
-        w_ih0 = params[0]
-        rows = w_ih0.shape[0] if getattr(w_ih0, "ndim", 0) == 2 else None
-        if rows is not None and rows != 4 * H and rows % 4 == 0 and rows > 0:
-            # Which of the two is wrong is not known: name both.
-            raise ValueError(f"{name} has H = {H} columns but params[0] (w_ih of layer 0, "
-                             f"forward direction) has 4*H = {rows} rows (H = {rows // 4}): "
-                             f"the two must agree on the hidden size")
-        if proj_size >= H:
-            raise ValueError(f"proj_size must be smaller than the hidden size H={H}, got {proj_size}")
-    else:
-        name = "params[1] (w_hh of layer 0, forward direction)"
-        w_hh0 = as_array(name, params[1], 2)
-        H = w_hh0.shape[1]
-        expect_shape(name, w_hh0, (4 * H, H), "[4*H, H]: its second axis sets the hidden size H")
+    per_dir = 2 + 2 * has_bias + projected
+    if type(params) not in (list, tuple) or len(params) != L * D * per_dir:
+        params = as_list(names.params, params, L * D * per_dir,
+                         f"{per_dir} per layer and direction for num_layers={L}, "
+                         f"bidirectional={bidirectional}, has_bias={has_bias}, "
+                         f"proj_size={proj_size}")
+    H = _hidden_size(params, per_dir, proj_size, names)
     P = proj_size if projected else H
 
     if x.ndim == 3:
@@ -453,7 +469,7 @@ def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, bat
         layout = "batch_first" if batch_first else "time_major"
     elif x.ndim == 2:
         if sizes is None:
-            raise ValueError("input must be 3-D [T, B, I] ([B, T, I] if batch_first); "
+            raise ValueError(f"{names.input} must be 3-D [T, B, I] ([B, T, I] if batch_first); "
                              f"2-D input (got shape {x.shape}) needs batch_sizes")
         T = sizes.shape[0]
         I = x.shape[1]
@@ -467,62 +483,103 @@ def check_problem(input, hx, params, *, has_bias, num_layers, bidirectional, bat
         elif rows == T * B:
             layout = "padded_2d"
         else:
-            raise ValueError(f"2-D input must have sum(batch_sizes)={int(sizes.sum())} rows "
-                             f"(packed) or T*B={T * B} rows (padded), got {rows}")
+            raise ValueError(f"2-D {names.input} must have sum(batch_sizes)={int(sizes.sum())} "
+                             f"rows (packed) or T*B={T * B} rows (padded), got {rows}")
     else:
-        raise ValueError(f"input must be 3-D [T, B, I] ([B, T, I] if batch_first) or 2-D with "
-                         f"batch_sizes, got shape {x.shape}")
+        raise ValueError(f"{names.input} must be 3-D [T, B, I] ([B, T, I] if batch_first) or "
+                         f"2-D with batch_sizes, got shape {x.shape}")
     check_blas_limits(T, B, I, H, L, D, proj_size)
     dtype = x.dtype
     shapes = shapes_of(T, B, I, H, P, L, D, has_bias, projected)
 
-    checked_params = []
+    same_dtype = True
     for k, shape in enumerate(shapes.params):
-        name = shapes.param_label(k)
-        arr = as_array(name, params[k], len(shape))
-        expect_shape(name, arr, shape)
-        checked_params.append((name, arr))
+        arr = params[k]
+        if type(arr) is not np.ndarray or arr.shape != shape:
+            label = names.param(shapes, k)
+            arr = as_array(label, arr, len(shape))
+            expect_shape(label, arr, shape)
+        same_dtype = same_dtype and arr.dtype == dtype
 
-    # Initial states.
     if hx is None:
         h0 = c0 = None
     else:
-        if isinstance(hx, np.ndarray) or not isinstance(hx, (list, tuple)):
-            raise TypeError(f"hx must be a tuple (h0, c0) or None, got {_describe(hx)}")
-        if len(hx) != 2:
+        if type(hx) not in (tuple, list) or len(hx) != 2:
+            if isinstance(hx, np.ndarray) or not isinstance(hx, (list, tuple)):
+                raise TypeError(f"hx must be a tuple (h0, c0) or None, got {_describe(hx)}")
             raise ValueError(f"hx must be a tuple (h0, c0) of 2 arrays, got {len(hx)}")
-        h0 = as_array("hx[0] (h0)", hx[0], 3)
-        c0 = as_array("hx[1] (c0)", hx[1], 3)
-        expect_shape("hx[0] (h0)", h0, shapes.h_state,
-                     "[num_layers*num_directions, B, proj_size]" if projected
-                     else "[num_layers*num_directions, B, H]")
-        expect_shape("hx[1] (c0)", c0, shapes.c_state, "[num_layers*num_directions, B, H]")
+        h0, c0 = hx
+        if type(h0) is not np.ndarray or h0.shape != shapes.h_state:
+            h0 = as_array(names.h0, h0, 3)
+            expect_shape(names.h0, h0, shapes.h_state,
+                         "[num_layers*num_directions, B, proj_size]" if projected
+                         else "[num_layers*num_directions, B, H]")
+        if type(c0) is not np.ndarray or c0.shape != shapes.c_state:
+            c0 = as_array(names.c0, c0, 3)
+            expect_shape(names.c0, c0, shapes.c_state, "[num_layers*num_directions, B, H]")
+        same_dtype = same_dtype and h0.dtype == dtype and c0.dtype == dtype
 
-    named = [("input", x)] + checked_params
-    if h0 is not None:
-        named += [("hx[0] (h0)", h0), ("hx[1] (c0)", c0)]
-    named += list(arrays_for_dtype)
+    if not same_dtype:
+        named = [(names.param(shapes, k), params[k]) for k in range(len(shapes.params))]
+        if h0 is not None:
+            named += [(names.h0, h0), (names.c0, c0)]
+        _raise_mixed_dtypes(names.input, dtype, named)
+    return _make_problem(x, h0, c0, params, shapes, layout, sizes)
+
+
+def _hidden_size(params, per_dir, proj_size, names):
+    """H, read from the first layer's weights (w_hr with a projection, else w_hh), after
+    checking the array it is read from."""
+    if proj_size:
+        w_hr0, w_ih0 = params[per_dir - 1], params[0]
+        if (type(w_hr0) is np.ndarray and w_hr0.ndim == 2 and proj_size == w_hr0.shape[0]
+                and proj_size < w_hr0.shape[1] and type(w_ih0) is np.ndarray and w_ih0.ndim == 2
+                and w_ih0.shape[0] == 4 * w_hr0.shape[1]):
+            return w_hr0.shape[1]
+        name = names.first_weight(per_dir - 1, "w_hr")
+        w_hr0 = as_array(name, w_hr0, 2)
+        H = w_hr0.shape[1]
+        expect_shape(name, w_hr0, (proj_size, H),
+                     "[proj_size, H]: its second axis sets the hidden size H")
+        w_ih0 = params[0]
+        rows = w_ih0.shape[0] if getattr(w_ih0, "ndim", 0) == 2 else None
+        if rows is not None and rows != 4 * H and rows % 4 == 0 and rows > 0:
+            # Which of the two is wrong is not known: name both.
+            raise ValueError(f"{name} has H = {H} columns but {names.first_weight(0, 'w_ih')} "
+                             f"has 4*H = {rows} rows (H = {rows // 4}): the two must agree on "
+                             f"the hidden size")
+        if proj_size >= H:
+            raise ValueError(f"proj_size must be smaller than the hidden size H={H}, got {proj_size}")
+        return H
+    w_hh0 = params[1]
+    if type(w_hh0) is np.ndarray and w_hh0.ndim == 2 and w_hh0.shape[0] == 4 * w_hh0.shape[1]:
+        return w_hh0.shape[1]
+    name = names.first_weight(1, "w_hh")
+    w_hh0 = as_array(name, w_hh0, 2)
+    H = w_hh0.shape[1]
+    expect_shape(name, w_hh0, (4 * H, H), "[4*H, H]: its second axis sets the hidden size H")
+    return H
+
+
+def _raise_mixed_dtypes(input_name, dtype, named):
+    """Raise the TypeError of the first of ``named`` ``(name, array)`` whose dtype is not a
+    floating-point one, or else is not ``dtype`` (the input's)."""
+    for name, arr in named:
+        as_array(name, arr, None)
     for name, arr in named:
         if arr.dtype != dtype:
-            raise TypeError(f"all arrays must share one dtype: input is {dtype} but {name} is "
-                            f"{arr.dtype} (convert explicitly; there is no silent promotion)")
-
-    return _make_problem(x, h0, c0, [arr for _, arr in checked_params], shapes, layout, sizes)
+            raise TypeError(f"all arrays must share one dtype: {input_name} is {dtype} but {name} "
+                            f"is {arr.dtype} (convert explicitly; there is no silent promotion)")
 
 
 def _make_problem(x, h0, c0, params, shapes, layout, sizes):
     """The :class:`Problem` of checked arguments (``params``: the arrays, in order)."""
-    T, B, I, H, P, L, D = shapes.T, shapes.B, shapes.I, shapes.H, shapes.P, shapes.L, shapes.D
     dtype = x.dtype
-    compute = compute_dtype_for(dtype)
-    sizes, packed_start, uniform, step_row, stride, rows_packed, N = _row_maps(T, B, layout, sizes)
-    if layout == "batch_first":
-        x_rows = to_compute(x, compute).reshape(B * T, I)
-    elif layout == "time_major":
-        x_rows = to_compute(x, compute).reshape(T * B, I)
-    else:
-        x_rows = to_compute(x, compute)
-
+    fields = _problem_fields(shapes, layout, sizes, dtype, x.shape)
+    compute = fields["compute_dtype"]
+    x_rows = to_compute(x, compute)
+    if layout == "batch_first" or layout == "time_major":
+        x_rows = x_rows.reshape(shapes.T * shapes.B, shapes.I)
     if h0 is None:
         h0 = np.zeros(shapes.h_state, dtype=compute)
         c0 = np.zeros(shapes.c_state, dtype=compute)
@@ -534,82 +591,46 @@ def _make_problem(x, h0, c0, params, shapes, layout, sizes):
     weights = []
     projections = [] if shapes.projected else None
     arrays = [to_compute(arr, compute) for arr in params]
-    for k in range(L * D):
-        group = arrays[k * per_dir:(k + 1) * per_dir]
+    for k in range(0, len(arrays), per_dir):
         if shapes.has_bias:
-            bias = group[2] + group[3]
+            bias = arrays[k + 2] + arrays[k + 3]
         else:
-            bias = np.zeros(4 * H, dtype=compute)
-        weights.append((group[0], group[1], bias))
-        if shapes.projected:
-            projections.append(group[-1])
+            bias = np.zeros(4 * shapes.H, dtype=compute)
+        weights.append((arrays[k], arrays[k + 1], bias))
+        if projections is not None:
+            projections.append(arrays[k + per_dir - 1])
 
-    return Problem(T=T, B=B, I=I, H=H, P=P, L=L, D=D, projected=shapes.projected, dtype=dtype,
-                   compute_dtype=compute, has_bias=shapes.has_bias, layout=layout,
-                   batch_sizes=sizes, packed_start=packed_start, uniform=uniform,
-                   step_row=step_row, batch_stride=stride, rows_packed=rows_packed,
-                   x_rows=x_rows, h0=h0, c0=c0, weights=weights, input_shape=tuple(x.shape), N=N,
-                   projections=projections, shapes=shapes)
-
-
-def _sizes_of(input, params, batch_first, L, D, has_bias, proj_size):
-    """``Shapes`` of a call whose input is a 3-D array and params arrays (the fast paths:
-    nothing is checked here but that the parameters fixing H have the rank to read it)."""
-    projected = proj_size > 0
-    per_dir = len(_param_names(has_bias, projected))
-    if len(params) != L * D * per_dir:
-        return None
-    source = params[per_dir - 1] if projected else params[1]
-    if type(source) is not np.ndarray or source.ndim != 2:
-        return None
-    H = source.shape[1]
-    P = proj_size if projected else H
-    if projected and proj_size >= H:
-        return None
-    if batch_first:
-        B, T, I = input.shape
-    else:
-        T, B, I = input.shape
-    return shapes_of(T, B, I, H, P, L, D, has_bias, projected)
+    problem = Problem.__new__(Problem)
+    problem.__dict__.update(fields)
+    problem.x_rows, problem.h0, problem.c0 = x_rows, h0, c0
+    problem.weights, problem.projections = weights, projections
+    return problem
 
 
-def _problem_fast(input, hx, params, has_bias, num_layers, bidirectional, batch_first, batch_sizes,
-                  proj_size=0):
-    """:func:`check_problem` for the common case, or None (then the full checks run).
+# The fields of a Problem that its sizes, layout and dtype fix (all but the arrays): one
+# dict per kind of padded call, copied into each of its Problems.
+_fields_cache = {}
 
-    The common case: plain bool and int options, no ``batch_sizes``, and exact ndarrays
-    (no subclasses) of one native-byte-order float32 or float64 dtype with the expected
-    shapes (any memory layout). It accepts only arguments the full checks accept and
-    returns the same :class:`Problem`, in a fraction of the time (it formats no names).
-    """
-    if (batch_sizes is not None or type(input) is not np.ndarray or input.ndim != 3
-            or type(has_bias) is not bool or type(bidirectional) is not bool
-            or type(batch_first) is not bool or type(num_layers) is not int or num_layers < 1
-            or type(proj_size) is not int or proj_size < 0 or type(params) not in (list, tuple)):
-        return None
-    dtype = input.dtype
-    if dtype not in _NATIVE_FLOATS:
-        return None
-    shapes = _sizes_of(input, params, batch_first, num_layers, 2 if bidirectional else 1,
-                       has_bias, proj_size)
-    if shapes is None:
-        return None
-    for value, shape in zip(params, shapes.params):
-        if type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape:
-            return None
-    if hx is None:
-        h0 = c0 = None
-    else:
-        if type(hx) not in (tuple, list) or len(hx) != 2:
-            return None
-        h0, c0 = hx
-        if (type(h0) is not np.ndarray or h0.dtype != dtype or h0.shape != shapes.h_state
-                or type(c0) is not np.ndarray or c0.dtype != dtype or c0.shape != shapes.c_state):
-            return None
-    check_blas_limits(shapes.T, shapes.B, shapes.I, shapes.H, shapes.L, shapes.D,
-                      shapes.P if shapes.projected else 0)
-    return _make_problem(input, h0, c0, params, shapes,
-                         "batch_first" if batch_first else "time_major", None)
+
+def _problem_fields(shapes, layout, sizes, dtype, input_shape):
+    """The fields of a :class:`Problem` but ``x_rows``, ``h0``, ``c0``, ``weights`` and
+    ``projections`` (shared when ``sizes`` is None: the row maps are then read-only)."""
+    key = (shapes, layout, dtype) if sizes is None else None
+    fields = _fields_cache.get(key) if key is not None else None
+    if fields is None:
+        T, B = shapes.T, shapes.B
+        sizes, packed_start, uniform, step_row, stride, rows_packed, N = _row_maps(T, B, layout,
+                                                                                   sizes)
+        fields = dict(T=T, B=B, I=shapes.I, H=shapes.H, P=shapes.P, L=shapes.L, D=shapes.D,
+                      projected=shapes.projected, dtype=dtype,
+                      compute_dtype=compute_dtype_for(dtype), has_bias=shapes.has_bias,
+                      layout=layout, batch_sizes=sizes, packed_start=packed_start,
+                      uniform=uniform, step_row=step_row, batch_stride=stride,
+                      rows_packed=rows_packed, input_shape=tuple(input_shape), N=N,
+                      shapes=shapes)
+        if key is not None:
+            _cached(_fields_cache, key, fields)
+    return fields
 
 
 def trusted_problem(input, h0, c0, params, *, hidden_size, has_bias, num_layers, bidirectional,
@@ -694,8 +715,10 @@ def check_output_mask(output_mask):
 
 
 def check_backward(input, hx, params, dy, dh, dc, saved, *, batch_sizes, has_bias, num_layers,
-                   dropout, train, bidirectional, batch_first, dropout_masks, proj_size=0):
-    """Validate ``lstm_backward``'s arguments.
+                   dropout, train, bidirectional, batch_first, dropout_masks, proj_size=0,
+                   names=None):
+    """Check ``lstm_backward``'s arguments (with :func:`check_problem` for those it shares
+    with the forward; messages formatted only on failure, as there).
 
     Returns
     -------
@@ -705,111 +728,65 @@ def check_backward(input, hx, params, dy, dh, dc, saved, *, batch_sizes, has_bia
         mapped to its list, and ``dropout_masks`` when the masks are in use. Arrays are
         the caller's, unconverted (shapes and the shared dtype checked).
     """
-    checked = _backward_fast(input, hx, params, dy, dh, dc, saved, batch_sizes, has_bias,
-                             num_layers, dropout, train, bidirectional, batch_first, dropout_masks,
-                             proj_size)
-    if checked is not None:
-        return checked
+    names = NUMPY_NAMES if names is None else names
     train = check_bool("train", train)
     dropout = check_dropout(dropout)
-    bidirectional = check_bool("bidirectional", bidirectional)
-    proj_size = check_proj_size(proj_size)
-    L, D = check_int("num_layers", num_layers, 1), 2 if bidirectional else 1
-
-    has_bias = check_bool("has_bias", has_bias)
-    per_dir = len(_param_names(has_bias, proj_size > 0))
-    as_list("params", params, L * D * per_dir,
-            f"{per_dir} per layer and direction for num_layers={L}, "
-            f"bidirectional={bidirectional}, has_bias={has_bias}, proj_size={proj_size}")
-    arrays = {"dy": as_array("dy", dy, None)}
-    extra = [("dy", arrays["dy"])]
-    for name, value in (("dh", dh), ("dc", dc)):
-        if value is not None:
-            arrays[name] = as_array(name, value, 3)
-            extra.append((name, arrays[name]))
-    for name, value in zip(SAVED_NAMES, saved):
-        width = "P" if name == "h" and proj_size else "H"
-        items = as_list(name, value, L * D, f"one [T, B, {width}] array per layer and direction: "
-                        f"num_layers={L}, bidirectional={bidirectional}")
-        arrays[name] = [as_array(f"{name}[{k}]", a, 3) for k, a in enumerate(items)]
-        extra += [(f"{name}[{k}]", a) for k, a in enumerate(arrays[name])]
-    if train and dropout > 0 and L > 1:
-        if dropout_masks is None:
-            raise ValueError("dropout_masks is required when dropout > 0, train and num_layers > 1: "
-                             "pass cache.dropout_masks from lstm_forward")
-    elif dropout_masks is not None and not (isinstance(dropout_masks, (list, tuple))
-                                            and len(dropout_masks) == 0):
-        # Masks that would be ignored mean the call does not describe the forward that
-        # made them (typically dropout or train forgotten): refuse rather than silently
-        # return the gradients of a network without dropout.
-        raise ValueError(
-            "dropout_masks must be None unless dropout > 0, train and num_layers > 1 (got masks "
-            f"with dropout={dropout}, train={train}, num_layers={L}); pass the dropout and train "
-            "given to lstm_forward")
-    mask_features = "D*P" if proj_size else "D*H"
-    if train and dropout > 0 and L > 1:
-        items = as_list("dropout_masks", dropout_masks, L - 1,
-                        f"one [T, B, {mask_features}] array per layer boundary")
-        arrays["dropout_masks"] = [as_array(f"dropout_masks[{k}]", m, 3) for k, m in enumerate(items)]
-        extra += [(f"dropout_masks[{k}]", m) for k, m in enumerate(arrays["dropout_masks"])]
-
-    p = check_problem(input, hx, params, has_bias=has_bias, num_layers=L,
+    p = check_problem(input, hx, params, has_bias=has_bias, num_layers=num_layers,
                       bidirectional=bidirectional, batch_first=batch_first,
-                      batch_sizes=batch_sizes, proj_size=proj_size, arrays_for_dtype=extra)
-    shapes = p.shapes
-    expect_shape("dy", arrays["dy"], p.output_shape(), "like the output y")
-    for name, shape in (("dh", shapes.h_state), ("dc", shapes.c_state)):
-        if name in arrays:
-            expect_shape(name, arrays[name], shape, "like h_n" if name == "dh" else "like c_n")
-    for name in SAVED_NAMES:
-        meaning = f"time-major [T, B, {'P' if name == 'h' and p.projected else 'H'}]"
-        for k, a in enumerate(arrays[name]):
-            expect_shape(f"{name}[{k}]", a, shapes.saved(name), meaning)
-    for k, m in enumerate(arrays.get("dropout_masks", ())):
-        expect_shape(f"dropout_masks[{k}]", m, shapes.mask, f"[T, B, {mask_features}]")
-    return p, arrays
-
-
-def _backward_fast(input, hx, params, dy, dh, dc, saved, batch_sizes, has_bias, num_layers,
-                   dropout, train, bidirectional, batch_first, dropout_masks, proj_size=0):
-    """:func:`check_backward` for the common case, or None (then the full checks run).
-
-    The common case is that of :func:`_problem_fast`, with ``dy``, ``dh``, ``dc``, the
-    saved arrays and the dropout masks exact ndarrays of the input's dtype and the
-    expected shapes, in lists or tuples of the expected lengths.
-    """
-    if (type(train) is not bool or type(dropout) not in (float, int)
-            or not 0.0 <= dropout < 1.0):
-        return None
-    p = _problem_fast(input, hx, params, has_bias, num_layers, bidirectional, batch_first,
-                      batch_sizes, proj_size)
-    if p is None:
-        return None
-    dtype, L, D = p.dtype, p.L, p.D
-    shapes = p.shapes
-    if type(dy) is not np.ndarray or dy.dtype != dtype or dy.shape != p.output_shape():
-        return None
-    arrays = {"dy": dy}
-    for name, value, shape in (("dh", dh, shapes.h_state), ("dc", dc, shapes.c_state)):
-        if value is not None:
-            if type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape:
-                return None
-            arrays[name] = value
+                      batch_sizes=batch_sizes, proj_size=proj_size, names=names)
+    shapes, dtype, L, D = p.shapes, p.dtype, p.L, p.D
+    arrays = {"dy": check_array(names.dy, dy, p.output_shape(), dtype, "like the output y",
+                                ndim=None, input_name=names.input)}
+    if dh is not None:
+        arrays["dh"] = check_array(names.dh, dh, shapes.h_state, dtype, "like h_n",
+                                   input_name=names.input)
+    if dc is not None:
+        arrays["dc"] = check_array(names.dc, dc, shapes.c_state, dtype, "like c_n",
+                                   input_name=names.input)
+    n_states = L * D
     for name, items in zip(SAVED_NAMES, saved):
-        if not isinstance(items, (list, tuple)) or len(items) != L * D:
-            return None
-        saved_shape = shapes.saved(name)
+        if not isinstance(items, (list, tuple)) or len(items) != n_states:
+            width = "P" if name == "h" and p.projected else "H"
+            items = as_list(name, items, n_states, f"one [T, B, {width}] array per layer and "
+                            f"direction: num_layers={L}, bidirectional={D == 2}")
+        shape = shapes.saved(name)
         for a in items:
-            if type(a) is not np.ndarray or a.dtype != dtype or a.shape != saved_shape:
-                return None
+            if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype:
+                meaning = f"time-major [T, B, {'P' if name == 'h' and p.projected else 'H'}]"
+                items = [check_array(f"{name}[{k}]", b, shape, dtype, meaning,
+                                     input_name=names.input) for k, b in enumerate(items)]
+                break
         arrays[name] = list(items)
-    if train and dropout > 0 and L > 1:
-        if not isinstance(dropout_masks, (list, tuple)) or len(dropout_masks) != L - 1:
-            return None
-        for m in dropout_masks:
-            if type(m) is not np.ndarray or m.dtype != dtype or m.shape != shapes.mask:
-                return None
-        arrays["dropout_masks"] = list(dropout_masks)
-    elif dropout_masks is not None:
-        return None
+    masked = train and dropout > 0 and L > 1
+    if not masked:
+        if dropout_masks is not None and not (isinstance(dropout_masks, (list, tuple))
+                                              and len(dropout_masks) == 0):
+            # Masks that would be ignored mean the call does not describe the forward that
+            # made them (typically dropout or train forgotten): refuse rather than silently
+            # return the gradients of a network without dropout.
+            raise ValueError(
+                "dropout_masks must be None unless dropout > 0, train and num_layers > 1 (got "
+                f"masks with dropout={dropout}, train={train}, num_layers={L}); pass the dropout "
+                "and train given to lstm_forward")
+        return p, arrays
+    mask_features = "D*P" if p.projected else "D*H"
+    if dropout_masks is None:
+        raise ValueError("dropout_masks is required when dropout > 0, train and num_layers > 1: "
+                         "pass cache.dropout_masks from lstm_forward")
+    items = as_list("dropout_masks", dropout_masks, L - 1,
+                    f"one [T, B, {mask_features}] array per layer boundary")
+    arrays["dropout_masks"] = [
+        check_array(f"dropout_masks[{k}]", m, shapes.mask, dtype, f"[T, B, {mask_features}]",
+                    input_name=names.input) for k, m in enumerate(items)]
     return p, arrays
+
+
+def check_array(name, value, shape, dtype, meaning=None, *, ndim=3, input_name="input"):
+    """``value`` as an array of ``shape`` and ``dtype`` (the input's ``input_name``), or the
+    error naming it: its type and rank (unless ``ndim`` is None), its shape, its dtype."""
+    if type(value) is np.ndarray and value.shape == shape and value.dtype == dtype:
+        return value
+    array = as_array(name, value, ndim)
+    expect_shape(name, array, shape, meaning)
+    _raise_mixed_dtypes(input_name, dtype, [(name, array)])
+    return array

@@ -124,7 +124,7 @@ import warnings
 import numpy as np
 
 from lstmcy._cache import SAVED_NAMES
-from lstmcy._validation import check_backward
+from lstmcy._validation import check_backward, check_output_mask
 
 __all__ = [
     "AclnnError",
@@ -1087,22 +1087,17 @@ def unsupported_reason(dtype, *, dropout=0.0, train=True, num_layers=1):
     return None
 
 
-def _as_host(name, array, dtype):
-    """A C-contiguous copy (or view) of ``array``; never modifies the input."""
-    if array is None:
-        raise TypeError(f"{name} must be an array, got None")
-    arr = np.asarray(array)
-    if arr.dtype != dtype:
-        raise TypeError(f"{name} has dtype {arr.dtype}, but input has dtype {dtype}; "
-                        "all arrays of one call must share one dtype")
-    return np.ascontiguousarray(arr)
+def _check_npu_dtype(dtype):
+    """Raise TypeError unless ``dtype`` (the input's; None: not known yet) is one the NPU
+    operator computes in."""
+    if dtype is not None and dtype not in _NUMPY_TO_ACL:
+        raise TypeError(f"backend='aclnn' supports float32 and float16 (the NPU operator's "
+                        f"dtypes); input has dtype {dtype}")
 
 
-def _as_list(name, arrays, count, dtype):
-    if arrays is None or len(arrays) != count:
-        got = "None" if arrays is None else f"{len(arrays)} arrays"
-        raise ValueError(f"{name} must be a list of {count} arrays, got {got}")
-    return [_as_host(f"{name}[{k}]", a, dtype) for k, a in enumerate(arrays)]
+def _host(array):
+    """A C-contiguous copy (or view) of a checked array; never modifies the input."""
+    return np.ascontiguousarray(array)
 
 
 def _default_device():
@@ -1182,8 +1177,6 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
         released, and the thread's previous device made current again,
         before it propagates.
     """
-    in_arr = np.asarray(input)
-    dtype = in_arr.dtype
     if device_id is not None and (isinstance(device_id, (bool, np.bool_))
                                   or not isinstance(device_id, (int, np.integer))
                                   or device_id < 0):
@@ -1191,65 +1184,62 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
     if not (library is None or isinstance(library, (str, bytes, os.PathLike, AclnnLibrary))):
         raise TypeError(f"library must be None, a path or an AclnnLibrary, got "
                         f"{type(library).__name__}")
-    if dtype not in _NUMPY_TO_ACL:
-        raise TypeError(f"backend='aclnn' supports float32 and float16 (the NPU operator's dtypes); "
-                        f"input has dtype {dtype}")
-    reason = unsupported_reason(dtype, dropout=dropout, train=train, num_layers=num_layers)
+    # What the NPU operator cannot compute is refused first, whatever else is wrong.
+    dtype = getattr(input, "dtype", None)
+    _check_npu_dtype(dtype)
+    reason = None if dtype is None else unsupported_reason(dtype, dropout=dropout, train=train,
+                                                           num_layers=num_layers)
     if reason is not None:
         raise ValueError(f"dropout: {reason}")
-    num_layers = int(num_layers)
-    if num_layers < 1:
-        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-    directions = 2 if bidirectional else 1
-    n_states = directions * num_layers
-    n_params = n_states * (4 if has_bias else 2)
-    mask = tuple(bool(m) for m in output_mask)
-    if len(mask) != 4:
-        raise ValueError(f"output_mask must hold 4 booleans, got {len(mask)}")
-    if hx is None or len(hx) != 2:
-        raise ValueError("hx must be a tuple (h0, c0)")
+    if hx is None:
+        raise ValueError("hx must be a tuple (h0, c0) (the NPU operator takes both)")
     if dh is None or dc is None:
         raise ValueError("dh and dc must be arrays [D*L, B, H] (the NPU operator takes both)")
+    problem, arrays = check_backward(input, hx, params, dy, dh, dc, (i, g, f, o, h, c, tanhc),
+                                     batch_sizes=batch_sizes, has_bias=has_bias,
+                                     num_layers=num_layers, dropout=dropout, train=train,
+                                     bidirectional=bidirectional, batch_first=batch_first,
+                                     dropout_masks=None)
+    return run_backward(problem, arrays, input, hx, params, dropout=dropout, train=train,
+                        output_mask=check_output_mask(output_mask), library=library,
+                        device_id=device_id)
 
-    x = _as_host("input", in_arr, dtype)
-    h0 = _as_host("hx[0]", hx[0], dtype)
-    c0 = _as_host("hx[1]", hx[1], dtype)
-    ps = _as_list("params", params, n_params, dtype)
-    dy_h = _as_host("dy", dy, dtype)
-    dh_h = _as_host("dh", dh, dtype)
-    dc_h = _as_host("dc", dc, dtype)
-    gates = [_as_list(name, arrays, n_states, dtype)
-             for name, arrays in zip(SAVED_NAMES, (i, g, f, o, h, c, tanhc))]
-    # Then the shapes, as the numpy API checks them (the device would read or write past wrong ones).
-    check_backward(input, hx, params, dy, dh, dc, (i, g, f, o, h, c, tanhc),
-                   batch_sizes=batch_sizes, has_bias=has_bias, num_layers=num_layers,
-                   dropout=dropout, train=train, bidirectional=bidirectional,
-                   batch_first=batch_first, dropout_masks=None)
-    if h0.ndim != 3:
-        raise ValueError(f"hx[0] must be [D*L, B, H], got shape {h0.shape}")
-    batch = h0.shape[1]
+
+def run_backward(problem, arrays, input, hx, params, *, dropout, train, output_mask,
+                 library=None, device_id=None):
+    """:func:`lstm_backward` of a checked call: ``problem, arrays`` as
+    :func:`lstmcy._validation.check_backward` returns them for ``input, hx, params``
+    (which must be given: the NPU takes both states, and ``arrays`` both ``dh`` and ``dc``),
+    ``output_mask`` a tuple of 4 bools. Raises for what the NPU operator cannot compute."""
+    p = problem
+    dtype = p.dtype
+    _check_npu_dtype(dtype)
+    reason = unsupported_reason(dtype, dropout=dropout, train=train, num_layers=p.L)
+    if reason is not None:
+        raise ValueError(f"dropout: {reason}")
+    if p.projected:
+        raise ValueError("backend='aclnn' has no projections: aclnnLstmBackward takes no "
+                         f"w_hr (got proj_size={p.P}); use backend='cpu'")
+    has_bias, num_layers, bidirectional = p.has_bias, p.L, p.D == 2
+    batch_first = p.layout == "batch_first"
+    mask = output_mask
+    x, h0, c0 = _host(input), _host(hx[0]), _host(hx[1])
+    ps = [_host(a) for a in params]
+    dy_h, dh_h, dc_h = _host(arrays["dy"]), _host(arrays["dh"]), _host(arrays["dc"])
+    gates = [[_host(a) for a in arrays[name]] for name in SAVED_NAMES]
 
     # Sequence layout. Without batch_sizes the device takes [T,B,*] / [B,T,*] in
     # NCL; with batch_sizes it takes 2-D [T*B, *] (padded, time-major) in ND [opsrc].
     valid_rows = None
     bs_h = None
     seq_format = ACL_FORMAT_NCL
-    if batch_sizes is not None:
-        bs_h = np.ascontiguousarray(np.asarray(batch_sizes, dtype=np.int64))
-        if bs_h.ndim != 1:
-            raise ValueError(f"batch_sizes must be 1-D, got shape {bs_h.shape}")
-        if x.ndim != 2:
-            raise ValueError(f"input must be 2-D when batch_sizes is given, got shape {x.shape}")
+    if p.layout in ("packed", "padded_2d"):
+        bs_h = np.ascontiguousarray(p.batch_sizes, dtype=np.int64)
         seq_format = ACL_FORMAT_ND
-        steps = bs_h.shape[0]
-        padded_rows = steps * batch
-        packed_rows = int(bs_h.sum())
-        if x.shape[0] != padded_rows:
-            if x.shape[0] != packed_rows:
-                raise ValueError(f"input has {x.shape[0]} rows; expected sum(batch_sizes) = {packed_rows} "
-                                 f"(packed) or T*B = {padded_rows} (padded)")
+        padded_rows = p.T * p.B
+        if p.layout == "packed":
             # packed -> padded time-major: valid_rows[k] is the padded row of packed row k
-            active = np.arange(batch)[None, :] < bs_h[:, None]
+            active = np.arange(p.B)[None, :] < bs_h[:, None]
             valid_rows = np.flatnonzero(active.ravel())
             x = _pad_rows(x, valid_rows, padded_rows)
             dy_h = _pad_rows(dy_h, valid_rows, padded_rows)
@@ -1262,12 +1252,13 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
         from lstmcy._core import lstm_backward as cpu_backward
 
         return tuple(cpu_backward(
-            input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, batch_sizes=batch_sizes,
-            has_bias=has_bias, num_layers=num_layers, dropout=dropout, train=train,
-            bidirectional=bidirectional, batch_first=batch_first, output_mask=mask))
-    problem = kernel_path_problem()
-    if problem is not None:
-        raise AclnnError(f"backend='aclnn': {problem}")
+            input, hx, params, arrays["dy"], arrays["dh"], arrays["dc"],
+            *(arrays[name] for name in SAVED_NAMES), batch_sizes=bs_h, has_bias=has_bias,
+            num_layers=num_layers, dropout=dropout, train=train, bidirectional=bidirectional,
+            batch_first=batch_first, output_mask=mask))
+    missing = kernel_path_problem()
+    if missing is not None:
+        raise AclnnError(f"backend='aclnn': {missing}")
     _ensure_initialized(lib)
 
     with lib.on_device(device):

@@ -72,7 +72,7 @@ def test_backward_refuses_a_saved_block_of_another_call():
 @pytest.mark.parametrize("change, error, message", [
     (dict(input=torch.zeros(T, B, I, dtype=torch.int64)), TypeError,
      "input must be a float32 or float64 tensor, got torch.int64"),
-    (dict(input=torch.zeros(T * B, I)), ValueError, r"input must be \[T, B, I\]"),
+    (dict(input=torch.zeros(T * B, I)), ValueError, r"input must be 3-D \[T, B, I\]"),
     (dict(h0=torch.zeros(1, B, H, dtype=torch.float64), c0=torch.zeros(1, B, H)), TypeError,
      "h0 has dtype torch.float64"),
     (dict(h0=torch.zeros(1, B, H), c0=torch.zeros(1, B, H, dtype=torch.float16)), TypeError,
@@ -85,7 +85,7 @@ def test_backward_refuses_a_saved_block_of_another_call():
     (dict(proj_size=H), ValueError, r"proj_size in \[0, hidden_size\)"),
     # T * B rows of packed data are not read in another (padded) layout.
     (dict(input=torch.zeros(6, I), batch_sizes=torch.tensor([2, 1, 1])), ValueError,
-     r"packed input must have sum\(batch_sizes\) = 4 rows, got 6"),
+     r"packed input must be \[sum\(batch_sizes\) = 4, I\], got shape \(6, 4\)"),
 ])
 def test_forward_refuses_bad_arguments(change, error, message):
     with pytest.raises(error, match=message):

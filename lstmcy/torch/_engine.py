@@ -16,10 +16,9 @@ comes as masks drawn from torch's generator, and whether to keep the activations
 it, as ``hidden_size``: the module has checked the states against it, and the weights are
 checked against it here.
 
-The module has checked every tensor as ``torch.nn.LSTM`` does, so padded input skips
-lstmcy's argument checks (:func:`~lstmcy._validation.trusted_problem`); packed input
-goes through :func:`~lstmcy._validation.check_problem`, which also checks the
-``batch_sizes``.
+The module has checked every tensor as ``torch.nn.LSTM`` does, so its padded input skips
+lstmcy's argument checks (:func:`~lstmcy._validation.trusted_problem`); packed input, and
+every call of the public operators, goes through :func:`~lstmcy._validation.check_problem`.
 """
 import contextlib
 import ctypes
@@ -90,26 +89,36 @@ def _np(tensor):
     return None if tensor is None else tensor.detach().resolve_neg().resolve_conj().numpy()
 
 
-def problem_for(input, batch_sizes, h0, c0, weights, cfg, hidden_size):
+def problem_for(input, batch_sizes, h0, c0, weights, cfg, hidden_size, names=None):
     """The checked :class:`~lstmcy._validation.Problem` of one call (numpy views of the
-    tensors; the backward of a call rebuilds the forward's from the same tensors)."""
+    tensors; the backward of a call rebuilds the forward's from the same tensors).
+
+    With ``names`` (the operators', which anyone may call) every argument goes through
+    lstmcy's checks under those names. Without (the module's calls, whose tensors
+    ``nn.LSTM``'s own checks have passed), padded input is trusted
+    (:func:`~lstmcy._validation.trusted_problem`).
+    """
     x = _np(input)
     params = [_np(w) for w in weights]
     if batch_sizes is None:
-        return trusted_problem(x, _np(h0), _np(c0), params, hidden_size=hidden_size,
-                               has_bias=cfg.has_bias, num_layers=cfg.num_layers,
-                               bidirectional=cfg.bidirectional, batch_first=cfg.batch_first,
-                               proj_size=cfg.proj_size)
-    sizes = _np(batch_sizes)
-    if x.ndim == 2 and sizes.ndim == 1 and x.shape[0] != sizes.sum():
-        # lstmcy's numpy API reads T*B rows as a padded layout; packed data is never
-        # read in another layout.
-        raise ValueError(f"packed input must have sum(batch_sizes) = {sizes.sum()} rows, "
-                         f"got {x.shape[0]}")
+        if names is None:
+            return trusted_problem(x, _np(h0), _np(c0), params, hidden_size=hidden_size,
+                                   has_bias=cfg.has_bias, num_layers=cfg.num_layers,
+                                   bidirectional=cfg.bidirectional, batch_first=cfg.batch_first,
+                                   proj_size=cfg.proj_size)
+        sizes = None
+    else:
+        sizes = _np(batch_sizes)
+        if x.ndim != 2 or (sizes.ndim == 1 and x.shape[0] != sizes.sum()):
+            # lstmcy's numpy API reads T*B rows as a padded layout (and 3-D input with
+            # batch_sizes as padded sequences); packed data is never read in another layout.
+            raise ValueError(f"packed input must be [sum(batch_sizes) = {sizes.sum()}, I], "
+                             f"got shape {tuple(x.shape)}")
     hx = None if h0 is None else (_np(h0), _np(c0))
     return check_problem(x, hx, params, has_bias=cfg.has_bias, num_layers=cfg.num_layers,
-                         bidirectional=cfg.bidirectional, batch_first=False,
-                         batch_sizes=sizes, proj_size=cfg.proj_size)
+                         bidirectional=cfg.bidirectional,
+                         batch_first=cfg.batch_first and sizes is None, batch_sizes=sizes,
+                         proj_size=cfg.proj_size, names=names)
 
 
 def _engine_masks(masks, problem):
@@ -139,7 +148,7 @@ def _packed_rows(problem):
     return steps * problem.B + within
 
 
-def forward(input, batch_sizes, h0, c0, weights, masks, cfg, hidden_size, train):
+def forward(input, batch_sizes, h0, c0, weights, masks, cfg, hidden_size, train, problem=None):
     """Run the LSTM.
 
     Parameters
@@ -161,6 +170,8 @@ def forward(input, batch_sizes, h0, c0, weights, masks, cfg, hidden_size, train)
         H.
     train : bool
         Keep what the backward needs.
+    problem : Problem, optional
+        The call's, when the caller has checked it already (:func:`problem_for`).
 
     Returns
     -------
@@ -171,7 +182,8 @@ def forward(input, batch_sizes, h0, c0, weights, masks, cfg, hidden_size, train)
     problem : Problem
         The checked call, which :func:`backward` may reuse.
     """
-    problem = problem_for(input, batch_sizes, h0, c0, weights, cfg, hidden_size)
+    if problem is None:
+        problem = problem_for(input, batch_sizes, h0, c0, weights, cfg, hidden_size)
     if problem.T == 0:
         # As aten::lstm (lstmcy's numpy API accepts T = 0).
         raise RuntimeError("Expected sequence length to be larger than 0 in RNN")

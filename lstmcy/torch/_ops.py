@@ -25,6 +25,7 @@ from torch import Tensor
 
 from lstmcy.torch import _engine as engine
 from lstmcy._config import config_of
+from lstmcy._validation import ArgumentNames, check_array
 from lstmcy.torch._reference import second_derivatives
 
 __all__ = ["lstm_forward", "lstm_backward", "layout_arguments"]
@@ -47,23 +48,44 @@ def _config(num_layers, bidirectional, has_bias, batch_first, proj_size):
 
 
 # ---------------------------------------------------------------------------
-# argument checks: the operators are public (torch.ops.lstmcy), and the engine trusts
-# what nn.LSTM's own checks guarantee for the module's calls
+# argument checks: the operators are public (torch.ops.lstmcy). What only a tensor can get
+# wrong (its dtype before it becomes a numpy view, the packed layout, the masks) is checked
+# here; everything else by lstmcy's one check of a call (lstmcy._validation), under
+# aten::lstm's names.
 # ---------------------------------------------------------------------------
 
 _DTYPES = (torch.float32, torch.float64)
 
 
-def _check_tensor(name, value, dtype, shape=None):
-    """``value`` (a tensor, or None) has ``dtype`` and, if given, ``shape``."""
-    if value is None:
-        return
-    if not isinstance(value, Tensor):
-        raise TypeError(f"{name} must be a tensor or None, got {type(value).__name__}")
-    if value.dtype != dtype:
-        raise TypeError(f"{name} has dtype {value.dtype}, expected {dtype} (input's)")
-    if shape is not None and tuple(value.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(value.shape)}")
+class _TorchNames(ArgumentNames):
+    """``aten::lstm``'s names of an operator call's arguments, for lstmcy's checks."""
+
+    params = "weights"
+    h0 = "h0"
+    c0 = "c0"
+    dy = "grad_y"
+    dh = "grad_h_n"
+    dc = "grad_c_n"
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def param(self, shapes, k):
+        return f"weights[{k}] ({_weight_names(self.cfg)[k]})"
+
+    def first_weight(self, k, kind):
+        return self.param(None, k)
+
+
+def _check_dtypes(input, named):
+    """``input`` is a float32 or float64 tensor and every tensor of ``named`` (``(name,
+    tensor or None)`` pairs) has its dtype: a numpy view keeps the dtype, and there is
+    none for bfloat16."""
+    if input.dtype not in _DTYPES:
+        raise TypeError(f"input must be a float32 or float64 tensor, got {input.dtype}")
+    for name, value in named:
+        if value is not None and value.dtype != input.dtype:
+            raise TypeError(f"{name} has dtype {value.dtype}, expected {input.dtype} (input's)")
 
 
 def _weight_names(cfg):
@@ -84,49 +106,36 @@ def _checked_config(hidden_size, num_layers, bidirectional, has_bias, batch_firs
     return _config(num_layers, bidirectional, has_bias, batch_first, proj_size)
 
 
-def _check_call(input, batch_sizes, h0, c0, weights, masks, cfg, hidden_size):
-    """Check an operator call's arguments as ``nn.LSTM`` checks its own (the sizes of a
-    packed batch are checked when its problem is built)."""
-    H, L, P = hidden_size, cfg.num_layers, cfg.proj_size
-    if not isinstance(input, Tensor) or input.dtype not in _DTYPES:
-        raise TypeError(f"input must be a float32 or float64 tensor, got "
-                        f"{getattr(input, 'dtype', type(input).__name__)}")
-    packed = batch_sizes is not None
-    if input.dim() != (2 if packed else 3):
-        expected = ("[N, I] (packed, with batch_sizes)" if packed
-                    else "[B, T, I] (batch_first)" if cfg.batch_first else "[T, B, I]")
-        raise ValueError(f"input must be {expected}, got shape {tuple(input.shape)}")
-    if packed and (batch_sizes.dtype != torch.int64 or batch_sizes.dim() != 1):
+def _checked_problem(input, batch_sizes, h0, c0, weights, masks, cfg, hidden_size):
+    """The checked problem of an operator call (and its masks checked against it)."""
+    if batch_sizes is not None and (batch_sizes.dtype != torch.int64 or batch_sizes.dim() != 1):
         raise TypeError(f"batch_sizes must be a 1-D int64 tensor, got {batch_sizes.dtype} "
                         f"with shape {tuple(batch_sizes.shape)}")
     if (h0 is None) != (c0 is None):
         raise ValueError("h0 and c0 must be both given or both None")
-    names = _weight_names(cfg)
-    if len(weights) != len(names):
-        raise ValueError(f"weights must be the {len(names)} tensors {', '.join(names)}; "
-                         f"got {len(weights)}")
-    D, out = cfg.num_directions, P or H
-    for k, (name, weight) in enumerate(zip(names, weights)):
-        kind, layer = name.split("_l")[0], k // (len(names) // L)
-        shape = {"weight_ih": (4 * H, input.shape[-1] if layer == 0 else D * out),
-                 "weight_hh": (4 * H, out), "bias_ih": (4 * H,), "bias_hh": (4 * H,),
-                 "weight_hr": (P, H)}[kind]
-        _check_tensor(f"weights[{k}] ({name})", weight, input.dtype, shape)
+    names = _TorchNames(cfg)
+    if len(weights) != len(_weight_names(cfg)):
+        raise ValueError(f"weights must be the {len(_weight_names(cfg))} tensors "
+                         f"{', '.join(_weight_names(cfg))}; got {len(weights)}")
+    _check_dtypes(input, [("h0", h0), ("c0", c0)]
+                  + [(names.param(None, k), w) for k, w in enumerate(weights)]
+                  + [(f"masks[{k}]", m) for k, m in enumerate(masks)])
+    problem = engine.problem_for(input, batch_sizes, h0, c0, weights, cfg, hidden_size,
+                                 names=names)
+    if problem.H != hidden_size:
+        raise ValueError(f"hidden_size is {hidden_size} but {names.first_weight(1, 'w_hh')} "
+                         f"has H = {problem.H} columns")
+    L = cfg.num_layers
     if masks and len(masks) != L - 1:
         wanted = ("empty with num_layers=1 (no dropout between layers)" if L == 1 else
                   f"empty or the {L - 1} dropout masks of the outputs of layers 0 to {L - 2}")
         raise ValueError(f"masks must be {wanted}, got {len(masks)}")
-    if not packed:
-        T, B = (input.shape[1], input.shape[0]) if cfg.batch_first else input.shape[:2]
-        _check_tensor("h0", h0, input.dtype, (L * D, B, out))
-        _check_tensor("c0", c0, input.dtype, (L * D, B, H))
-        for k, mask in enumerate(masks):
-            _check_tensor(f"masks[{k}]", mask, input.dtype, (T, B, D * out))
-    else:
-        _check_tensor("h0", h0, input.dtype)
-        _check_tensor("c0", c0, input.dtype)
-        for k, mask in enumerate(masks):
-            _check_tensor(f"masks[{k}]", mask, input.dtype, (input.shape[0], D * out))
+    # aten::lstm's layer-output layout: time-major, or packed rows.
+    mask_shape = ((problem.N,) if batch_sizes is not None
+                  else (problem.T, problem.B)) + (problem.D * problem.P,)
+    for k, mask in enumerate(masks):
+        check_array(f"masks[{k}]", engine._np(mask), mask_shape, problem.dtype, ndim=None)
+    return problem
 
 
 def _check_gradients(problem, input, saved, grad_y, grad_h_n, grad_c_n, cfg, output_mask):
@@ -135,13 +144,16 @@ def _check_gradients(problem, input, saved, grad_y, grad_h_n, grad_c_n, cfg, out
     if len(output_mask) != 4:
         raise ValueError(f"output_mask must be 4 bools (dx, dh0, dc0, dweights), got "
                          f"{len(output_mask)}")
-    T, B, H = problem.T, problem.B, problem.H
-    _check_tensor("saved", saved, input.dtype, (engine.saved_numel(cfg, H, T, B),))
-    states = (cfg.num_layers * cfg.num_directions, B)
-    _check_tensor("grad_y", grad_y, input.dtype,
-                  tuple(input.shape[:-1]) + (cfg.num_directions * (cfg.proj_size or H),))
-    _check_tensor("grad_h_n", grad_h_n, input.dtype, states + (cfg.proj_size or H,))
-    _check_tensor("grad_c_n", grad_c_n, input.dtype, states + (H,))
+    _check_dtypes(input, [("saved", saved), ("grad_y", grad_y), ("grad_h_n", grad_h_n),
+                          ("grad_c_n", grad_c_n)])
+    numel = engine.saved_numel(cfg, problem.H, problem.T, problem.B)
+    check_array("saved", engine._np(saved), (numel,), problem.dtype, ndim=None)
+    shapes = problem.shapes
+    for name, value, shape in (("grad_y", grad_y, problem.output_shape()),
+                               ("grad_h_n", grad_h_n, shapes.h_state),
+                               ("grad_c_n", grad_c_n, shapes.c_state)):
+        if value is not None:
+            check_array(name, engine._np(value), shape, problem.dtype, ndim=None)
 
 
 # ---------------------------------------------------------------------------
@@ -158,9 +170,9 @@ def lstm_forward(input: Tensor, batch_sizes: Optional[Tensor], h0: Optional[Tens
     unless ``train``); ``masks`` is empty without dropout."""
     cfg = _checked_config(hidden_size, num_layers, bidirectional, has_bias, batch_first,
                           proj_size)
-    _check_call(input, batch_sizes, h0, c0, weights, masks, cfg, hidden_size)
+    problem = _checked_problem(input, batch_sizes, h0, c0, weights, masks, cfg, hidden_size)
     y, h_n, c_n, saved, _ = engine.forward(input, batch_sizes, h0, c0, weights, masks or None,
-                                           cfg, hidden_size, train)
+                                           cfg, hidden_size, train, problem=problem)
     return y, h_n, c_n, saved
 
 
@@ -176,8 +188,7 @@ def lstm_backward(input: Tensor, batch_sizes: Optional[Tensor], h0: Optional[Ten
     ``dweights``)."""
     cfg = _checked_config(hidden_size, num_layers, bidirectional, has_bias, batch_first,
                           proj_size)
-    _check_call(input, batch_sizes, h0, c0, weights, masks, cfg, hidden_size)
-    problem = engine.problem_for(input, batch_sizes, h0, c0, weights, cfg, hidden_size)
+    problem = _checked_problem(input, batch_sizes, h0, c0, weights, masks, cfg, hidden_size)
     _check_gradients(problem, input, saved, grad_y, grad_h_n, grad_c_n, cfg, output_mask)
     dx, dh0, dc0, dweights = engine.backward(problem, saved, masks or None, grad_y, grad_h_n,
                                              grad_c_n, tuple(output_mask))
