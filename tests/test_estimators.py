@@ -534,7 +534,8 @@ def test_format_seconds():
     (None, 30.0), ("0", 0.0), ("2.5", 2.5), ("-1", 30.0), ("soon", 30.0), ("nan", 30.0)])
 def test_progress_interval_from_the_environment(value, seconds):
     from lstmcy.estimators._progress import progress_interval
-    assert progress_interval({} if value is None else {"LSTMCY_PROGRESS_INTERVAL": value}) == seconds
+    environ = {} if value is None else {"LSTMCY_PROGRESS_INTERVAL": value}
+    assert progress_interval(environ) == seconds
 
 
 def test_pickle_round_trip_and_resume():
