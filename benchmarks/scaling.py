@@ -315,13 +315,14 @@ def model_case(case, repeats):
                 measured_1_to_2=measured[1] / measured[2], handoff_us=handoff / 1e3)
 
 
-def main(argv=None):
+def main(argv=None, cases=CASES):
+    """Run the command line ``argv``; ``--shapes`` names cases of ``cases``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="small-50x32,large-256,braun,bidir2-large,deepbench-512")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json")
     args = parser.parse_args(argv)
-    by_name = {c.name: c for c in CASES}
+    by_name = {c.name: c for c in cases}
     doc = result_stamp()
     doc["results"] = [model_case(by_name[name], args.repeats) for name in args.shapes.split(",")]
     print(f"load average {doc['load']} at the start; kernels only (forward + backward)")

@@ -39,7 +39,7 @@ def _benchmark_script():
 
 
 def _bench(args, extra):
-    script = _benchmark_script()
+    script = args.suite or _benchmark_script()
     if not os.path.isfile(script):
         print(f"lstmcy bench needs the benchmark suite at {script}, which is not there: it ships "
               f"with the source tree, not with an installed wheel. Run it from a checkout of "
@@ -84,6 +84,9 @@ def build_parser():
         "bench", help="quick run of the benchmark suite (benchmarks/run.py --quick); other "
                       "arguments are passed to run.py")
     bench.add_argument("--full", action="store_true", help="run the full suite, not --quick")
+    bench.add_argument("--suite", metavar="RUN_PY",
+                       help="the suite's script to run (default: benchmarks/run.py of the "
+                            "source tree lstmcy is imported from)")
     bench.set_defaults(run=_bench)
     return parser
 

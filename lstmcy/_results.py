@@ -81,10 +81,24 @@ _FREE_REFCOUNT = _free_refcount()
 
 
 class ResultMemory:
-    """Hands out result arrays backed by reusable buffers (see the module docstring)."""
+    """Hands out result arrays backed by reusable buffers (see the module docstring).
 
-    def __init__(self):
+    Parameters
+    ----------
+    max_free_extra_bytes : int, default 32 MiB
+        Free bytes kept beyond the most bytes in use at any of the last ``_USE_WINDOW``
+        requests; free buffers beyond them are dropped, oldest first.
+
+    Attributes
+    ----------
+    trims : int
+        Passes over the buffers that looked for free ones to drop.
+    """
+
+    def __init__(self, max_free_extra_bytes=_MAX_FREE_EXTRA_BYTES):
         self._lock = threading.Lock()
+        self.max_free_extra_bytes = max_free_extra_bytes
+        self.trims = 0
         self.clear()
 
     @property
@@ -130,9 +144,9 @@ class ResultMemory:
             # The same bound as _trim's (the window's peak use), so that a loop whose results
             # pass the allowance does not run a trim that drops nothing at every step; the
             # cheap test first, as the window's peak is never below the use now.
+            extra = self.max_free_extra_bytes
             if len(buffers) > _MAX_BUFFERS or (
-                    free_bytes > used + _MAX_FREE_EXTRA_BYTES
-                    and free_bytes > max(self._recent_use) + _MAX_FREE_EXTRA_BYTES):
+                    free_bytes > used + extra and free_bytes > max(self._recent_use) + extra):
                 self._trim()
         return np.ndarray(shape, dtype, buffer, offset)  # a view: its base is the buffer
 
@@ -153,8 +167,9 @@ class ResultMemory:
 
     def _trim(self):
         """Drop free buffers, oldest first, beyond ``_MAX_BUFFERS`` buffers or beyond
-        ``_MAX_FREE_EXTRA_BYTES`` more free bytes than the most bytes in use at any of the
+        ``max_free_extra_bytes`` more free bytes than the most bytes in use at any of the
         last ``_USE_WINDOW`` requests."""
+        self.trims += 1
         free = [index for index in range(len(self._buffers))
                 if sys.getrefcount(self._buffers[index]) == _FREE_REFCOUNT]
         free_bytes = sum(self._sizes[index] for index in free)
@@ -162,7 +177,7 @@ class ResultMemory:
         excess = len(self._buffers) - _MAX_BUFFERS
         drop = []
         for index in free:  # oldest first: the list is in order of last use
-            if excess <= 0 and free_bytes <= used_bytes + _MAX_FREE_EXTRA_BYTES:
+            if excess <= 0 and free_bytes <= used_bytes + self.max_free_extra_bytes:
                 break
             drop.append(index)
             excess -= 1

@@ -19,17 +19,19 @@ The automatic thread count of a call is the smallest of
 and of the work rule :func:`lstmcy._schedule.threads_for_work`; a :class:`ThreadTuner` then
 moves small calls to one thread while more threads are slower. ``set_num_threads(n)``
 and ``LSTMPlan(n_threads=n)`` fix the count instead (any n >= 1, obeyed as given).
-Results are bitwise identical for every count.
+Results are bitwise identical for every count. These facts of the machine and the global
+setting are held by one :class:`MachineView`, which :func:`machine_view` replaces for a
+block (tests present machines of any size through it).
 
 After ``fork()`` the child starts its own workers (the pool's fork handler) and this
 module's state is reset (:func:`_after_fork_in_child`), so a child's calls complete.
 """
+import contextlib
 import ctypes
 import functools
 import math
 import os
 import threading
-from contextlib import nullcontext
 from numbers import Integral
 from time import perf_counter
 
@@ -42,7 +44,6 @@ _lock = threading.Lock()
 _active = 0
 _saved = []
 _controllers = None
-_num_threads = None  # None: automatic
 #: The pool runs at most this many threads in one call.
 MAX_THREADS = 256
 
@@ -147,24 +148,22 @@ def _parse_omp_num_threads(raw):
     return n if n > 0 else None
 
 
-_machine_cpus = []  # affinity and quota, read once per process
-
-
 def _process_cpus():
-    """CPUs the process may use, by affinity and quota (read once per process)."""
-    if not _machine_cpus:
-        quota = cgroup_cpu_limit()
-        cpus = affinity_cpus()
-        _machine_cpus.append(min(cpus, quota) if quota else cpus)
-        _threadpool.set_cpu_count(_machine_cpus[0])
-    return _machine_cpus[0]
+    """CPUs the process may use by affinity and quota, as the installed :class:`MachineView`
+    sees them (read once per view; the first read tells the pool)."""
+    machine = _machine
+    cpus = machine.cpus
+    if cpus is None:
+        cpus = machine.cpus = machine.read_cpus()
+        _threadpool.set_cpu_count(cpus)
+    return cpus
 
 
 def available_cpus():
     """The CPUs automatic thread counts may use: affinity, quota, OMP_NUM_THREADS and the
     threadpoolctl limit, the smallest of them (at least 1)."""
     cpus = _process_cpus()
-    omp = omp_num_threads()
+    omp = omp_num_threads(_machine.environ)
     if omp is not None and omp < cpus:
         cpus = omp
     limit = _threadpool.thread_limit()
@@ -184,8 +183,7 @@ def set_num_threads(n_threads):
     while others wait (about as many threads as CPUs running at once).
     Results are bitwise identical either way.
     """
-    global _num_threads
-    _num_threads = _check_count("n_threads", n_threads)
+    _machine.num_threads = _check_count("n_threads", n_threads)
 
 
 def _check_count(name, n_threads):
@@ -202,12 +200,81 @@ def _check_count(name, n_threads):
 
 def get_num_threads():
     """The thread setting: an int, or None for automatic."""
-    return _num_threads
+    return _machine.num_threads
+
+
+class MachineView:
+    """The machine as lstmcy's thread counts see it: the CPUs the process may use (its
+    affinity and its cgroup's CPU quota, read once), the environment ``OMP_NUM_THREADS``
+    comes from, and the global thread setting (:func:`set_num_threads`).
+
+    The process has one, read from the system; :func:`machine_view` installs another for
+    a block, which is how tests present a machine of any size.
+
+    Parameters
+    ----------
+    affinity : int or None, default None
+        CPUs the process may run on; None reads them (:func:`affinity_cpus`).
+    cgroup_root : str or None, default "/"
+        Root of the ``/proc`` and ``/sys`` files the cgroup CPU quota is read from
+        (:func:`cgroup_cpu_limit`); None: no quota.
+    environ : mapping, default os.environ
+        Where ``OMP_NUM_THREADS`` is read, at every automatic call.
+    num_threads : int or None, default None
+        The global thread setting (None: automatic).
+    """
+
+    __slots__ = ("affinity", "cgroup_root", "environ", "num_threads", "cpus")
+
+    def __init__(self, affinity=None, cgroup_root="/", environ=os.environ, num_threads=None):
+        self.affinity = affinity
+        self.cgroup_root = cgroup_root
+        self.environ = environ
+        self.num_threads = _check_count("num_threads", num_threads)
+        self.cpus = None  # by affinity and quota: read on first use (_process_cpus)
+
+    def read_cpus(self):
+        """CPUs the process may use by affinity and quota, read now."""
+        quota = None if self.cgroup_root is None else cgroup_cpu_limit(self.cgroup_root)
+        cpus = affinity_cpus() if self.affinity is None else self.affinity
+        return min(cpus, quota) if quota else cpus
+
+
+_machine = MachineView()  # the installed view: every thread count reads it
+
+
+@contextlib.contextmanager
+def machine_view(view):
+    """Make lstmcy see the machine ``view`` describes inside the block: automatic thread
+    counts, the thread pool's count of CPUs and :func:`set_num_threads` use it; the
+    previous view is back afterwards.
+
+    For tests and experiments (a process has one machine): not for use while another
+    thread runs lstmcy.
+
+    Parameters
+    ----------
+    view : MachineView
+
+    Yields
+    ------
+    MachineView
+        ``view``.
+    """
+    global _machine
+    previous = _machine
+    _machine = view
+    try:
+        _process_cpus()  # the pool sees the view's CPUs
+        yield view
+    finally:
+        _machine = previous
+        _threadpool.set_cpu_count(_process_cpus())
 
 
 def threads_for(flops, n_threads=None):
     """Threads for a call of ``flops`` work: the plan's or global setting, else automatic."""
-    setting = _num_threads if n_threads is None else n_threads
+    setting = _machine.num_threads if n_threads is None else n_threads
     if setting is not None:
         if setting > 1:
             _process_cpus()  # the pool's waits spin only while its threads fit the CPUs
@@ -315,10 +382,14 @@ class ThreadChoice:
     ----------
     n_threads : int or None
         The plan's setting (None: automatic, see :func:`is_automatic`).
+    new_tuner : callable or None
+        ``new_tuner(n)``: a tuner between one thread and ``n`` for one kind of call, with
+        :class:`ThreadTuner`'s ``choose`` and ``record`` (None: a :class:`ThreadTuner`).
     """
 
-    def __init__(self, n_threads=None):
+    def __init__(self, n_threads=None, new_tuner=None):
         self.n_threads = n_threads
+        self.new_tuner = ThreadTuner if new_tuner is None else new_tuner
         self.tuners = {}  # kind of kernel call and count -> its ThreadTuner (automatic only)
 
     def run(self, key, rows, step_flops, flops, run):
@@ -336,7 +407,7 @@ class ThreadChoice:
         if tuner is None:
             if len(self.tuners) >= 64:  # many shapes: forget the old ones
                 self.tuners.clear()
-            tuner = self.tuners[key] = ThreadTuner(n_threads)
+            tuner = self.tuners[key] = self.new_tuner(n_threads)
         start = perf_counter()
         n_threads = tuner.choose(start)
         result = run(n_threads)
@@ -346,7 +417,7 @@ class ThreadChoice:
 
 def is_automatic(n_threads=None):
     """Whether the thread count is left to lstmcy (no setting, global or per plan)."""
-    return n_threads is None and _num_threads is None
+    return n_threads is None and _machine.num_threads is None
 
 
 class _PoolController(threadpoolctl.LibController):
@@ -418,8 +489,13 @@ _OPENBLAS_SMALL_GEMM_KERNELS = {"skylakex", "cooperlake", "sapphirerapids"}
 def blas_small_gemms():
     """Whether the BLAS behind ``scipy.linalg.cython_blas`` multiplies small GEMMs without
     packing them (see :data:`lstmcy._schedule.SMALL_GEMM`): a fact of the process, read once."""
-    controllers = _blas_controllers()
-    return bool(controllers) and all(lib.small_gemms for lib in controllers)
+    return all_have_small_gemms(_blas_controllers())
+
+
+def all_have_small_gemms(settings):
+    """Whether every BLAS library of ``settings`` (:class:`_ThreadSetting`, at least one)
+    has the path for small GEMMs."""
+    return bool(settings) and all(lib.small_gemms for lib in settings)
 
 
 def _blas_controllers():
@@ -439,7 +515,7 @@ def _blas_controllers():
     return _controllers
 
 
-_NO_CAP = nullcontext()  # reusable and re-entrant
+_NO_CAP = contextlib.nullcontext()  # reusable and re-entrant
 
 
 def blas_single_threaded(active=True):
@@ -496,7 +572,7 @@ def _after_fork_in_child():
                 lib.set(threads)
     _active = 0
     _saved = []
-    _machine_cpus.clear()
+    _machine.cpus = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -5,7 +5,10 @@
 * ``@pytest.mark.large``: tests that allocate more than 2**31 bytes in one buffer
   (several GB of RAM in total). Skipped unless ``--runlarge`` is given or
   ``LSTMCY_TEST_LARGE=1`` is set.
+
+Fixture ``fake_machine``: the machine lstmcy's thread counts see, for one test.
 """
+import contextlib
 import os
 
 import pytest
@@ -43,3 +46,20 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if marker in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture
+def fake_machine():
+    """``fake_machine(cpus, **view)`` makes lstmcy see a machine whose process may use
+    ``cpus`` CPUs until the test ends: no cgroup quota, no ``OMP_NUM_THREADS`` and an
+    automatic thread count unless the keywords (:class:`lstmcy._threads.MachineView`'s)
+    say otherwise; :func:`lstmcy.set_num_threads` inside the test changes the fake only.
+    Returns the view."""
+    from lstmcy import _threads
+
+    with contextlib.ExitStack() as views:
+        def fake(cpus, **view):
+            view = {"cgroup_root": None, "environ": {}, **view}
+            return views.enter_context(
+                _threads.machine_view(_threads.MachineView(affinity=cpus, **view)))
+        yield fake

@@ -59,10 +59,10 @@ def test_the_cases_cover_the_schedules_they_name():
     assert forward(CASES["units"], 8).split == _schedule.SPLIT_UNITS
 
 
-def test_the_json_names_the_machine_and_the_commit(tmp_path, monkeypatch):
-    monkeypatch.setattr(scaling, "CASES", [CASES["fused"]])
+def test_the_json_names_the_machine_and_the_commit(tmp_path):
     out = tmp_path / "scaling.json"
-    scaling.main(["--shapes", "fused", "--repeats", "1", "--json", str(out)])
+    scaling.main(["--shapes", "fused", "--repeats", "1", "--json", str(out)],
+                 cases=[CASES["fused"]])
     doc = json.loads(out.read_text())
     assert doc["machine"] and doc["results"][0]["case"] == "fused"
     assert "lstmcy" in doc  # a commit, or None outside a git checkout

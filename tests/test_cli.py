@@ -97,10 +97,9 @@ def test_demo_without_sklearn_exits_2(monkeypatch, capsys):
 
 # --------------------------------------------------------------------------- bench
 
-def test_bench_without_the_suite_exits_2(monkeypatch, capsys, tmp_path):
+def test_bench_without_the_suite_exits_2(capsys, tmp_path):
     missing = tmp_path / "benchmarks" / "run.py"
-    monkeypatch.setattr(cli, "_benchmark_script", lambda: str(missing))
-    assert cli.main(["bench"]) == 2
+    assert cli.main(["bench", "--suite", str(missing)]) == 2
     err = capsys.readouterr().err
     assert str(missing) in err and "not there" in err
 
@@ -110,14 +109,13 @@ def test_bench_without_the_suite_exits_2(monkeypatch, capsys, tmp_path):
     (["bench", "--json", "out.json"], ["--quick", "--json", "out.json"]),
     (["bench", "--full"], []),
 ])
-def test_bench_runs_the_suite_and_returns_its_status(monkeypatch, tmp_path, argv, expected_args):
+def test_bench_runs_the_suite_and_returns_its_status(tmp_path, argv, expected_args):
     script = tmp_path / "run.py"
     record = tmp_path / "args.txt"
     script.write_text("import sys\n"
                       f"open({str(record)!r}, 'w').write(repr(sys.argv[1:]))\n"
                       "sys.exit(3)\n")
-    monkeypatch.setattr(cli, "_benchmark_script", lambda: str(script))
-    assert cli.main(argv) == 3
+    assert cli.main(argv + ["--suite", str(script)]) == 3
     assert record.read_text() == repr(expected_args)
 
 

@@ -490,11 +490,10 @@ def test_verbose_prints_one_line_per_epoch(capsys):
 
 
 def test_verbose_reports_inside_long_epochs_and_is_silent_by_default(capsys, monkeypatch):
-    from lstmcy.estimators import _progress
     X, y = sum_sign_problem(n=40)
     quiet_fit(LSTMClassifier(hidden_size=4, max_iter=2, random_state=0), X, y)
     assert capsys.readouterr().out == ""
-    monkeypatch.setattr(_progress, "_INTERVAL", 0.0)  # every batch is "30 s later"
+    monkeypatch.setenv("LSTMCY_PROGRESS_INTERVAL", "0")  # a line after every batch
     quiet_fit(LSTMRegressor(hidden_size=4, max_iter=2, batch_size=10, early_stopping=False,
                             verbose=True, random_state=0), X, y.astype(float))
     out = capsys.readouterr().out.splitlines()
@@ -529,6 +528,14 @@ def test_format_seconds():
     from lstmcy.estimators._progress import format_seconds
     assert [format_seconds(s) for s in (0.04, 59.94, 61, 3599.6, 3725)] == \
         ["0.0 s", "59.9 s", "1:01", "1:00:00", "1:02:05"]
+
+
+@pytest.mark.parametrize("value, seconds", [
+    (None, 30.0), ("0", 0.0), ("2.5", 2.5), ("-1", 30.0), ("soon", 30.0), ("nan", 30.0)])
+def test_progress_interval_from_the_environment(value, seconds):
+    from lstmcy.estimators._progress import progress_interval
+    environ = {} if value is None else {"LSTMCY_PROGRESS_INTERVAL": value}
+    assert progress_interval(environ) == seconds
 
 
 def test_pickle_round_trip_and_resume():

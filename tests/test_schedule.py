@@ -175,17 +175,14 @@ class _Controller:
     ("openblas", "SkylakeX", True), ("openblas", "Cooperlake", True),
     ("openblas", "SapphireRapids", True), ("openblas", "Haswell", False),
     ("openblas", "Zen", False), ("openblas", None, False), ("mkl", "SkylakeX", False)])
-def test_which_blas_has_the_small_path(api, architecture, small, monkeypatch):
+def test_which_blas_has_the_small_path(api, architecture, small):
     from lstmcy import _threads
     setting = _threads._ThreadSetting(_Controller(api, architecture))
     assert setting.small_gemms is small
-    monkeypatch.setattr(_threads, "_controllers", [setting])
-    _threads.blas_small_gemms.cache_clear()
-    try:
-        assert _threads.blas_small_gemms() is small
-    finally:
-        monkeypatch.undo()
-        _threads.blas_small_gemms.cache_clear()
+    assert _threads.all_have_small_gemms([setting]) is small
+    other = _threads._ThreadSetting(_Controller("openblas", "SkylakeX"))
+    assert _threads.all_have_small_gemms([other, setting]) is small
+    assert _threads.all_have_small_gemms([]) is False
 
 
 @pytest.mark.parametrize("small_gemms", [False, True])

@@ -74,19 +74,17 @@ def test_this_machines_cgroups_are_read_without_error():
 
 
 @pytest.fixture
-def machine(monkeypatch, tmp_path):
-    """``machine(cpus, quota=None)``: fake the affinity and the cgroup quota."""
-    read_quota = _threads.cgroup_cpu_limit
+def machine(fake_machine, monkeypatch, tmp_path):
+    """``machine(cpus, quota=None)``: a process with the affinity of ``cpus`` CPUs and a
+    cgroup v2 quota of ``quota`` CPUs (a fake file tree), reading this environment."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
 
     def fake(cpus, quota=None):
-        monkeypatch.setattr(_threads, "affinity_cpus", lambda: cpus)
+        root = tmp_path / f"machine-{cpus}-{quota}"
         if quota is not None:
-            fake_cgroup_v2(tmp_path, f"{quota * 100000} 100000\n")
-        monkeypatch.setattr(_threads, "cgroup_cpu_limit", lambda root="/": read_quota(str(tmp_path)))
-        _threads._machine_cpus.clear()
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    yield fake
-    _threads._machine_cpus.clear()
+            fake_cgroup_v2(root, f"{quota * 100000} 100000\n")
+        fake_machine(cpus, cgroup_root=str(root), environ=os.environ)
+    return fake
 
 
 def test_affinity_and_quota_cap_the_count(machine, monkeypatch):

@@ -132,29 +132,14 @@ def _within(seconds, fn):
     return out[0]
 
 
-@pytest.fixture
-def fake_cpus(monkeypatch):
-    """``fake_cpus(n)`` makes lstmcy believe the process may use n CPUs, until the test
-    ends."""
-    from lstmcy import _threads
-
-    real = _threads._process_cpus()
-
-    def fake(cpus):
-        _threadpool.set_cpu_count(cpus)
-        monkeypatch.setattr(_threads, "_machine_cpus", [cpus])
-    yield fake
-    _threadpool.set_cpu_count(real)
-
-
-def test_parts_beyond_the_cpus_are_spares_and_the_bits_stay(fake_cpus):
+def test_parts_beyond_the_cpus_are_spares_and_the_bits_stay(fake_machine):
     # With 1 CPU, a call on 6 threads runs its caller alone at first; the five other parts
     # are spares, handed only while a thread of the job sleeps. The caller alone finishes
     # the job: the call completes (no part is needed) with the serial bits.
     cfg = Config(T=9, B=10, I=5, H=12, L=2, dtype=np.dtype(np.float64), bidirectional=True)
     call = make_call(cfg, np.random.default_rng(8), seed=3)
     expected, _ = run_with_threads(call, 1)
-    fake_cpus(1)
+    fake_machine(1)
     for _ in range(3):
         got, _ = _within(120, lambda: run_with_threads(call, 6))
         for k, (a, b) in enumerate(zip(expected, got)):
@@ -162,7 +147,7 @@ def test_parts_beyond_the_cpus_are_spares_and_the_bits_stay(fake_cpus):
 
 
 @needs_hooks
-def test_a_thread_about_to_sleep_hands_a_spare(monkeypatch, fake_cpus):
+def test_a_thread_about_to_sleep_hands_a_spare(monkeypatch, fake_machine):
     # Waits that sleep at once (LSTMCY_TEST_WAIT_SPIN_NS=0) on 2 CPUs and 8 threads: the
     # job's two running threads wait for each other's projection pieces, recurrence steps
     # and gradients, and each wait that sleeps hands a spare part to a worker. The forward
@@ -185,7 +170,7 @@ def test_a_thread_about_to_sleep_hands_a_spare(monkeypatch, fake_cpus):
     cfg = Config(T=12, B=16, I=6, H=20, L=2, dtype=np.dtype(np.float64), bidirectional=True)
     call = make_call(cfg, np.random.default_rng(9), seed=4)
     expected, _ = without_fused_input(1)
-    fake_cpus(2)
+    fake_machine(2)
     monkeypatch.setenv("LSTMCY_TEST_WAIT_SPIN_NS", "0")
     before = _threadpool.spares_handed()
     CALLS = 60
@@ -199,7 +184,7 @@ def test_a_thread_about_to_sleep_hands_a_spare(monkeypatch, fake_cpus):
 
 
 @needs_hooks
-def test_a_call_does_not_wait_for_a_worker_that_has_not_started(monkeypatch, fake_cpus):
+def test_a_call_does_not_wait_for_a_worker_that_has_not_started(monkeypatch, fake_machine):
     # Every job's part 2 goes to a worker that sleeps 2 s before taking it (as a worker
     # waiting for a core behind other threads would): the caller and part 1 do all the
     # work, the caller withdraws part 2, and the call returns with the serial bits.
@@ -208,7 +193,7 @@ def test_a_call_does_not_wait_for_a_worker_that_has_not_started(monkeypatch, fak
     cfg = Config(T=10, B=12, I=8, H=24, L=2, dtype=np.dtype(np.float64))
     call = make_call(cfg, np.random.default_rng(5), seed=2)
     expected, _ = run_with_threads(call, 1)
-    fake_cpus(3)  # part 2 is handed at the start, not kept as a spare
+    fake_machine(3)  # part 2 is handed at the start, not kept as a spare
     run_with_threads(call, 3)  # the workers exist
     before = _threadpool.withdrawn_parts()
     monkeypatch.setenv("LSTMCY_TEST_WAKE_DELAY_US", "2:2000000")

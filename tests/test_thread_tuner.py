@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 import lstmcy
-from lstmcy import _threads
-from lstmcy._threads import ThreadTuner
+from lstmcy._threads import ThreadChoice, ThreadTuner
 
 
 def feed(tuner, now, seconds_for, calls, step=0.001):
@@ -118,34 +117,52 @@ def recorder(calls):
     return run
 
 
-def test_plan_call_uses_the_tuner_only_when_automatic(monkeypatch):
-    monkeypatch.setattr(_threads, "_num_threads", None)
-    monkeypatch.setattr(_threads, "available_cpus", lambda: 4)
+class FixedTuner:
+    """A tuner that always chooses ``choice`` threads."""
+
+    def __init__(self, choice):
+        self.choice = choice
+        self.records = []
+
+    def choose(self, now):
+        return self.choice
+
+    def record(self, n_threads, now, elapsed):
+        self.records.append(n_threads)
+
+
+def test_plan_call_uses_the_tuner_only_when_automatic(fake_machine):
+    fake_machine(4)
     calls = []
-    plan = lstmcy.LSTMPlan()
-    monkeypatch.setattr(ThreadTuner, "choose", lambda self, now: 1)
-    plan._thread_choice.run(("k",), 10, 1e6, 1e8, recorder(calls))
-    tuners = plan._thread_choice.tuners
-    assert calls == [1] and ("k", 4) in tuners and tuners["k", 4].n == 4
+    choice = ThreadChoice(None, new_tuner=lambda n: FixedTuner(1))
+    choice.run(("k",), 10, 1e6, 1e8, recorder(calls))
+    tuners = choice.tuners
+    assert calls == [1] and ("k", 4) in tuners and tuners["k", 4].records == [1]
     # A call the work rule gives one thread is never moved to more.
-    plan._thread_choice.run(("k1",), 10, 1e6, 1e5, recorder(calls))
-    assert calls[-1] == 1 and not any(key[0] == "k1" for key in plan._thread_choice.tuners)
+    choice.run(("k1",), 10, 1e6, 1e5, recorder(calls))
+    assert calls[-1] == 1 and not any(key[0] == "k1" for key in choice.tuners)
     # An explicit count, per plan or global, is obeyed, more threads than CPUs included.
     plan2 = lstmcy.LSTMPlan(n_threads=7)
     plan2._thread_choice.run(("k",), 10, 1e6, 1e8, recorder(calls))
     assert calls[-1] == 7 and not plan2._thread_choice.tuners
     # A call with much work per step keeps its threads.
-    plan._thread_choice.run(("big",), 10, 1e9, 1e10, recorder(calls))
-    assert calls[-1] == 4 and not any(key[0] == "big" for key in plan._thread_choice.tuners)
-    monkeypatch.setattr(_threads, "_num_threads", 3)
+    choice.run(("big",), 10, 1e9, 1e10, recorder(calls))
+    assert calls[-1] == 4 and not any(key[0] == "big" for key in choice.tuners)
+    lstmcy.set_num_threads(3)  # the fake machine's global setting
     plan3 = lstmcy.LSTMPlan()
     plan3._thread_choice.run(("k",), 10, 1e6, 1e8, recorder(calls))
     assert calls[-1] == 3 and not plan3._thread_choice.tuners
 
 
-def test_plan_keeps_a_bounded_number_of_tuners(monkeypatch):
-    monkeypatch.setattr(_threads, "_num_threads", None)
-    monkeypatch.setattr(_threads, "available_cpus", lambda: 2)
+def test_the_plan_tunes_with_thread_tuners(fake_machine):
+    fake_machine(4)
+    plan = lstmcy.LSTMPlan()
+    plan._thread_choice.run(("k",), 10, 1e6, 1e8, lambda n: None)
+    assert type(plan._thread_choice.tuners["k", 4]) is ThreadTuner
+
+
+def test_plan_keeps_a_bounded_number_of_tuners(fake_machine):
+    fake_machine(2)
     plan = lstmcy.LSTMPlan()
     for k in range(200):
         plan._thread_choice.run(("shape", k), 10, 1e6, 1e8, lambda n: None)
@@ -153,11 +170,10 @@ def test_plan_keeps_a_bounded_number_of_tuners(monkeypatch):
 
 
 @pytest.mark.parametrize("choice", [1, 2])
-def test_results_do_not_depend_on_the_tuners_choice(monkeypatch, choice):
+def test_results_do_not_depend_on_the_tuners_choice(fake_machine, choice):
     """The same bits whichever count the tuner picks, for a shape that uses the split
     forward and the two-thread backward."""
-    monkeypatch.setattr(_threads, "_num_threads", None)
-    monkeypatch.setattr(_threads, "available_cpus", lambda: 2)
+    fake_machine(2)
     rng = np.random.default_rng(5)
     T, B, I, H = 12, 16, 24, 48
     x = rng.standard_normal((T, B, I)).astype(np.float32)
@@ -166,13 +182,17 @@ def test_results_do_not_depend_on_the_tuners_choice(monkeypatch, choice):
     dy = rng.standard_normal((T, B, H)).astype(np.float32)
 
     def run(n_threads_fixed=None, tuner_choice=None):
-        if tuner_choice is not None:
-            monkeypatch.setattr(ThreadTuner, "choose", lambda self, now: tuner_choice)
         plan = lstmcy.LSTMPlan(n_threads=n_threads_fixed)
+        if tuner_choice is not None:
+            # The plan's choice of threads is one of its parts: one whose tuners always
+            # choose tuner_choice.
+            plan._thread_choice = ThreadChoice(None, lambda n: FixedTuner(tuner_choice))
         y, h_n, c_n, cache = plan.forward(x, None, params)
         grads = plan.backward(x, None, params, dy, None, None, *cache.saved())
         if n_threads_fixed is None:
-            assert plan._thread_choice.tuners, "the tuner was not consulted"
+            tuners = plan._thread_choice.tuners.values()
+            assert tuners and all(tuner.records for tuner in tuners), \
+                "the tuner was not consulted"
         return [y, h_n, c_n, *[a for arrays in cache.saved() for a in arrays], grads[0],
                 *grads[3]]
 

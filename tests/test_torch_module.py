@@ -6,6 +6,7 @@ every parameter, for 1-3 layers, both directions, batch-first input, packed sequ
 with unsorted lengths, with and without initial states, and dropout for every p in
 [0, 1]; by each of the module's routes (eager, custom operator, torch.func, reference).
 """
+import contextlib
 import copy
 import re
 import subprocess
@@ -132,10 +133,10 @@ def test_projections_match_nn_lstm(num_layers, bidirectional, packed):
 
 
 @pytest.mark.parametrize("route", ["eager", "operator", "func", "reference"])
-def test_projections_with_dropout_match_nn_lstm_on_every_route(route, monkeypatch):
-    monkeypatch.setattr(lstmcy.torch, "_route", lambda tensors: route)
+def test_projections_with_dropout_match_nn_lstm_on_every_route(route):
     ours, ref = module_pair(3, 6, num_layers=3, bidirectional=True, proj_size=4, dropout=0.4)
-    compare(ours, ref, padded_input(4, 3, 3, False), hx_seed=14, batch=3)
+    with lstmcy.torch.force_route(route):
+        compare(ours, ref, padded_input(4, 3, 3, False), hx_seed=14, batch=3)
 
 
 def test_packed_output_keeps_permutation():
@@ -186,11 +187,27 @@ ROUTES = ["eager", "operator", "func", "reference"]
 
 
 @pytest.fixture
-def force_route(monkeypatch):
-    """Run the module by the given route, whatever the context."""
-    def force(route):
-        monkeypatch.setattr(lstmcy.torch, "_route", lambda tensors: route)
-    return force
+def force_route():
+    """Run the module by the given route, whatever the context, until the test ends."""
+    with contextlib.ExitStack() as forced:
+        yield lambda route: forced.enter_context(lstmcy.torch.force_route(route))
+
+
+def test_force_route_runs_the_route_it_names():
+    # Each route leaves its own node at the output: the autograd function over the
+    # kernels, the custom operator's, the torch.func function's, the reference's last op.
+    module = lstmcy.torch.LSTM(3, 4).double()
+    x = torch.randn(5, 2, 3, dtype=F64, requires_grad=True)
+    nodes = {"eager": "_LSTMFunctionBackward",
+             "operator": "GeneratedBackwardFor_lstmcy_lstm_forward_defaultBackward",
+             "func": "_ForwardBackward", "reference": "StackBackward0"}
+    for route in ROUTES:
+        with lstmcy.torch.force_route(route):
+            assert module(x)[0].grad_fn.name() == nodes[route], route
+    assert module(x)[0].grad_fn.name() == nodes["eager"]  # chosen per call again
+    with pytest.raises(ValueError, match="route must be one of"):
+        with lstmcy.torch.force_route("fast"):
+            pass
 
 
 @pytest.mark.parametrize("route", ROUTES)

@@ -2,15 +2,27 @@
 
 One line when training starts (how many samples, the held-out part, batches per epoch),
 one line per epoch (loss, validation loss and score, elapsed time, an upper bound on the
-time left), a line inside an epoch that runs longer than ``_INTERVAL`` seconds since the
-last line, and one line when training stops.
+time left), a line inside an epoch once ``LSTMCY_PROGRESS_INTERVAL`` seconds (30 by
+default) have passed since the last line, and one line when training stops.
 """
+import os
 import time
 
 __all__ = ["FitProgress"]
 
-# Seconds without a line after which a long epoch reports how far it got.
-_INTERVAL = 30.0
+#: Seconds without a line after which a long epoch reports how far it got, unless the
+#: environment variable ``LSTMCY_PROGRESS_INTERVAL`` gives another number.
+DEFAULT_INTERVAL = 30.0
+
+
+def progress_interval(environ=os.environ):
+    """Seconds between the lines inside an epoch: ``LSTMCY_PROGRESS_INTERVAL`` when it is a
+    number >= 0, else :data:`DEFAULT_INTERVAL`."""
+    try:
+        seconds = float(environ.get("LSTMCY_PROGRESS_INTERVAL", DEFAULT_INTERVAL))
+    except ValueError:
+        return DEFAULT_INTERVAL
+    return seconds if seconds >= 0 else DEFAULT_INTERVAL
 
 
 def format_seconds(seconds):
@@ -39,14 +51,18 @@ class FitProgress:
     n_batches : int
         Mini-batches per epoch.
     out : callable, default=print
+    interval : float or None, default=None
+        Seconds without a line after which a long epoch reports the batch reached (None:
+        :func:`progress_interval`).
     """
 
-    def __init__(self, name, max_epochs, first_epoch, n_batches, out=print):
+    def __init__(self, name, max_epochs, first_epoch, n_batches, out=print, interval=None):
         self.name = name
         self.max_epochs = max_epochs
         self.first_epoch = first_epoch
         self.n_batches = n_batches
         self.out = out
+        self.interval = progress_interval() if interval is None else interval
         self.start = time.perf_counter()
         self.last_line = self.start
         self.epochs_done = 0
@@ -70,9 +86,9 @@ class FitProgress:
                     f"{batch_size}, {self.n_batches} steps per epoch, {epochs}")
 
     def batch_done(self, epoch, batch):
-        """Report the position inside a long epoch (at most every ``_INTERVAL`` s)."""
+        """Report the position inside a long epoch (at most every ``interval`` s)."""
         now = time.perf_counter()
-        if now - self.last_line >= _INTERVAL:
+        if now - self.last_line >= self.interval:
             self._print(f"epoch {epoch:>4}: batch {batch}/{self.n_batches}, "
                         f"{format_seconds(now - self.start)} elapsed")
 

@@ -35,7 +35,10 @@ four routes, chosen per call:
 - under forward-mode AD (``torch.func.jvp``, ``jacfwd``, ``torch.autograd.forward_ad``):
   the differentiable reference in torch operations (:mod:`lstmcy.torch._reference`),
   since the kernels compute no tangents.
+
+:func:`force_route` runs every call by one route instead (a test and debugging aid).
 """
+import contextlib
 import math
 from typing import Optional, Tuple
 
@@ -201,6 +204,8 @@ def _new_call_config(module, padded):
 # ---------------------------------------------------------------------------
 
 _EAGER, _OPERATOR, _FUNC, _REFERENCE = "eager", "operator", "func", "reference"
+_ROUTES = (_EAGER, _OPERATOR, _FUNC, _REFERENCE)
+_forced_route = None  # the route of every call (force_route), or None: chosen per call
 # Types of the tensors (or None) that the eager route reads as numpy arrays.
 _PLAIN_TYPES = frozenset((torch.Tensor, nn.Parameter, type(None)))
 
@@ -227,6 +232,31 @@ def _route(tensors):
     if not _PLAIN_TYPES.issuperset(map(type, tensors)):
         return _OPERATOR  # tensor subclasses
     return _EAGER
+
+
+@contextlib.contextmanager
+def force_route(route):
+    """Run every :class:`LSTM` call inside the block by ``route``, whatever the context: a
+    test and debugging aid (every route gives nn.LSTM's values and gradients where it can
+    run; "eager" cannot run while PyTorch traces). It holds for the whole process; the ONNX
+    export of a projected LSTM still takes the reference (standard operators).
+
+    Parameters
+    ----------
+    route : {"eager", "operator", "func", "reference"}
+        The autograd function over the kernels, the custom operators ``torch.ops.lstmcy``,
+        the ``torch.func`` autograd functions over them, or the differentiable reference in
+        torch operations (see the module docstring).
+    """
+    global _forced_route
+    if route not in _ROUTES:
+        raise ValueError(f"route must be one of {', '.join(map(repr, _ROUTES))}, got {route!r}")
+    previous = _forced_route
+    _forced_route = route
+    try:
+        yield
+    finally:
+        _forced_route = previous
 
 
 # ---------------------------------------------------------------------------
@@ -571,7 +601,8 @@ class LSTM(nn.LSTM):
             weights = [w.float() for w in weights]
             masks = None if masks is None else [m.float() for m in masks]
         # ONNX export of a projected LSTM: standard operators, step by step.
-        route = _REFERENCE if torch.onnx.is_in_onnx_export() else _route([data, h0, c0, *weights])
+        route = (_REFERENCE if torch.onnx.is_in_onnx_export()
+                 else _forced_route or _route([data, h0, c0, *weights]))
         if route == _REFERENCE:
             y, h_n, c_n = reference.lstm(
                 data, None if h0 is None else (h0, c0), weights, hidden_size=hidden_size,
