@@ -120,6 +120,7 @@ import os
 import platform
 import threading
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 
@@ -148,7 +149,20 @@ ENV_LIBRARY = "LSTMCY_ACLNN_LIB"
 ENV_DEVICE = "LSTMCY_ACLNN_DEVICE"
 ROOT_ENV_VARS = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
 ENV_OPP_PATH = "ASCEND_OPP_PATH"
-DEFAULT_ROOTS = ("/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/nnae/latest")
+ENV_ROOTS = "LSTMCY_ACLNN_ROOTS"
+#: Install prefixes searched after ``$ASCEND_HOME_PATH`` / ``$ASCEND_TOOLKIT_HOME``: a root
+#: install's toolkit and runtime, and a user's install (CANN's default without root).
+#: ``$LSTMCY_ACLNN_ROOTS`` (paths separated by ``os.pathsep``; empty: none) replaces them.
+DEFAULT_ROOTS = ("/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/nnae/latest",
+                 "~/Ascend/ascend-toolkit/latest")
+
+
+def default_roots():
+    """The install prefixes searched after the environment's: ``$LSTMCY_ACLNN_ROOTS`` if set,
+    else :data:`DEFAULT_ROOTS` (``~`` expanded)."""
+    value = os.environ.get(ENV_ROOTS)
+    roots = DEFAULT_ROOTS if value is None else [r for r in value.split(os.pathsep) if r]
+    return tuple(os.path.expanduser(root) for root in roots)
 
 # library role -> file names, in order of preference [libs]
 LIBRARY_ROLES = {
@@ -646,7 +660,7 @@ def _candidates(path):
     for var in ROOT_ENV_VARS:
         if not os.environ.get(var):
             yield f"${var}", None, "not set"
-    roots += [("default prefix", root) for root in DEFAULT_ROOTS]
+    roots += [("default prefix", root) for root in default_roots()]
     seen = set()
     for route, root in roots:
         if not os.path.isdir(root):
@@ -1220,9 +1234,56 @@ def run_backward(problem, arrays, input, hx, params, *, dropout, train, output_m
     if p.projected:
         raise ValueError("backend='aclnn' has no projections: aclnnLstmBackward takes no "
                          f"w_hr (got proj_size={p.P}); use backend='cpu'")
+    host, valid_rows = host_call(p, arrays, input, hx, params, dropout=dropout, train=train)
+    has_bias, num_layers, _, _, bidirectional, batch_first = host.settings
+    mask = output_mask
+    lib = _resolve(library)
+    device = _default_device() if device_id is None else device_id
+    if _empty_problem(host.arrays()):
+        # The operator would return at once and write no output [opsrc].
+        from lstmcy._core import lstm_backward as cpu_backward
+
+        return tuple(cpu_backward(
+            input, hx, params, arrays["dy"], arrays["dh"], arrays["dc"],
+            *(arrays[name] for name in SAVED_NAMES), batch_sizes=host.batch_sizes,
+            has_bias=has_bias, num_layers=num_layers, dropout=dropout, train=train, bidirectional=bidirectional,
+            batch_first=batch_first, output_mask=mask))
+    missing = kernel_path_problem()
+    if missing is not None:
+        raise AclnnError(f"backend='aclnn': {missing}")
+    dx, dh_prev, dc_prev, dparams = device_backward(lib, device, host, mask)
+    if dx is not None and valid_rows is not None:
+        dx = np.ascontiguousarray(dx[valid_rows])
+    return dx, dh_prev, dc_prev, dparams
+
+
+class HostCall(NamedTuple):
+    """One call's arrays in host memory as the device takes them (C-contiguous, the
+    input's dtype; packed rows padded to ``T*B``) and the operator's settings."""
+
+    x: np.ndarray
+    h0: np.ndarray
+    c0: np.ndarray
+    params: list
+    dy: np.ndarray
+    dh: np.ndarray
+    dc: np.ndarray
+    gates: list                 # the seven saved lists, SAVED_NAMES order
+    batch_sizes: np.ndarray     # int64 [T], or None
+    seq_format: int             # ACL_FORMAT_NCL (3-D), ACL_FORMAT_ND (2-D with batch_sizes)
+    settings: tuple             # has_bias, num_layers, dropout, train, bidirectional, batch_first
+
+    def arrays(self):
+        return [self.x, self.h0, self.c0, self.dy, self.dh, self.dc, *self.params,
+                *itertools.chain.from_iterable(self.gates)]
+
+
+def host_call(problem, arrays, input, hx, params, *, dropout, train):
+    """The :class:`HostCall` of a checked call (as :func:`run_backward` takes it) and, for
+    packed input, the padded row of each packed row (else None)."""
+    p = problem
     has_bias, num_layers, bidirectional = p.has_bias, p.L, p.D == 2
     batch_first = p.layout == "batch_first"
-    mask = output_mask
     x, h0, c0 = _host(input), _host(hx[0]), _host(hx[1])
     ps = [_host(a) for a in params]
     dy_h, dh_h, dc_h = _host(arrays["dy"]), _host(arrays["dh"]), _host(arrays["dc"])
@@ -1243,24 +1304,21 @@ def run_backward(problem, arrays, input, hx, params, *, dropout, train, output_m
             valid_rows = np.flatnonzero(active.ravel())
             x = _pad_rows(x, valid_rows, padded_rows)
             dy_h = _pad_rows(dy_h, valid_rows, padded_rows)
+    host = HostCall(x, h0, c0, ps, dy_h, dh_h, dc_h, gates, bs_h, seq_format,
+                    (has_bias, num_layers, float(dropout), train, bidirectional, batch_first))
+    return host, valid_rows
 
+
+def device_backward(lib, device, host, mask):
+    """``aclnnLstmBackward`` of ``host`` (a :class:`HostCall`) on NPU ``device`` through
+    ``lib``: upload, run, download the outputs ``mask`` asks for, release every handle.
+    No guard of lstmcy's runs here (empty problems, the kernel path): what the runtime
+    does with the call is what this returns or raises."""
+    x, h0, c0, ps = host.x, host.h0, host.c0, host.params
+    dtype, seq_format = x.dtype, host.seq_format
     acl_dtype = _NUMPY_TO_ACL[dtype]
-    lib = _resolve(library)
-    device = _default_device() if device_id is None else device_id
-    if _empty_problem([x, h0, c0, dy_h, dh_h, dc_h, *ps, *itertools.chain.from_iterable(gates)]):
-        # The operator would return at once and write no output [opsrc].
-        from lstmcy._core import lstm_backward as cpu_backward
-
-        return tuple(cpu_backward(
-            input, hx, params, arrays["dy"], arrays["dh"], arrays["dc"],
-            *(arrays[name] for name in SAVED_NAMES), batch_sizes=bs_h, has_bias=has_bias,
-            num_layers=num_layers, dropout=dropout, train=train, bidirectional=bidirectional,
-            batch_first=batch_first, output_mask=mask))
-    missing = kernel_path_problem()
-    if missing is not None:
-        raise AclnnError(f"backend='aclnn': {missing}")
+    has_bias, num_layers, dropout, train, bidirectional, batch_first = host.settings
     _ensure_initialized(lib)
-
     with lib.on_device(device):
         call = _Call(lib)
         try:
@@ -1269,12 +1327,13 @@ def run_backward(problem, arrays, input, hx, params, *, dropout, train, output_m
             l_hx = call.tensor_list([call.upload(h0, acl_dtype, ACL_FORMAT_NCL),
                                      call.upload(c0, acl_dtype, ACL_FORMAT_NCL)])
             l_params = call.tensor_list([call.upload(p, acl_dtype, ACL_FORMAT_ND) for p in ps])
-            t_dy = call.upload(dy_h, acl_dtype, seq_format)
-            t_dh = call.upload(dh_h, acl_dtype, ACL_FORMAT_NCL)
-            t_dc = call.upload(dc_h, acl_dtype, ACL_FORMAT_NCL)
+            t_dy = call.upload(host.dy, acl_dtype, seq_format)
+            t_dh = call.upload(host.dh, acl_dtype, ACL_FORMAT_NCL)
+            t_dc = call.upload(host.dc, acl_dtype, ACL_FORMAT_NCL)
             l_gates = [call.tensor_list([call.upload(a, acl_dtype, ACL_FORMAT_NCL) for a in arrays])
-                       for arrays in gates]
-            t_bs = call.upload(bs_h, ACL_INT64, ACL_FORMAT_ND) if bs_h is not None else None
+                       for arrays in host.gates]
+            t_bs = (call.upload(host.batch_sizes, ACL_INT64, ACL_FORMAT_ND)
+                    if host.batch_sizes is not None else None)
             b_mask = call.bool_array(mask)
             t_dx, d_dx, n_dx = call.output(x.shape, dtype, seq_format)
             t_dhp, d_dhp, n_dhp = call.output(h0.shape, dtype, ACL_FORMAT_NCL)
@@ -1308,8 +1367,6 @@ def run_backward(problem, arrays, input, hx, params, *, dropout, train, output_m
         if release_error is not None:
             raise release_error
 
-    if dx is not None and valid_rows is not None:
-        dx = np.ascontiguousarray(dx[valid_rows])
     return dx, dh_prev, dc_prev, dparams
 
 

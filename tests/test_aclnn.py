@@ -50,6 +50,7 @@ import pytest
 
 import lstmcy.aclnn as aclnn
 from lstmcy._cache import SAVED_NAMES as GATES
+from lstmcy._validation import check_backward
 
 STUB_SOURCE = Path(__file__).parent / "aclnn_stub" / "aclnn_stub.c"
 CC = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
@@ -139,7 +140,7 @@ def clean_env(monkeypatch):
     for name in ROUTE_ENV + (aclnn.ENV_DEVICE, aclnn.ENV_OPP_PATH, "LSTMCY_STUB_FAIL",
                              "LSTMCY_STUB_WORKSPACE", "LSTMCY_STUB_DEVICES"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(aclnn, "DEFAULT_ROOTS", ())
+    monkeypatch.setenv(aclnn.ENV_ROOTS, "")  # no install prefixes of this machine
     return monkeypatch
 
 
@@ -224,6 +225,20 @@ def call(case, lib, **overrides):
     kwargs.update(overrides)
     args = [kwargs.pop(k) for k in ("input", "hx", "params", "dy", "dh", "dc") + GATES]
     return aclnn.lstm_backward(*args, library=lib, **kwargs)
+
+
+def device_call(case, lib):
+    """A case straight to the device after lstmcy's argument checks, none of its guards in
+    front of the device (empty problems, the kernel path): what the runtime does with it."""
+    kwargs = dict(case)
+    args = [kwargs.pop(k) for k in ("input", "hx", "params", "dy", "dh", "dc") + GATES]
+    problem, arrays = check_backward(*args[:6], tuple(args[6:]), dropout_masks=None,
+                                     **{k: kwargs[k] for k in (
+                                         "batch_sizes", "has_bias", "num_layers", "dropout",
+                                         "train", "bidirectional", "batch_first")})
+    host, _ = aclnn.host_call(problem, arrays, *args[:3], dropout=kwargs["dropout"],
+                              train=kwargs["train"])
+    return aclnn.device_backward(lib, 0, host, tuple(kwargs["output_mask"]))
 
 
 def checksums(array):
@@ -458,12 +473,11 @@ def test_empty_problems_give_the_cpu_results(stub, config, output_mask):
 
 @pytest.mark.parametrize("sizes", [dict(I=0), dict(B=0), dict(T=0), dict(H=0)],
                          ids=["I=0", "B=0", "T=0", "H=0"])
-def test_the_operator_writes_no_output_of_an_empty_problem(stub, sizes, monkeypatch):
+def test_the_operator_writes_no_output_of_an_empty_problem(stub, sizes):
     """Why the host computes them: the operator's early return, as the stand-in models it."""
     handle, lib = stub
-    monkeypatch.setattr(aclnn, "_empty_problem", lambda arrays: False)   # send it to the device
     case = make_case(seed=21, **sizes)
-    dx, dh_prev, dc_prev, dparams = call(case, lib)
+    dx, dh_prev, dc_prev, dparams = device_call(case, lib)   # lstmcy's guards bypassed
     (plan,) = handle.entries("aclnnLstmBackwardGetWorkspaceSize")
     (run,) = handle.entries("aclnnLstmBackward")
     assert plan["empty"] is True and plan["workspace_size"] == 0
@@ -870,7 +884,7 @@ def test_without_a_kernel_path_auto_uses_the_cpu_and_says_why(stub, stub_path, t
     handle, lib = stub
     root = tmp_path / "latest"
     _install(stub_path, root / "lib64")
-    clean_env.setattr(aclnn, "DEFAULT_ROOTS", (str(root),))
+    clean_env.setenv(aclnn.ENV_ROOTS, str(root))
     clean_env.delenv(aclnn.ENV_OPP_PATH)
     case = make_case(seed=28)
     args, kwargs = _public_args(case)
@@ -900,9 +914,8 @@ def test_without_a_kernel_path_auto_uses_the_cpu_and_says_why(stub, stub_path, t
 
     # What the engine itself does without one (lstmcy's check bypassed): the stand-in models it.
     clean_env.delenv(aclnn.ENV_OPP_PATH)
-    clean_env.setattr(aclnn, "kernel_path_problem", lambda: None)
     with pytest.raises(aclnn.AclnnError) as info:
-        call(case, lib)
+        device_call(case, lib)
     assert (info.value.function, info.value.status) == ("aclnnLstmBackwardGetWorkspaceSize", 561103)
     assert "ASCEND_OPP_PATH" in info.value.detail
     assert_released(handle)
@@ -988,9 +1001,21 @@ def test_ascend_toolkit_home_arch_dir_prefers_libopapi_nn(stub_path, clean_env, 
 
 def test_default_prefix(stub_path, clean_env, tmp_path):
     _install(stub_path, tmp_path / "latest" / "lib64")
-    clean_env.setattr(aclnn, "DEFAULT_ROOTS", (str(tmp_path / "missing"), str(tmp_path / "latest")))
+    clean_env.setenv(aclnn.ENV_ROOTS, os.pathsep.join([str(tmp_path / "missing"),
+                                                     str(tmp_path / "latest")]))
     lib = aclnn.load_library()
     assert lib.route == "default prefix"
+
+
+def test_default_prefixes_are_the_installs_unless_the_environment_lists_others(monkeypatch):
+    monkeypatch.delenv(aclnn.ENV_ROOTS, raising=False)
+    roots = aclnn.default_roots()
+    assert roots[:2] == ("/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/nnae/latest")
+    assert roots[2] == os.path.expanduser("~/Ascend/ascend-toolkit/latest") and "~" not in roots[2]
+    monkeypatch.setenv(aclnn.ENV_ROOTS, os.pathsep.join(["/opt/a", "", "~/b"]))
+    assert aclnn.default_roots() == ("/opt/a", os.path.expanduser("~/b"))
+    monkeypatch.setenv(aclnn.ENV_ROOTS, "")
+    assert aclnn.default_roots() == ()
 
 
 def test_loader_search_path(stub_path, tmp_path):
@@ -999,11 +1024,11 @@ def test_loader_search_path(stub_path, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ROUTE_ENV}
     env["LD_LIBRARY_PATH"] = str(folder)
     env[aclnn.ENV_OPP_PATH] = str(tmp_path)
+    env[aclnn.ENV_ROOTS] = ""
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(aclnn.__file__).parent.parent),
                                                       env.get("PYTHONPATH")]))
     script = (
         "import lstmcy.aclnn as a\n"
-        "a.DEFAULT_ROOTS = ()\n"
         "lib = a.load_library()\n"
         "print(lib.route, sorted(lib.paths.values()), a.is_available())\n"
     )
@@ -1028,7 +1053,7 @@ def test_nothing_found_lists_every_route(clean_env, tmp_path):
     (empty / "lib64").mkdir(parents=True)
     (empty / "lib64" / "libascendcl.so").write_bytes(b"")      # only one of the three
     clean_env.setenv("ASCEND_HOME_PATH", str(empty))
-    clean_env.setattr(aclnn, "DEFAULT_ROOTS", (str(tmp_path / "nope"),))
+    clean_env.setenv(aclnn.ENV_ROOTS, str(tmp_path / "nope"))
     with pytest.raises(aclnn.AclnnLibraryNotFound) as info:
         aclnn.load_library()
     err = info.value
