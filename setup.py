@@ -98,7 +98,7 @@ def extension(name, source, flags=()):
 extensions = [extension("_blas", "_blas"), extension("_threadpool", "_threadpool"),
               extension("_lstm", "_lstm")]
 # The elementwise passes (exp, tanh, gate gradients) vectorise; wider vectors pay off, so
-# the kernels are also built for AVX2 and AVX-512 and lstmcy._dispatch picks the best one
+# the kernels are also built for AVX2 and AVX-512 and lstmcy._engine.dispatch picks the best one
 # the CPU supports at import time (no -march=native: the wheel runs on any x86-64).
 if platform.machine().lower() in ("x86_64", "amd64") and not DEBUG:
     extensions += [

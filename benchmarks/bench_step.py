@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 import lstmcy  # noqa: E402
 import lstmcy.torch as lt  # noqa: E402
-from lstmcy._dispatch import kernels  # noqa: E402
+from lstmcy._engine.dispatch import kernels  # noqa: E402
 from machine import cpu_snapshot, machine_label, others_cores  # noqa: E402
 from report import LOAD_LIMIT  # noqa: E402  (outside load above which targets are not graded)
 from timing import measure  # noqa: E402

@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 import lstmcy
-from lstmcy import _threads
+from lstmcy._engine import threads as _threads
 from cases import CASES, make_inputs, training_pass
 from machine import result_stamp
 from report import contention_table, text_table

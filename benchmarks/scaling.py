@@ -33,7 +33,8 @@ from collections import defaultdict
 import numpy as np
 
 import lstmcy
-from lstmcy import _schedule, _threads
+from lstmcy._engine import schedule as _schedule
+from lstmcy._engine import threads as _threads
 from cases import CASES, make_inputs, training_pass
 from machine import result_stamp
 from report import scaling_table, text_table

@@ -9,7 +9,7 @@ EXIT_UNAVAILABLE = 2
 
 
 def _check(args, extra):
-    from lstmcy._check import run_check
+    from lstmcy._cli.check import run_check
     return run_check(n_cases=args.cases, seed=args.seed)
 
 
@@ -20,7 +20,7 @@ def _demo(args, extra):
         print("lstmcy demo needs scikit-learn: pip install scikit-learn "
               "(from lstmcy's checkout: pip install -e '.[sklearn]')", file=sys.stderr)
         return EXIT_UNAVAILABLE
-    from lstmcy._demo import run_demo
+    from lstmcy._cli.demo import run_demo
     result = run_demo(hidden_size=args.hidden_size, max_iter=args.max_iter,
                       learning_rate=args.learning_rate, batch_size=args.batch_size, seed=args.seed,
                       time_budget=args.time_budget, plot=None if args.no_plot else args.plot,

@@ -124,8 +124,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from lstmcy._cache import SAVED_NAMES
-from lstmcy._validation import check_backward, check_output_mask
+from lstmcy._engine.cache import SAVED_NAMES
+from lstmcy._engine.validation import check_backward, check_output_mask
 
 __all__ = [
     "AclnnError",
@@ -1222,7 +1222,7 @@ def lstm_backward(input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, *,
 def run_backward(problem, arrays, input, hx, params, *, dropout, train, output_mask,
                  library=None, device_id=None):
     """:func:`lstm_backward` of a checked call: ``problem, arrays`` as
-    :func:`lstmcy._validation.check_backward` returns them for ``input, hx, params``
+    :func:`lstmcy._engine.validation.check_backward` returns them for ``input, hx, params``
     (which must be given: the NPU takes both states, and ``arrays`` both ``dh`` and ``dc``),
     ``output_mask`` a tuple of 4 bools. Raises for what the NPU operator cannot compute."""
     p = problem
@@ -1241,7 +1241,7 @@ def run_backward(problem, arrays, input, hx, params, *, dropout, train, output_m
     device = _default_device() if device_id is None else device_id
     if _empty_problem(host.arrays()):
         # The operator would return at once and write no output [opsrc].
-        from lstmcy._core import lstm_backward as cpu_backward
+        from lstmcy._engine.plan import lstm_backward as cpu_backward
 
         return tuple(cpu_backward(
             input, hx, params, arrays["dy"], arrays["dh"], arrays["dc"],

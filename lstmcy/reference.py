@@ -20,8 +20,8 @@ import functools
 
 import numpy as np
 
-from ._cache import SAVED_NAMES, ForwardCall, LSTMCache, refuse_cache
-from ._config import config_of
+from lstmcy._engine.cache import SAVED_NAMES, ForwardCall, LSTMCache, refuse_cache
+from lstmcy._engine.config import config_of
 
 __all__ = ["lstm_forward", "lstm_backward", "LSTMCache"]
 
@@ -54,7 +54,7 @@ def _mask_dtype(dtype):
     """Dtype of the dropout masks: the input dtype.
 
     Like every other array in the cache, the masks are stored in the caller's
-    dtype (as :mod:`lstmcy._core` does), so both implementations, given the
+    dtype (as :mod:`lstmcy._engine.plan` does), so both implementations, given the
     same seed, use bit-identical masks (``1 / (1 - dropout)`` rounded to that
     dtype).
     """

@@ -52,10 +52,10 @@ def pytest_collection_modifyitems(config, items):
 def fake_machine():
     """``fake_machine(cpus, **view)`` makes lstmcy see a machine whose process may use
     ``cpus`` CPUs until the test ends: no cgroup quota, no ``OMP_NUM_THREADS`` and an
-    automatic thread count unless the keywords (:class:`lstmcy._threads.MachineView`'s)
+    automatic thread count unless the keywords (:class:`lstmcy._engine.threads.MachineView`'s)
     say otherwise; :func:`lstmcy.set_num_threads` inside the test changes the fake only.
     Returns the view."""
-    from lstmcy import _threads
+    from lstmcy._engine import threads as _threads
 
     with contextlib.ExitStack() as views:
         def fake(cpus, **view):

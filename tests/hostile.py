@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from lstmcy import reference
-from lstmcy._cache import SAVED_NAMES as SAVED
+from lstmcy._engine.cache import SAVED_NAMES as SAVED
 
 try:
     import ml_dtypes
@@ -160,7 +160,8 @@ def force_schedules(request, forward=None, backward=None):
     see the thread count of the call, not the CPUs' cap on it, so that splits finer than
     this machine's cores are run too."""
     import lstmcy
-    from lstmcy import _core, _schedule
+    from lstmcy._engine import plan as _core
+    from lstmcy._engine import schedule as _schedule
 
     policy = _schedule.SchedulePolicy(forward or _schedule.forward_schedule,
                                       backward or _schedule.backward_schedule,
@@ -174,7 +175,7 @@ def most_split(request, split="rows"):
     group per thread and direction however few rows each gets (``split="rows"``), or the
     hidden units cut in as many parts (``"units"``, forward and backward, where there is no
     projection); the bit-fixing parts are lstmcy's own (``request``: pytest's fixture)."""
-    from lstmcy import _schedule
+    from lstmcy._engine import schedule as _schedule
 
     def finest(own, B, D, n_threads, projected):
         per_direction = max(1, n_threads // D)

@@ -49,8 +49,8 @@ import numpy as np
 import pytest
 
 import lstmcy.aclnn as aclnn
-from lstmcy._cache import SAVED_NAMES as GATES
-from lstmcy._validation import check_backward
+from lstmcy._engine.cache import SAVED_NAMES as GATES
+from lstmcy._engine.validation import check_backward
 
 STUB_SOURCE = Path(__file__).parent / "aclnn_stub" / "aclnn_stub.c"
 CC = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")

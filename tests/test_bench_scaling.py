@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from lstmcy import _schedule
+from lstmcy._engine import schedule as _schedule
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 if BENCH not in sys.path:

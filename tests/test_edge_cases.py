@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import lstmcy
-from lstmcy._cache import SAVED_NAMES as SAVED
+from lstmcy._engine.cache import SAVED_NAMES as SAVED
 from lstmcy import reference
 from torch_oracle import make_case, make_params, param_names, run_lstmcy, torch_lstm
 

@@ -1,4 +1,4 @@
-"""The internal engine API (lstmcy._engine): a checked problem in, the kernels' results out.
+"""The internal engine API (lstmcy._engine.layer_loops): a checked problem in, the kernels' results out.
 
 Its results are the numpy API's, bit for bit, on every kind of call (layers, directions,
 packed input, projections, dropout masks, output masks), through check_problem and
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import lstmcy
-from lstmcy import _engine
+from lstmcy._engine import layer_loops as _engine
 
 CONFIGS = [
     # T, B, I, H, P, L, bidirectional, has_bias, layout, dropout

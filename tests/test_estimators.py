@@ -84,7 +84,7 @@ def test_sklearn_conformance_with_defaults(estimator):
 # --------------------------------------------------------------------------- learning
 
 def test_digits_demo_reaches_95_percent():
-    from lstmcy._demo import run_demo
+    from lstmcy._cli.demo import run_demo
     lines = []
     result = run_demo(plot=None, out=lines.append)
     assert result["accuracy"] >= 0.95, lines

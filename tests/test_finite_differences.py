@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import lstmcy
-from lstmcy._cache import SAVED_NAMES
+from lstmcy._engine.cache import SAVED_NAMES
 from lstmcy import reference
 from torch_oracle import LAYOUTS, make_case, run_lstmcy
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import lstmcy
-from lstmcy import _dispatch, reference
+from lstmcy import reference
+from lstmcy._engine import dispatch as _dispatch
 
 
 def _special_and_sweep(dtype):
@@ -213,7 +214,7 @@ def test_instruction_set_builds_agree(tmp_path):
 _PACKED_MATMUL = r"""
 import sys
 import numpy as np
-from lstmcy._dispatch import kernels
+from lstmcy._engine.dispatch import kernels
 rng = np.random.default_rng(3)
 worst = 0.0
 for dtype in (np.float32, np.float64):
@@ -251,7 +252,7 @@ def test_packed_gemm_matches_numpy(build):
 
 _PACKED_ONE_ROW = r"""
 import numpy as np
-from lstmcy._dispatch import kernels
+from lstmcy._engine.dispatch import kernels
 rng = np.random.default_rng(4)
 bad = []
 for dtype in (np.float32, np.float64):
@@ -285,7 +286,7 @@ def test_packed_gemm_row_alone_gives_the_same_bits(build):
 
 _PACKED_SUM = r"""
 import numpy as np
-from lstmcy._dispatch import kernels
+from lstmcy._engine.dispatch import kernels
 rng = np.random.default_rng(6)
 bad = []
 for dtype in (np.float32, np.float64):
@@ -317,7 +318,7 @@ def test_packed_sum_of_two_products_is_one_running_sum(build):
 
 _GEMM_TN = r"""
 import numpy as np
-from lstmcy._dispatch import kernels
+from lstmcy._engine.dispatch import kernels
 rng = np.random.default_rng(5)
 worst, bad = 0.0, []
 for dtype in (np.float32, np.float64):
@@ -448,7 +449,7 @@ def test_required_workspace_bounds_the_fused_input_product(dtype):
     # Layers whose forward packs w_ih beside w_hh (_schedule.fused_input), both layers:
     # 6 sequences, 40 input features, 2 * 24 into the second layer.
     T, B, I, H = 5, 6, 40, 24
-    from lstmcy import _schedule
+    from lstmcy._engine import schedule as _schedule
     assert _schedule.fused_input(B, I, H, np.dtype(dtype).itemsize)
     assert _schedule.fused_input(B, 2 * H, H, np.dtype(dtype).itemsize)
     rng = np.random.default_rng(3)
@@ -469,7 +470,7 @@ def test_packed_input_gradient_fits_the_workspace_and_matches_the_reference(dtyp
     # Layers whose backward packs w_ih for dx (_schedule.packed_dx), both layers: 70 input
     # features, 2 * 130 into the second layer.
     T, B, I, H = 5, 6, 70, 130
-    from lstmcy import _schedule
+    from lstmcy._engine import schedule as _schedule
     assert _schedule.packed_dx(I, H) and _schedule.packed_dx(2 * H, H)
     rng = np.random.default_rng(4)
     x = rng.standard_normal((T, B, I)).astype(dtype)
@@ -492,7 +493,7 @@ def test_a_backward_without_dx_reserves_no_packed_input_weights():
     # (a model whose input needs no gradient) never packs w_ih: its workspace has no room
     # for it, and its gradients are bitwise those of a call that computes dx too.
     T, B, I, H = 3, 4, 70, 130
-    from lstmcy import _schedule
+    from lstmcy._engine import schedule as _schedule
     assert _schedule.packed_dx(I, H)
     rng = np.random.default_rng(5)
     x = rng.standard_normal((T, B, I)).astype(np.float32)
@@ -516,9 +517,9 @@ def test_a_backward_without_dx_reserves_no_packed_input_weights():
 @pytest.mark.parametrize("dtype,H", [(np.float32, 256), (np.float64, 128)])
 def test_padded_gate_rows_change_no_bit(dtype, H):
     # 4H values a row are 4 KiB: the gates (forward) and gate gradients (backward) get a
-    # padded row stride (lstmcy._schedule.gate_row_stride), which every product reads or
+    # padded row stride (lstmcy._engine.schedule.gate_row_stride), which every product reads or
     # writes; the results are bitwise those of unpadded rows, on one thread and several.
-    from lstmcy import _schedule
+    from lstmcy._engine import schedule as _schedule
     assert _schedule.gate_row_stride(H, np.dtype(dtype)) > 4 * H
     assert _schedule.gate_row_stride(H + 1, np.dtype(dtype)) == 4 * (H + 1)
     T, B, I = 4, 5, 70

@@ -18,7 +18,7 @@ import pytest
 
 import lstmcy
 from lstmcy import reference
-from lstmcy._validation import BLAS_INT_MAX, check_blas_limits
+from lstmcy._engine.validation import BLAS_INT_MAX, check_blas_limits
 
 BIG = 2 ** 31  # one more than the largest BLAS int
 

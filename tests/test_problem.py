@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import lstmcy
-from lstmcy import _validation
-from lstmcy._core import LSTMPlan
+from lstmcy._engine import validation as _validation
+from lstmcy._engine.plan import LSTMPlan
 from torch_oracle import make_params
 
 T, B, I, H = 5, 3, 4, 6

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lstmcy
-from lstmcy._cache import SAVED_NAMES
+from lstmcy._engine.cache import SAVED_NAMES
 from hostile import (LAYOUTS, MUST_SUCCEED, MUTATIONS, Config, apply_mutation, make_call,
                      run_call)
 from lstmcy import reference

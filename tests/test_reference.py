@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lstmcy import reference as ref
-from lstmcy._cache import LSTMCache
+from lstmcy._engine.cache import LSTMCache
 from torch_oracle import make_params
 
 torch = pytest.importorskip("torch")

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import lstmcy
-from lstmcy import _results
-from lstmcy._results import ResultMemory
+from lstmcy._engine import results as _results
+from lstmcy._engine.results import ResultMemory
 
 
 def _big(memory, value=0.0, shape=(256, 128)):  # 128 KiB of float32: reused

@@ -1,7 +1,7 @@
 """Schedules: any schedule gives the reference's results, and the same bits on any number
 of threads.
 
-A kernel call's schedule (``lstmcy._schedule``) has two kinds of fields. The projection
+A kernel call's schedule (``lstmcy._engine.schedule``) has two kinds of fields. The projection
 pieces (forward) and the chunks, dW blocks and dx pieces (backward) are functions of the
 shape only: they fix the bits. The recurrence's split between threads (row groups, or unit
 parts) and the packing pieces depend on the thread count and must not change a bit. The shapes of the benchmark reach few schedules, so here they are forced,
@@ -11,7 +11,7 @@ dx piece per step, a block per 16 gate rows, a group per row, more groups than r
 import numpy as np
 import pytest
 
-from lstmcy import _schedule
+from lstmcy._engine import schedule as _schedule
 from lstmcy import reference
 from hostile import Config, force_schedules, make_call, run_with_threads
 
@@ -176,7 +176,7 @@ class _Controller:
     ("openblas", "SapphireRapids", True), ("openblas", "Haswell", False),
     ("openblas", "Zen", False), ("openblas", None, False), ("mkl", "SkylakeX", False)])
 def test_which_blas_has_the_small_path(api, architecture, small):
-    from lstmcy import _threads
+    from lstmcy._engine import threads as _threads
     setting = _threads._ThreadSetting(_Controller(api, architecture))
     assert setting.small_gemms is small
     assert _threads.all_have_small_gemms([setting]) is small
@@ -237,7 +237,8 @@ def test_kernels_refuse_a_bad_schedule(kind, bad, calls, monkeypatch, request):
 CHAIN_HANDOVER = """
 import sys
 import numpy as np
-from lstmcy import _core, _schedule
+from lstmcy._engine import plan as _core
+from lstmcy._engine import schedule as _schedule
 from hostile import Config, make_call, run_with_threads
 
 def backward(T, B, I, H, D, n_threads, projected=False, small_gemms=False):

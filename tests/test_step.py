@@ -1,4 +1,4 @@
-"""The one-step entry (:mod:`lstmcy._step`) and ``LSTMPlan.step``.
+"""The one-step entry (:mod:`lstmcy._engine.step`) and ``LSTMPlan.step``.
 
 A step must give bitwise the results of the full path (``_engine.forward`` /
 ``backward`` of the same arrays, and ``LSTMPlan.forward`` with ``T = 1``), for the
@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import lstmcy
-from lstmcy import _engine, _step
-from lstmcy._validation import check_problem
+from lstmcy._engine import layer_loops as _engine
+from lstmcy._engine import step as _step
+from lstmcy._engine.validation import check_problem
 
 SHAPES = [(1, 16, 32), (3, 5, 7), (32, 16, 32), (2, 1, 1), (8, 40, 256)]
 

@@ -14,7 +14,10 @@ import pytest
 import threadpoolctl
 
 import lstmcy
-from lstmcy import _core, _schedule, _threadpool, _threads
+from lstmcy import _threadpool
+from lstmcy._engine import plan as _core
+from lstmcy._engine import schedule as _schedule
+from lstmcy._engine import threads as _threads
 
 
 def write(path, text):
@@ -178,7 +181,7 @@ def test_real_affinity_in_a_child_process():
     script = textwrap.dedent("""
         import os
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-        from lstmcy import _threads
+        from lstmcy._engine import threads as _threads
         print(_threads.available_cpus(), _threads.threads_for(1e12))
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))

@@ -155,7 +155,8 @@ def test_a_thread_about_to_sleep_hands_a_spare(monkeypatch, fake_machine):
     # A call waits only where one thread gets ahead of the other, which about one call in
     # five does here: calls repeat until one has handed a spare (at most CALLS). Bits as on
     # one thread.
-    from lstmcy import _core, _schedule
+    from lstmcy._engine import plan as _core
+    from lstmcy._engine import schedule as _schedule
     policy = _schedule.SchedulePolicy(forward=lambda *a, **k: _schedule.forward_schedule(
         *a, **k)._replace(fused_input=False))
 

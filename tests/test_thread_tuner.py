@@ -1,5 +1,5 @@
 """The automatic choice between one thread and the automatic count n
-(``lstmcy._threads.ThreadTuner``).
+(``lstmcy._engine.threads.ThreadTuner``).
 
 The tuner only changes speed: results are bitwise the same for any thread count (that is
 checked in test_determinism.py, test_schedule.py and test_threaded_paths.py, and here once
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import lstmcy
-from lstmcy._threads import ThreadChoice, ThreadTuner
+from lstmcy._engine.threads import ThreadChoice, ThreadTuner
 
 
 def feed(tuner, now, seconds_for, calls, step=0.001):

@@ -276,7 +276,7 @@ def test_two_long_calls_overlap_in_time():
 def test_blas_cap_is_reentrant_and_restores_the_setting():
     """The cap around kernel calls: nested blocks keep scipy's BLAS on one thread until the
     outermost one ends, which restores the previous count, also when the block raises."""
-    from lstmcy import _threads
+    from lstmcy._engine import threads as _threads
 
     controllers = _threads._blas_controllers()
     assert controllers, "no BLAS found behind scipy.linalg.cython_blas"

@@ -9,7 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import lstmcy.torch  # noqa: E402,F401  (registers the operators)
-from lstmcy import LSTMConfig, _engine  # noqa: E402
+from lstmcy import LSTMConfig  # noqa: E402
+from lstmcy._engine import layer_loops as _engine  # noqa: E402
 from lstmcy.torch import _engine as torch_engine  # noqa: E402
 
 T, B, I, H = 5, 3, 4, 6

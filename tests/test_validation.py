@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import lstmcy
-from lstmcy._cache import SAVED_NAMES as SAVED
+from lstmcy._engine.cache import SAVED_NAMES as SAVED
 from hostile import Config, make_call
 
 T, B, I, H, L, D = 3, 2, 5, 4, 2, 2
@@ -386,7 +386,7 @@ def _assert_untouched(snapshot):
 def no_kernels():
     """The layer calls the plain functions run meanwhile: a traced plan's trace (one entry
     per kernel call), as the calling thread's plan."""
-    from lstmcy import _core
+    from lstmcy._engine import plan as _core
     plan = lstmcy.LSTMPlan()
     plan.trace = []
     previous = _core.use_thread_plan(plan)

@@ -94,7 +94,8 @@ import os
 import sys
 
 import lstmcy
-from lstmcy import _dispatch, _lstm, _threadpool
+from lstmcy import _lstm, _threadpool
+from lstmcy._engine import dispatch as _dispatch
 
 clone, kind = sys.argv[1:]
 assert os.path.realpath(lstmcy.__file__).startswith(os.path.realpath(clone)), lstmcy.__file__

@@ -190,7 +190,7 @@ import shutil
 import sys
 
 import lstmcy
-from lstmcy import _dispatch
+from lstmcy._engine import dispatch as _dispatch
 
 site, checkout = (os.path.realpath(p) for p in sys.argv[1:])
 modules = [lstmcy] + [importlib.import_module(f"lstmcy.{name}") for name in

@@ -44,7 +44,7 @@ from sklearn.utils.validation import _check_sample_weight, check_array, validate
 
 import lstmcy
 from lstmcy.estimators._optimizers import SGD, Adam
-from lstmcy._schedule import FUSED_INPUT_ROWS
+from lstmcy._engine.schedule import FUSED_INPUT_ROWS
 from lstmcy.estimators._progress import FitProgress
 from lstmcy.estimators._sequences import (Sequences, check_3d, check_sequence_list, from_padded,
                                           is_sequence_list, item_sequences, pandas_sequences)

@@ -51,7 +51,7 @@ from torch import Tensor, _VF, nn
 from torch.autograd import forward_ad
 from torch.nn.utils.rnn import PackedSequence
 
-from lstmcy._config import LSTMConfig
+from lstmcy._engine.config import LSTMConfig
 from lstmcy.torch import _engine as engine
 from lstmcy.torch import _func, _ops, _privacy
 from lstmcy.torch import _reference as reference

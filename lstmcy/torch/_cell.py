@@ -1,7 +1,7 @@
 """``lstmcy.torch.LSTMCell``: a ``torch.nn.LSTMCell`` whose steps lstmcy's kernels compute.
 
 A cell step is a one-step, one-layer LSTM call. In plain eager mode it runs as one
-autograd node (:class:`_CellStep`) on :mod:`lstmcy._step`, which hands the kernels their
+autograd node (:class:`_CellStep`) on :mod:`lstmcy._engine.step`, which hands the kernels their
 arguments from per-shape state (no per-call checks beyond the module's own, cached numpy
 views of the weights). Everywhere else (``torch.compile``, ``torch.func``, forward-mode
 AD, tensor subclasses, float16/bfloat16) it is a one-step call of
@@ -12,12 +12,13 @@ import sys
 import torch
 from torch import nn
 
-from lstmcy import _step, _threadpool
+from lstmcy import _threadpool
+from lstmcy._engine import step as _step
 from lstmcy.torch import _ops
 from lstmcy.torch import _reference as reference
-from lstmcy._config import config_of
-from lstmcy._core import _thread_plan
-from lstmcy._validation import to_compute
+from lstmcy._engine.config import config_of
+from lstmcy._engine.plan import _thread_plan
+from lstmcy._engine.validation import to_compute
 
 __all__ = ["LSTMCell"]
 

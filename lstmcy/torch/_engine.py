@@ -1,7 +1,7 @@
 """The one entry point from :mod:`lstmcy.torch` into lstmcy's kernels, tensors in and out.
 
 :func:`forward` and :func:`backward` take and return CPU tensors (float32 or float64, in
-``aten::lstm``'s layouts) and run :mod:`lstmcy._engine` on numpy views of them: no copies
+``aten::lstm``'s layouts) and run :mod:`lstmcy._engine.layer_loops` on numpy views of them: no copies
 on the way in; on the way out, the outputs ``y, h_n, c_n`` are copied into torch's memory
 (resizable, as ``aten::lstm``'s), the saved activations and gradients are not. Both the
 module's eager autograd ``Function`` and the registered custom operators
@@ -17,8 +17,8 @@ it, as ``hidden_size``: the module has checked the states against it, and the we
 checked against it here.
 
 The module has checked every tensor as ``torch.nn.LSTM`` does, so its padded input skips
-lstmcy's argument checks (:func:`~lstmcy._validation.trusted_problem`); packed input, and
-every call of the public operators, goes through :func:`~lstmcy._validation.check_problem`.
+lstmcy's argument checks (:func:`~lstmcy._engine.validation.trusted_problem`); packed input, and
+every call of the public operators, goes through :func:`~lstmcy._engine.validation.check_problem`.
 """
 import contextlib
 import ctypes
@@ -28,8 +28,9 @@ import sys
 import numpy as np
 import torch
 
-from lstmcy import _engine, _threadpool
-from lstmcy._engine import SAVED_NAMES, check_problem, trusted_problem
+from lstmcy import _threadpool
+from lstmcy._engine import layer_loops as _engine
+from lstmcy._engine.layer_loops import SAVED_NAMES, check_problem, trusted_problem
 
 __all__ = ["forward", "backward", "problem_for", "saved_parts", "saved_numel"]
 
@@ -90,13 +91,13 @@ def _np(tensor):
 
 
 def problem_for(input, batch_sizes, h0, c0, weights, cfg, hidden_size, names=None):
-    """The checked :class:`~lstmcy._validation.Problem` of one call (numpy views of the
+    """The checked :class:`~lstmcy._engine.validation.Problem` of one call (numpy views of the
     tensors; the backward of a call rebuilds the forward's from the same tensors).
 
     With ``names`` (the operators', which anyone may call) every argument goes through
     lstmcy's checks under those names. Without (the module's calls, whose tensors
     ``nn.LSTM``'s own checks have passed), padded input is trusted
-    (:func:`~lstmcy._validation.trusted_problem`).
+    (:func:`~lstmcy._engine.validation.trusted_problem`).
     """
     x = _np(input)
     params = [_np(w) for w in weights]

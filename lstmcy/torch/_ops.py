@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 
 from lstmcy.torch import _engine as engine
-from lstmcy._config import config_of
-from lstmcy._validation import ArgumentNames, check_array
+from lstmcy._engine.config import config_of
+from lstmcy._engine.validation import ArgumentNames, check_array
 from lstmcy.torch._reference import second_derivatives
 
 __all__ = ["lstm_forward", "lstm_backward", "layout_arguments"]
@@ -50,7 +50,7 @@ def _config(num_layers, bidirectional, has_bias, batch_first, proj_size):
 # ---------------------------------------------------------------------------
 # argument checks: the operators are public (torch.ops.lstmcy). What only a tensor can get
 # wrong (its dtype before it becomes a numpy view, the packed layout, the masks) is checked
-# here; everything else by lstmcy's one check of a call (lstmcy._validation), under
+# here; everything else by lstmcy's one check of a call (lstmcy._engine.validation), under
 # aten::lstm's names.
 # ---------------------------------------------------------------------------
 
@@ -166,7 +166,7 @@ def lstm_forward(input: Tensor, batch_sizes: Optional[Tensor], h0: Optional[Tens
                  hidden_size: int, num_layers: int, bidirectional: bool, has_bias: bool,
                  batch_first: bool, proj_size: int, train: bool
                  ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(y, h_n, c_n, saved)`` of :func:`lstmcy._engine.forward` (``saved`` is empty
+    """``(y, h_n, c_n, saved)`` of :func:`lstmcy._engine.layer_loops.forward` (``saved`` is empty
     unless ``train``); ``masks`` is empty without dropout."""
     cfg = _checked_config(hidden_size, num_layers, bidirectional, has_bias, batch_first,
                           proj_size)
@@ -183,7 +183,7 @@ def lstm_backward(input: Tensor, batch_sizes: Optional[Tensor], h0: Optional[Ten
                   grad_c_n: Optional[Tensor], hidden_size: int, num_layers: int,
                   bidirectional: bool, has_bias: bool, batch_first: bool, proj_size: int,
                   output_mask: List[bool]) -> Tuple[Tensor, Tensor, Tensor, List[Tensor]]:
-    """``(dx, dh0, dc0, dweights)`` of :func:`lstmcy._engine.backward`; an output
+    """``(dx, dh0, dc0, dweights)`` of :func:`lstmcy._engine.layer_loops.backward`; an output
     that ``output_mask`` does not ask for is an empty tensor (an empty list for
     ``dweights``)."""
     cfg = _checked_config(hidden_size, num_layers, bidirectional, has_bias, batch_first,

@@ -21,10 +21,10 @@ Padded steps of a packed batch have zero gate gradients, so they add nothing.
 import numpy as np
 import torch
 
-from lstmcy import _core
-from lstmcy import _engine as kernel_engine
+from lstmcy._engine import plan as _core
+from lstmcy._engine import layer_loops as kernel_engine
 from lstmcy.torch import _engine as engine
-from lstmcy._schedule import gate_row_stride
+from lstmcy._engine.schedule import gate_row_stride
 
 __all__ = ["backward"]
 
@@ -107,7 +107,7 @@ def backward(cfg, hidden_size, x, batch_sizes, h0, c0, weights, masks, saved, dy
     hidden_size : int
         H.
     x, batch_sizes, h0, c0, weights, masks, saved
-        The forward's arguments and saved block (:func:`lstmcy._engine.forward`).
+        The forward's arguments and saved block (:func:`lstmcy._engine.layer_loops.forward`).
     dy, dh, dc : Tensor or None
         Gradients of ``y``, ``h_n``, ``c_n`` (None: zeros).
     want : tuple of 3 bool

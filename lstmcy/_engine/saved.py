@@ -11,8 +11,8 @@ import operator
 
 import numpy as np
 
-from lstmcy._cache import SavedList
-from lstmcy._validation import SAVED_NAMES, _cached, _read_only
+from lstmcy._engine.cache import SavedList
+from lstmcy._engine.validation import SAVED_NAMES, _cached, _read_only
 
 __all__ = ["saved_size", "saved_arrays", "block_reader", "cache_lists", "stacked",
            "no_cache"]
@@ -25,7 +25,7 @@ class _BlockViews(SavedList):
     The backward recognises its own cache lists by identity and reads a layer's directions
     from ``rows`` (``[L*D, T*B, F]``, the compute-dtype values) without copying: the saved
     block itself, or for float16/bfloat16 calls the float32 values the (read-only) pieces
-    were rounded from. ``call`` is the forward's :class:`~lstmcy._cache.ForwardCall`.
+    were rounded from. ``call`` is the forward's :class:`~lstmcy._engine.cache.ForwardCall`.
     """
 
     __slots__ = ("views", "_rows")
@@ -99,8 +99,8 @@ def saved_arrays(block, p, by_step=False):
 
 
 def block_reader(block, p):
-    """``saved_of`` for :func:`lstmcy._engine.run_backward` from the block
-    :func:`~lstmcy._engine.run_forward` returns: views, no copies or checks (for callers
+    """``saved_of`` for :func:`lstmcy._engine.layer_loops.run_backward` from the block
+    :func:`~lstmcy._engine.layer_loops.run_forward` returns: views, no copies or checks (for callers
     that hand back the forward's own block, as ``lstmcy.torch`` does)."""
     views = saved_arrays(block, p)
     D = p.D

@@ -2,11 +2,11 @@
 
 A step is the one-layer, one-direction, time-major call of one time step (``T = 1``, no
 projection): :class:`StepShape` holds what such calls derive from their sizes alone (the
-checked :class:`~lstmcy._validation.Problem` of the shape, its row maps, the layer-call
+checked :class:`~lstmcy._engine.validation.Problem` of the shape, its row maps, the layer-call
 keys of a :class:`~lstmcy.LSTMPlan`), so that :func:`forward` and :func:`backward`
 hand the kernels their arguments without rebuilding any of it. They run the kernels with
 the plan's layer setups, schedules and thread counts, so their results are bitwise those
-of :func:`~lstmcy._engine.run_forward` / ``run_backward`` on the same arrays.
+of :func:`~lstmcy._engine.layer_loops.run_forward` / ``run_backward`` on the same arrays.
 
 Arrays are C-contiguous and of the shape's compute dtype (the callers check them): ``x``
 ``[B, I]``, ``h0`` and ``c0`` ``[B, H]``, ``w_ih [4H, I]``, ``w_hh [4H, H]``, ``bias
@@ -14,11 +14,11 @@ Arrays are C-contiguous and of the shape's compute dtype (the callers check them
 """
 import numpy as np
 
-from lstmcy._engine import blas_cap, one_call_at_a_time
-from lstmcy._layers import _NO_PROJECTION
-from lstmcy._saved import no_cache, saved_arrays, saved_size
-from lstmcy._validation import _NATIVE_FLOATS as _FLOATS
-from lstmcy._validation import _cached, check_problem, to_compute
+from lstmcy._engine.layer_loops import blas_cap, one_call_at_a_time
+from lstmcy._engine.layers import _NO_PROJECTION
+from lstmcy._engine.saved import no_cache, saved_arrays, saved_size
+from lstmcy._engine.validation import _NATIVE_FLOATS as _FLOATS
+from lstmcy._engine.validation import _cached, check_problem, to_compute
 
 __all__ = ["StepShape", "step_shape", "forward", "backward", "plan_step"]
 
@@ -86,7 +86,7 @@ def forward(plan, shape, x, h0, c0, w_ih, w_hh, bias, train):
         The new states (``h`` is also the step's output).
     saved : ndarray or None
         When ``train``, the saved activations: the flat block of
-        :func:`~lstmcy._engine.run_forward` (``shape.saved_size`` elements).
+        :func:`~lstmcy._engine.layer_loops.run_forward` (``shape.saved_size`` elements).
     """
     p, B, H, dtype = shape.problem, shape.B, shape.H, shape.dtype
     key = shape.forward_keys[train]
@@ -183,7 +183,7 @@ def _zeros(B, H, dtype):
 
 
 def plan_step(plan, x, hx, params, has_bias):
-    """:meth:`~lstmcy._core.LSTMPlan.step`: exact ndarrays of one native float dtype and
+    """:meth:`~lstmcy._engine.plan.LSTMPlan.step`: exact ndarrays of one native float dtype and
     the shapes of a cell run here; anything else as the full forward of ``x[None]``."""
     if (type(x) is np.ndarray and x.ndim == 2 and x.dtype in _FLOATS
             and type(has_bias) is bool and type(params) in (list, tuple)

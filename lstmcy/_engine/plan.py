@@ -1,11 +1,11 @@
 """The numpy API: :func:`lstm_forward`, :func:`lstm_backward`, :func:`lstm_vjp` and
 :class:`LSTMPlan`.
 
-The functions check their arguments into a :class:`~lstmcy._validation.Problem` and run it
-with :mod:`lstmcy._engine`'s layer loops on a plan. :class:`LSTMPlan` keeps the work
+The functions check their arguments into a :class:`~lstmcy._engine.validation.Problem` and run it
+with :mod:`lstmcy._engine.layer_loops`'s layer loops on a plan. :class:`LSTMPlan` keeps the work
 buffers between calls (the two-phase use of the Ascend operator: plan once, run many
-times), made of one part per concern (:mod:`lstmcy._work_buffers`,
-:mod:`lstmcy._results`, :mod:`lstmcy._layers`, :class:`lstmcy._threads.ThreadChoice`);
+times), made of one part per concern (:mod:`lstmcy._engine.work_buffers`,
+:mod:`lstmcy._engine.results`, :mod:`lstmcy._engine.layers`, :class:`lstmcy._engine.threads.ThreadChoice`);
 the plain functions use one plan per thread.
 """
 import math
@@ -13,21 +13,21 @@ import threading
 
 import numpy as np
 
-from lstmcy._cache import (ForwardCall, LSTMCache, LSTMGradients, check_same_call,
+from lstmcy._engine.cache import (ForwardCall, LSTMCache, LSTMGradients, check_same_call,
                            refuse_cache)
-from lstmcy._config import config_of
-from lstmcy._dispatch import kernels as _lstm
-from lstmcy._engine import _out_dtype, run_backward, run_forward
-from lstmcy._layers import LayerSetups, layer_workspace
-from lstmcy._results import ALIGN, ResultMemory
-from lstmcy._saved import cache_lists, saved_arrays, stacked
-from lstmcy._schedule import DEFAULT_POLICY, SchedulePolicy
-from lstmcy._threads import ThreadChoice, _check_count
-from lstmcy._validation import (SAVED_NAMES, _check_batch_sizes, check_backward,
+from lstmcy._engine.config import config_of
+from lstmcy._engine.dispatch import kernels as _lstm
+from lstmcy._engine.layer_loops import _out_dtype, run_backward, run_forward
+from lstmcy._engine.layers import LayerSetups, layer_workspace
+from lstmcy._engine.results import ALIGN, ResultMemory
+from lstmcy._engine.saved import cache_lists, saved_arrays, stacked
+from lstmcy._engine.schedule import DEFAULT_POLICY, SchedulePolicy
+from lstmcy._engine.threads import ThreadChoice, _check_count
+from lstmcy._engine.validation import (SAVED_NAMES, _check_batch_sizes, check_backward,
                                 check_blas_limits, check_bool, check_int, check_output_mask,
                                 check_problem, check_proj_size, check_seed,
                                 is_supported_float)
-from lstmcy._work_buffers import WorkBuffers
+from lstmcy._engine.work_buffers import WorkBuffers
 
 __all__ = ["lstm_forward", "lstm_backward", "lstm_vjp", "LSTMPlan", "release_workspaces"]
 
@@ -57,8 +57,8 @@ class LSTMPlan:
         Threads of the kernels (any positive number, obeyed as given); None follows
         :func:`lstmcy.set_num_threads` (when that is automatic too: the CPUs the process
         may use, as far as a call has work for them, and small calls on one thread while
-        more are slower; see :mod:`lstmcy._threads`).
-    schedules : lstmcy._schedule.SchedulePolicy, optional
+        more are slower; see :mod:`lstmcy._engine.threads`).
+    schedules : lstmcy._engine.schedule.SchedulePolicy, optional
         The functions that schedule the layer calls (tests and benchmarks run others
         through it); lstmcy's own by default. Results are bitwise the same for every
         valid schedule.
@@ -78,7 +78,7 @@ class LSTMPlan:
     def __init__(self, n_threads=None, *, schedules=None):
         self.n_threads = _check_count("n_threads", n_threads)
         if schedules is not None and not isinstance(schedules, SchedulePolicy):
-            raise TypeError("schedules must be a lstmcy._schedule.SchedulePolicy, got "
+            raise TypeError("schedules must be a lstmcy._engine.schedule.SchedulePolicy, got "
                             f"{type(schedules).__name__}")
         self.schedules = DEFAULT_POLICY if schedules is None else schedules
         # The plan's parts, one concern each: its work buffers, the memory of its results
@@ -108,7 +108,7 @@ class LSTMPlan:
         direction for the recurrent products; the backward adds, per direction,
         ``[x | h_{t-1} (| r_t)]`` in packed row order for the weight gradients, ``lanes``
         ``[4H, I + P]`` weight-gradient sums and float64 bias ones (see
-        :func:`lstmcy._schedule.backward_lanes`), and with a projection the rows of dh and
+        :func:`lstmcy._engine.schedule.backward_lanes`), and with a projection the rows of dh and
         of dh @ w_hr and dW_hr's sums. An upper bound of what :attr:`workspace_size` reaches
         after such calls.
         """
@@ -235,7 +235,7 @@ class LSTMPlan:
             c[None]), params, train=False)``. Other arguments (other dtypes, shapes or
             types) run that call itself, with its checks and its error messages.
         """
-        from lstmcy._step import plan_step  # _step builds on this module
+        from lstmcy._engine.step import plan_step  # _step builds on this module
         return plan_step(self, x, hx, params, has_bias)
 
     def backward(self, input, hx, params, dy, dh, dc, i, g=None, f=None, o=None, h=None,

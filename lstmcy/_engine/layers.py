@@ -11,10 +11,10 @@ import functools
 
 import numpy as np
 
-from lstmcy import _fpmode
-from lstmcy._dispatch import kernels as _lstm
-from lstmcy._schedule import DEFAULT_POLICY
-from lstmcy._threads import _process_cpus, blas_small_gemms
+from lstmcy._engine import fpmode as _fpmode
+from lstmcy._engine.dispatch import kernels as _lstm
+from lstmcy._engine.schedule import DEFAULT_POLICY
+from lstmcy._engine.threads import _process_cpus, blas_small_gemms
 
 __all__ = ["layer_weights", "layer_workspace", "LayerSetup", "LayerSetups"]
 
@@ -73,7 +73,7 @@ def layer_workspace(kind, T, B, N, D, I, H, P, dtype, *, in_packed=False, want_d
     (float32 or float64); ``in_packed``: the input rows are in packed order (no gathered
     copy); ``want_dx``, ``want_dparams``: what a backward computes; ``small_gemms``: the
     BLAS has a small-GEMM path; ``policy``: the plan's
-    :class:`~lstmcy._schedule.SchedulePolicy`.
+    :class:`~lstmcy._engine.schedule.SchedulePolicy`.
     """
     dtype = np.dtype(dtype)
     projected = P != H
@@ -110,7 +110,7 @@ class LayerSetup:
     I: the layer's input features); ``flags``: the kernel object's flags after the sizes
     (forward: ``training, x_rows_packed``; backward: ``want_dx, want_dparams,
     x_rows_packed``); ``workspaces``: its work buffers but the packed weights, in its
-    order; ``tuner_key``, ``step_flops`` and ``flops``: :meth:`lstmcy._threads.ThreadChoice.run`'s arguments;
+    order; ``tuner_key``, ``step_flops`` and ``flops``: :meth:`lstmcy._engine.threads.ThreadChoice.run`'s arguments;
     ``by_threads``: the call's kernel object (:class:`ForwardLayer` /
     :class:`BackwardLayer` of ``lstmcy._lstm``) per thread count (its schedule, and so
     its packed weights' size, depends on the count).
@@ -148,9 +148,9 @@ class LayerSetups:
 
     Parameters
     ----------
-    buffers : lstmcy._work_buffers.WorkBuffers
+    buffers : lstmcy._engine.work_buffers.WorkBuffers
         The plan's work buffers.
-    schedules : lstmcy._schedule.SchedulePolicy
+    schedules : lstmcy._engine.schedule.SchedulePolicy
         The plan's schedules.
     """
 
@@ -212,7 +212,7 @@ class LayerSetups:
     def kernel_object(self, setup, p, n_threads):
         """The kernel object of ``setup``'s layer call on ``n_threads`` threads (made once).
         The schedule is that of at most the process's CPUs (unless the plan's
-        :class:`~lstmcy._schedule.SchedulePolicy` says otherwise): threads beyond them
+        :class:`~lstmcy._engine.schedule.SchedulePolicy` says otherwise): threads beyond them
         cannot run the recurrence's groups or parts at once, and thinner ones would only
         add work (the extra threads take the other tasks)."""
         D, H, P, cdt = p.D, p.H, p.P, p.compute_dtype

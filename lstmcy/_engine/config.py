@@ -8,7 +8,7 @@ records it).
 """
 from dataclasses import dataclass, fields, replace
 
-from lstmcy._validation import check_bool, check_dropout, check_int, check_proj_size
+from lstmcy._engine.validation import check_bool, check_dropout, check_int, check_proj_size
 
 __all__ = ["LSTMConfig", "config_of", "SETTINGS"]
 

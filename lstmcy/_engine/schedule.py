@@ -1,6 +1,6 @@
 """How a layer's work is cut into tasks, and over how many threads: policy only.
 
-:mod:`lstmcy._core` runs the layer loops; for each kernel call it asks this module for the
+:mod:`lstmcy._engine.plan` runs the layer loops; for each kernel call it asks this module for the
 call's schedule. Two kinds of decision are made here, and kept apart:
 
 * **What fixes the bits** is a function of the shape alone (and of whether the BLAS has
@@ -15,7 +15,7 @@ call's schedule. Two kinds of decision are made here, and kept apart:
 
 The automatic thread count for a call is ``threads_for_work(flops, cpus)``: one thread per
 ``FLOPS_PER_THREAD`` of the layer's work, at most the CPUs the process may use (see
-:func:`lstmcy._threads.available_cpus`). Below that much work a thread costs more (its
+:func:`lstmcy._engine.threads.available_cpus`). Below that much work a thread costs more (its
 wake-up, its share of the synchronisation) than it saves; the ThreadTuner then moves
 small calls to one thread while more are slower.
 """
@@ -26,7 +26,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from lstmcy._results import ALIGN
+from lstmcy._engine.results import ALIGN
 
 #: Work (floating-point operations) per thread before another one is worth its start.
 FLOPS_PER_THREAD = 1e6
@@ -160,7 +160,7 @@ pack_pieces : pieces of the packing of w_hh per direction
 panel_weights : the weight gradients by lstmcy's own product from chunks laid out in
     panels, not by OpenBLAS (shape only; see PANEL_WEIGHTS_COLUMNS)
 packed_dx : dx by lstmcy's own product from w_ih packed once, not by OpenBLAS (shape only;
-    see PACKED_DX_FEATURES; lstmcy._core turns it off for a call that computes no dx, whose
+    see PACKED_DX_FEATURES; lstmcy._engine.plan turns it off for a call that computes no dx, whose
     workspace then has no room for the packed w_ih)
 """
 

@@ -2,7 +2,7 @@
 shapes.
 
 The kernels' work buffers (the gates, ``[x | h]`` rows, the weight gradients' lanes, the
-packed weights, ...) are named by what they hold (:func:`lstmcy._layers.layer_workspace`
+packed weights, ...) are named by what they hold (:func:`lstmcy._engine.layers.layer_workspace`
 lists them). Calls of different shapes share one buffer of a name: it grows when a call
 needs more and is never shrunk (a plan is dropped to give the memory back).
 """
@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from lstmcy._results import ALIGN, aligned_empty, aligned_offset
+from lstmcy._engine.results import ALIGN, aligned_empty, aligned_offset
 
 __all__ = ["WorkBuffers"]
 
@@ -42,7 +42,7 @@ class WorkBuffers:
 
     def take(self, name, shape, dtype):
         """A C-contiguous ``shape`` view into the named buffer (grown if too small),
-        starting on a cache line as the results do (see :data:`lstmcy._results.ALIGN`)."""
+        starting on a cache line as the results do (see :data:`lstmcy._engine.results.ALIGN`)."""
         # Repeated calls of one shape reuse the last view (cheaper than slicing anew); one
         # view per name, so a grown buffer's old memory is not kept alive.
         view = self._last_views.get(name)

@@ -16,7 +16,7 @@ The automatic thread count of a call is the smallest of
 * the limit set through threadpoolctl (``threadpool_limits(n)``, or with
   ``user_api="openmp"``: lstmcy registers a controller, internal_api ``"lstmcy"``),
 
-and of the work rule :func:`lstmcy._schedule.threads_for_work`; a :class:`ThreadTuner` then
+and of the work rule :func:`lstmcy._engine.schedule.threads_for_work`; a :class:`ThreadTuner` then
 moves small calls to one thread while more threads are slower. ``set_num_threads(n)``
 and ``LSTMPlan(n_threads=n)`` fix the count instead (any n >= 1, obeyed as given).
 Results are bitwise identical for every count. These facts of the machine and the global
@@ -38,7 +38,7 @@ from time import perf_counter
 import threadpoolctl
 
 from lstmcy import _threadpool
-from lstmcy._schedule import FLOPS_PER_THREAD, TUNED_STEP_FLOPS, threads_for_work
+from lstmcy._engine.schedule import FLOPS_PER_THREAD, TUNED_STEP_FLOPS, threads_for_work
 
 _lock = threading.Lock()
 _active = 0
@@ -481,14 +481,14 @@ class _ThreadSetting:
 
 
 #: OpenBLAS kernel families (``openblas_get_corename``) with a path for small GEMMs (see
-#: lstmcy._schedule.SMALL_GEMM).
+#: lstmcy._engine.schedule.SMALL_GEMM).
 _OPENBLAS_SMALL_GEMM_KERNELS = {"skylakex", "cooperlake", "sapphirerapids"}
 
 
 @functools.lru_cache(maxsize=1)
 def blas_small_gemms():
     """Whether the BLAS behind ``scipy.linalg.cython_blas`` multiplies small GEMMs without
-    packing them (see :data:`lstmcy._schedule.SMALL_GEMM`): a fact of the process, read once."""
+    packing them (see :data:`lstmcy._engine.schedule.SMALL_GEMM`): a fact of the process, read once."""
     return all_have_small_gemms(_blas_controllers())
 
 

@@ -9,7 +9,7 @@ from numbers import Integral, Real
 
 import numpy as np
 
-from lstmcy._cache import SAVED_NAMES
+from lstmcy._engine.cache import SAVED_NAMES
 
 #: The parameters of one layer and direction, in the order of ``params`` (PyTorch's
 #: ``_flat_weights``): the biases only with ``has_bias``, w_hr only with a projection.

@@ -6,18 +6,18 @@ backwards, its input gradient) to the next, applying the dropout masks between l
 and converting results to the caller's dtype. The front ends build on them: the numpy
 functions through :class:`~lstmcy.LSTMPlan`, :mod:`lstmcy.torch` through :func:`forward`
 and :func:`backward` below. A call is described once by a
-:class:`~lstmcy._validation.Problem`:
+:class:`~lstmcy._engine.validation.Problem`:
 
-* :func:`~lstmcy._validation.check_problem` builds it from any arguments the numpy API
+* :func:`~lstmcy._engine.validation.check_problem` builds it from any arguments the numpy API
   takes, checking each one;
-* :func:`~lstmcy._validation.trusted_problem` builds it for a padded call whose caller has
+* :func:`~lstmcy._engine.validation.trusted_problem` builds it for a padded call whose caller has
   checked its arrays itself (``lstmcy.torch``: the module checks its tensors as
   ``torch.nn.LSTM`` does).
 
 :func:`forward` runs it and returns the saved activations as one flat block;
 :func:`backward` takes that block back. Both run on the calling thread's plan (its work
 buffers reused between calls; thread-safe, since each thread has its own) unless given
-another :class:`~lstmcy._core.LSTMPlan`. Arrays are numpy arrays: a caller with tensors
+another :class:`~lstmcy._engine.plan.LSTMPlan`. Arrays are numpy arrays: a caller with tensors
 hands in zero-copy views.
 
 Dropout between layers is the caller's to draw: ``masks`` are the ``L - 1`` multipliers of
@@ -29,11 +29,11 @@ import math
 
 import numpy as np
 
-from lstmcy._layers import layer_weights
-from lstmcy._saved import block_reader, no_cache, saved_arrays, saved_size
-from lstmcy._schedule import SINGLE_THREADED_GEMM
-from lstmcy._threads import blas_single_threaded
-from lstmcy._validation import (SAVED_NAMES, check_array, check_problem, to_compute,
+from lstmcy._engine.layers import layer_weights
+from lstmcy._engine.saved import block_reader, no_cache, saved_arrays, saved_size
+from lstmcy._engine.schedule import SINGLE_THREADED_GEMM
+from lstmcy._engine.threads import blas_single_threaded
+from lstmcy._engine.validation import (SAVED_NAMES, check_array, check_problem, to_compute,
                                 trusted_problem)
 
 __all__ = ["forward", "backward", "run_forward", "run_backward", "saved_size", "saved_views",
@@ -42,7 +42,7 @@ __all__ = ["forward", "backward", "run_forward", "run_backward", "saved_size", "
 
 def _calling_threads_plan():
     """The calling thread's plan (the one its plain numpy calls use)."""
-    from lstmcy._core import _thread_plan  # _core builds on this module
+    from lstmcy._engine.plan import _thread_plan  # _core builds on this module
     return _thread_plan()
 
 
@@ -174,16 +174,16 @@ def blas_cap(problem):
 
 @one_call_at_a_time
 def run_forward(plan, p, train, masks):
-    """The forward of a checked :class:`~lstmcy._validation.Problem` on ``plan``'s
+    """The forward of a checked :class:`~lstmcy._engine.validation.Problem` on ``plan``'s
     buffers (``masks``: the dropout masks, or None). Callers that build ``p`` themselves
-    (``lstmcy.torch``) vouch for its arrays as :func:`~lstmcy._validation.check_problem`
+    (``lstmcy.torch``) vouch for its arrays as :func:`~lstmcy._engine.validation.check_problem`
     would.
 
     Returns ``y, h_n, c_n`` in the caller's dtype and, when ``train``, the saved
     activations as one flat compute-dtype block of ``saved_size(p)`` elements and its
-    :func:`~lstmcy._saved.saved_arrays` views (else None, None): the numpy API wraps them
+    :func:`~lstmcy._engine.saved.saved_arrays` views (else None, None): the numpy API wraps them
     in an :class:`~lstmcy.LSTMCache`, and :func:`run_backward` reads the block through
-    :func:`~lstmcy._saved.block_reader`."""
+    :func:`~lstmcy._engine.saved.block_reader`."""
     T, B, H, P, L, D, N = p.T, p.B, p.H, p.P, p.L, p.D, p.N
     cdt = p.compute_dtype
     alloc = plan._results.empty if p.uniform else plan._results.zeros
@@ -247,7 +247,7 @@ def run_forward(plan, p, train, masks):
 @one_call_at_a_time
 def run_backward(plan, p, saved_of, arrays, output_mask):
     """The backward of checked arguments on ``plan``'s buffers: ``p`` and ``arrays`` as
-    :func:`~lstmcy._validation.check_backward` returns them (only ``dy``, ``dh``,
+    :func:`~lstmcy._engine.validation.check_backward` returns them (only ``dy``, ``dh``,
     ``dc`` and ``dropout_masks`` are read from ``arrays``), ``saved_of(name, layer)``
     the saved activation ``name`` of ``layer``'s directions as a C-contiguous
     ``[D, T*B, F]`` compute-dtype array (F = H, for h P), ``output_mask`` a tuple of four

@@ -1,6 +1,6 @@
 """The object returned by ``lstm_forward`` that carries the saved activations and the call.
 
-Both the Cython-backed core (:mod:`lstmcy._core`) and the numpy reference
+Both the Cython-backed core (:mod:`lstmcy._engine.plan`) and the numpy reference
 (:mod:`lstmcy.reference`) return an :class:`LSTMCache`, so the two are
 interchangeable when feeding ``lstm_backward``. The cache records its forward
 (:class:`ForwardCall`), so that :meth:`LSTMCache.backward` needs only the output
