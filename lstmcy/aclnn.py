@@ -1226,14 +1226,14 @@ def run_backward(problem, arrays, input, hx, params, *, dropout, train, output_m
     (which must be given: the NPU takes both states, and ``arrays`` both ``dh`` and ``dc``),
     ``output_mask`` a tuple of 4 bools. Raises for what the NPU operator cannot compute."""
     p = problem
+    if p.projected:
+        raise ValueError("backend='aclnn' has no projections: aclnnLstmBackward takes no "
+                         f"w_hr (got proj_size={p.P}); use backend='cpu'")
     dtype = p.dtype
     _check_npu_dtype(dtype)
     reason = unsupported_reason(dtype, dropout=dropout, train=train, num_layers=p.L)
     if reason is not None:
         raise ValueError(f"dropout: {reason}")
-    if p.projected:
-        raise ValueError("backend='aclnn' has no projections: aclnnLstmBackward takes no "
-                         f"w_hr (got proj_size={p.P}); use backend='cpu'")
     host, valid_rows = host_call(p, arrays, input, hx, params, dropout=dropout, train=train)
     has_bias, num_layers, _, _, bidirectional, batch_first = host.settings
     mask = output_mask

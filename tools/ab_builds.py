@@ -92,7 +92,6 @@ def _import_build(root):
     sys.path.insert(0, os.path.abspath(root))
     try:
         module = importlib.import_module("lstmcy")
-        importlib.import_module("lstmcy._engine.plan")
         # One small call while this build's modules are the ones imported: whatever it
         # imports on first use is its own.
         module.set_num_threads(1)

@@ -139,6 +139,15 @@ class Shapes:
     # The shapes below are computed once per instance (every call checks its arrays against
     # them, and shapes_of hands out one instance per set of sizes).
 
+    def __hash__(self):
+        # Computed once: plans and caches key on a call's Shapes at every call.
+        return self._hash
+
+    @cached_property
+    def _hash(self):
+        return hash((self.T, self.B, self.I, self.H, self.P, self.L, self.D, self.has_bias,
+                     self.projected))
+
     def in_size(self, layer):
         return self.I if layer == 0 else self.D * self.P
 
