@@ -16,13 +16,11 @@ __all__ = ["reexec_without_openblas_overrides", "UNSET"]
 
 
 def reexec_without_openblas_overrides(module="__main__"):
-    """Replace this process by the same command without the variables in ``UNSET``.
+    """Replace this process by the same command without the variables in ``UNSET``
+    (passed on in ``LSTMCY_BENCH_UNSET`` for the report), before numpy or scipy is imported.
 
     Does nothing when none of them is set, or when ``module`` (the caller's ``__name__``)
     is not ``"__main__"``: a script imported by tests or tools leaves its process alone.
-    Must run before numpy or scipy is imported (it refuses otherwise, as the old kernels
-    would already be loaded). The removed values are passed on in ``LSTMCY_BENCH_UNSET``
-    for the report.
     """
     present = {name: os.environ[name] for name in UNSET if name in os.environ}
     if not present or module != "__main__":

@@ -12,33 +12,21 @@ UCR/UEA datasets used here). ``--threads N`` gives both libraries N threads (def
 their own defaults, two each on two cores).
 
 For every dataset and seed, one default-constructed ``LSTMClassifier(random_state=seed)``
-and one skorch ``NeuralNetClassifier`` with the same model and training settings are
-fitted, each in a fresh worker process (the two OpenMP runtimes never share one), the
-order alternating from seed to seed. Both models are a one-layer LSTM with 64 hidden
-units whose last hidden state (each sequence's own last step for variable lengths)
-feeds a linear layer; both train with Adam (lr 1e-3) on the same batch size, clip the
-gradients' global norm at 5, apply the same L2 penalty to the weights and stop on the
-same rule: 10 epochs without the watched loss improving by 1e-4 (the validation loss,
-with the best epoch's parameters restored, when ``early_stopping='auto'`` holds out
-10 % of the data, else the training loss), at most 200 epochs.
+and one skorch ``NeuralNetClassifier`` with the same model and training settings (the
+constants below; :func:`estimators_markdown` states them) are fitted, each in a fresh
+worker process (the two OpenMP runtimes never share one), the order alternating.
 
-Datasets: BasicMotions (6 channels, 100 steps, 40 training series), JapaneseVowels (12
-channels, 7-29 steps, 270), ItalyPowerDemand (1 channel, 24 steps, 67) and GunPoint (1
-channel, 150 steps, 50) from sktime's bundled UCR/UEA files with their own train/test
-splits; scikit-learn's digits (8x8 images read row by row: 8 channels, 8 steps, 1347
-training images); and ``motions-20k``, a synthetic 3-channel, 30-step, 4-class set of
-20000 training series (the generator of the estimator tests), for the large end.
+Datasets: four of sktime's bundled UCR/UEA sets (``UCR``) with their own train/test
+splits; scikit-learn's digits (8x8 images read row by row); and ``motions-20k``, 20000
+synthetic 3-channel series (the estimator tests' generator), for the large end.
 
-Writes ``benchmarks/results/estimators.md`` (or ``--out``): accuracy on the test split
-(mean and spread over seeds), fit time (median over seeds) and the ratio of the medians,
-with the command, versions and the outside load during the fits; and the same run as JSON
-beside it (``estimators.json``), which ``report.py --estimators`` puts in RESULTS.md.
+Writes the run to ``benchmarks/results/estimators.json`` (or ``--out``), which
+``report.py --estimators`` puts in RESULTS.md, keeping the file's other runs (below).
 
 ``--ragged`` measures instead what ragged data costs ``LSTMClassifier``: one long
 sequence among many short ones against the same number of time steps in sequences of
 one length (fit and predict time, numpy's peak memory, the process's peak RSS), each
-measurement in a fresh process; it writes ``benchmarks/results/ragged-estimators.md``
-and ``.json`` (``report.py --ragged`` puts it in RESULTS.md)::
+measurement in a fresh process; it goes into the ``ragged`` section of the same file::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_estimators.py --ragged
 
@@ -48,7 +36,7 @@ on the UCR/UEA sets both package; each fit in a fresh process with an empty numb
 cache, twice (the first fit as on first use, compilation included; then a compiled one).
 sktime's classifiers need numba (in the ``bench`` extra); aeon runs in its own venv
 (``--aeon-python``, as .ci/timeseries.sh makes it). The run goes into
-``meta['timeseries']`` of the existing ``estimators.json``::
+``meta['timeseries']`` of the same file::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_estimators.py --timeseries
 """
@@ -73,7 +61,9 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-DEFAULT_OUT = os.path.join(HERE, "results", "estimators.md")
+import machine  # noqa: E402
+
+DEFAULT_OUT = os.path.join(HERE, "results", "estimators.json")
 UCR = ("BasicMotions", "JapaneseVowels", "ItalyPowerDemand", "GunPoint")
 DATASETS = UCR + ("digits", "motions-20k")
 
@@ -145,14 +135,10 @@ def fit_lstmcy(X, y, seed, channels_first, plan):
     return clf, seconds, clf.n_iter_
 
 
-def _channels_last(X, channels_first):
-    arrays = [np.asarray(x, dtype=np.float32) for x in X]
-    return [a.T if channels_first else a for a in arrays]
-
-
 def skorch_inputs(X, channels_first):
     """A 3-D float32 array, or ``{"x": zero-padded array, "lengths": ...}`` for ragged data."""
-    arrays = _channels_last(X, channels_first)
+    arrays = [np.asarray(x, dtype=np.float32) for x in X]
+    arrays = [a.T for a in arrays] if channels_first else arrays
     lengths = np.array([len(a) for a in arrays])
     if (lengths == lengths[0]).all():
         return np.stack(arrays)
@@ -246,7 +232,6 @@ def fit_skorch(X, y, seed, channels_first, plan):
 
 def worker(library, dataset, seed, threads):
     """Fit one model; print one JSON line with accuracy, fit time, epochs and load."""
-    import machine
     if threads:
         if library == "lstmcy":
             import lstmcy
@@ -267,10 +252,6 @@ def worker(library, dataset, seed, threads):
 
 
 # --------------------------------------------------------------------------- driver
-
-def run_worker(library, dataset, seed, threads):
-    return _run(["--worker", library, dataset, str(seed), str(threads)])
-
 
 def summarise(records, dataset):
     out = {}
@@ -301,12 +282,29 @@ def versions(threads):
             f"{sklearn.__version__}, sktime {sktime.__version__}, numpy {np.__version__}")
 
 
-def git_commit():
-    try:
-        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+def run_meta(argv):
+    """The command as run (under nice or not), the date and this checkout's commit."""
+    niceness = os.nice(0)
+    state = machine.git_state(ROOT)
+    return {"command": "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "
+                       + (f"nice -n {niceness} " if niceness else "")
+                       + "python benchmarks/bench_estimators.py" + "".join(f" {a}" for a in argv),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": state["commit"][:7] if state else "unknown"}
+
+
+def outside_load(records, during, cpus, meta, verdicts):
+    """The sentences on the cores other processes kept busy during the records' ``during``
+    (with ``meta``, the load average at the start and the end), and ``verdicts[0]`` when
+    the median is 0.3 cores or more, else ``verdicts[1]``."""
+    others = [r["others_cores"] for r in records if r.get("others_cores") is not None]
+    text = (f"Outside load: other processes kept {np.median(others):.1f} cores busy during the "
+            f"median {during} (from {min(others):.1f} to {max(others):.1f}; the machine has "
+            f"{cpus})")
+    if meta:
+        text += (f"; load average {meta['loadavg_start']:.2f} at the start and "
+                 f"{meta['loadavg_end']:.2f} at the end")
+    return f"{text}. " + verdicts[0 if np.median(others) >= 0.3 else 1]
 
 
 TITLE = "Estimators: LSTMClassifier's defaults against skorch + torch.nn.LSTM"
@@ -352,17 +350,9 @@ def estimators_markdown(records, datasets, meta, heading="## " + TITLE):
             f"{s['skorch']['seconds']:.1f} s | **{s['speedup']:.1f}×** ({ratios}) | "
             f"{s['lstmcy']['epochs']:.0f} / {s['skorch']['epochs']:.0f} | "
             f"{1e3 * s['lstmcy']['per_epoch']:.0f} / {1e3 * s['skorch']['per_epoch']:.0f} ms |")
-    others = [r["others_cores"] for r in records if r["others_cores"] is not None]
-    lines += [
-        "",
-        f"Outside load: other processes kept {np.median(others):.1f} cores busy during the "
-        f"median fit (from {min(others):.1f} to {max(others):.1f}; the machine has "
-        f"{meta.get('cpus', '?')}); load average {meta['loadavg_start']:.2f} at the start and "
-        f"{meta['loadavg_end']:.2f} at the end. "
-        + ("The machine was under outside load: the times are not a clean measurement, and "
-           "a burst hits whichever fit runs at the time." if np.median(others) >= 0.3
-           else "The machine was quiet."),
-    ]
+    lines += ["", outside_load(records, "fit", meta.get("cpus", "?"), meta, (
+        "The machine was under outside load: the times are not a clean measurement, and "
+        "a burst hits whichever fit runs at the time.", "The machine was quiet."))]
     if "timeseries" in meta:
         lines += ["", timeseries_markdown(meta["timeseries"])]
     return "\n".join(lines)
@@ -390,7 +380,6 @@ def ts_worker(route, kind, dataset, seed):
     """Fit one classifier twice in this process, score the second: one JSON line."""
     import importlib
 
-    import machine
     from timeseries_data import packaged
     path, params = TS_ROUTES[route][kind]
     module, _, name = path.rpartition(".")
@@ -438,7 +427,6 @@ def timeseries_markdown(ts):
     def seconds(x):
         return f"{x:.2f}" if x < 1 else f"{x:.1f}" if x < 10 else f"{x:.0f}"
 
-    others = [r["others_cores"] for r in records if r["others_cores"] is not None]
     lines = [
         f"### {TS_TITLE}", "",
         f"`{ts['command']}` — {ts['date']}, lstmcy {ts['commit']}, {ts['machine']} "
@@ -475,27 +463,22 @@ def timeseries_markdown(ts):
             f"{rocket['accuracy']:.3f} ({verdict[0]}); fit {seconds(ours['first_fit'])} / "
             f"{seconds(ours['fit'])} s against {seconds(rocket['first_fit'])} / "
             f"{seconds(rocket['fit'])} s ({verdict[1]} / {verdict[2]}).")
-    lines += ["", f"Outside load: other processes kept {np.median(others):.1f} cores busy "
-                  f"during the median run (from {min(others):.1f} to {max(others):.1f}; the "
-                  f"machine has {ts['cpus']}). " + (
-                      "The machine was shared with other jobs: the times are under load, not "
-                      "a clean measurement, and not graded." if np.median(others) >= 0.3 else "It was quiet.")]
+    lines += ["", outside_load(records, "run", ts["cpus"], None, (
+        "The machine was shared with other jobs: the times are under load, not a clean "
+        "measurement, and not graded.", "It was quiet."))]
     return "\n".join(lines)
 
 
-def run_timeseries(args, command):
+def run_timeseries(args, argv):
     """Every classifier, dataset and seed in a fresh process; the records go into
-    ``meta['timeseries']`` of the estimators JSON beside ``args.out``."""
+    ``meta['timeseries']`` of the estimators' JSON file ``args.out``."""
     import tempfile
 
-    import machine
     pythons = {"sktime": sys.executable, "aeon": args.aeon_python}
-    with open(os.path.splitext(args.out)[0] + ".json") as fh:
-        doc = json.load(fh)
-    ts = doc["meta"]["timeseries"] = {
-        "command": command, "commit": git_commit(), "machine": machine.machine_label(),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "seeds": args.seeds, "cpus": os.cpu_count(), "records": []}
+    with open(args.out) as fh:
+        meta = json.load(fh)["meta"]
+    ts = meta["timeseries"] = dict(run_meta(argv), machine=machine.machine_label(),
+                                   seeds=args.seeds, cpus=os.cpu_count(), records=[])
     for dataset, seed in [(d, s) for d in TS_DATASETS for s in range(args.seeds)]:
         for route in [r for r in TS_ROUTES if os.path.exists(pythons[r])]:
             kinds = list(TS_ROUTES[route])
@@ -507,7 +490,7 @@ def run_timeseries(args, command):
                 print(f"{dataset} seed {seed} {route} {record['name']}: accuracy "
                       f"{record['accuracy']:.3f}, fit {record['first_fit']:.2f} s first, "
                       f"{record['fit']:.2f} s later", flush=True)
-        write_results(args.out, doc["records"], doc["datasets"], doc["meta"])
+        machine.update_result_file(args.out, meta=meta)
     print(f"wrote {args.out}")
 
 
@@ -515,7 +498,6 @@ def run_timeseries(args, command):
 
 RAGGED_TITLE = ("Estimators on ragged data: one long sequence among short ones, against the "
                 "same time steps in equal lengths")
-DEFAULT_RAGGED_OUT = os.path.join(HERE, "results", "ragged-estimators.md")
 # 1023 sequences of 5 steps and one of 2053: 7168 steps, as 1024 sequences of 7.
 RAGGED_N, RAGGED_SHORT, RAGGED_EQUAL = 1024, 5, 7
 RAGGED_FEATURES = 16
@@ -566,7 +548,6 @@ def ragged_measure(kind, memory, n=RAGGED_N, epochs=RAGGED_EPOCHS):
 
 
 def ragged_worker(kind, memory):
-    import machine
     before = machine.cpu_snapshot()
     record = ragged_measure(kind, memory)
     record["others_cores"] = machine.others_cores(before, machine.cpu_snapshot())
@@ -629,29 +610,17 @@ def ragged_markdown(records, meta, heading="## " + RAGGED_TITLE):
                      f"{c[2]:.1f} MiB | {c[3]:.1f} MiB | {c[4]:.0f} MiB |")
     ratio = [a / b for a, b in zip(cells["one long"], cells["equal"])]
     lines.append("| one long / equal | | " + " | ".join(f"{r:.2f}×" for r in ratio) + " |")
-    others = [r["others_cores"] for r in records if r.get("others_cores") is not None]
-    lines += [
-        "",
-        f"Outside load: other processes kept {np.median(others):.1f} cores busy during the "
-        f"median run (from {min(others):.1f} to {max(others):.1f}; the machine has "
-        f"{meta.get('cpus', '?')}); load average {meta['loadavg_start']:.2f} at the start and "
-        f"{meta['loadavg_end']:.2f} at the end. "
-        + ("A run under outside load: the times are not a clean measurement (the memory "
-           "is)." if np.median(others) >= 0.3 else "The machine was quiet."),
-    ]
+    lines += ["", outside_load(records, "run", meta.get("cpus", "?"), meta, (
+        "A run under outside load: the times are not a clean measurement (the memory is).",
+        "The machine was quiet."))]
     return "\n".join(lines)
 
 
 def run_ragged(out, repeats, argv):
-    import machine
-    niceness = os.nice(0)
-    meta = {"command": "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "
-                       + (f"nice -n {niceness} " if niceness else "")
-                       + "python benchmarks/bench_estimators.py" + "".join(f" {a}" for a in argv),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": git_commit(), "machine": machine.machine_label(),
-            "versions": ragged_versions(), "repeats": repeats,
-            "loadavg_start": os.getloadavg()[0], "cpus": os.cpu_count()}
+    """Both kinds of data, alternating, each measurement in a fresh process; the run goes
+    into the ``ragged`` section of the estimators' JSON file ``out``."""
+    meta = dict(run_meta(argv), machine=machine.machine_label(), versions=ragged_versions(),
+                repeats=repeats, loadavg_start=os.getloadavg()[0], cpus=os.cpu_count())
     records = []
     for repeat in range(repeats):
         kinds = RAGGED_KINDS if repeat % 2 == 0 else RAGGED_KINDS[::-1]
@@ -661,10 +630,8 @@ def run_ragged(out, repeats, argv):
                 records.append(record)
                 print(json.dumps(record), flush=True)
     meta["loadavg_end"] = os.getloadavg()[0]
-    with open(out, "w") as fh:
-        fh.write(ragged_markdown(records, meta) + "\n")
-    with open(os.path.splitext(out)[0] + ".json", "w") as fh:
-        json.dump({"meta": meta, "records": records}, fh, indent=1)
+    print(ragged_markdown(records, meta))
+    machine.update_result_file(out, ragged={"meta": meta, "records": records})
     print(f"wrote {out}")
 
 
@@ -675,16 +642,6 @@ def ragged_versions():
     return f"lstmcy {lstmcy.__version__}, scikit-learn {sklearn.__version__}, numpy {np.__version__}"
 
 
-def write_results(out, records, datasets, meta):
-    """``out`` (Markdown) and, beside it, the same run as JSON (``report.py --estimators``
-    puts it in RESULTS.md)."""
-    with open(out, "w") as fh:
-        fh.write(estimators_markdown(records, datasets, meta) + "\n")
-    with open(os.path.splitext(out)[0] + ".json", "w") as fh:
-        json.dump({"meta": meta, "datasets": datasets, "records": records}, fh, indent=1,
-                  default=float)
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", default=",".join(DATASETS),
@@ -692,7 +649,8 @@ def parse_args(argv=None):
     parser.add_argument("--seeds", type=int, default=3, help="seeds per dataset (default 3)")
     parser.add_argument("--large-seeds", type=int, default=1,
                         help="seeds for motions-20k (default 1)")
-    parser.add_argument("--out", default=DEFAULT_OUT, help="markdown file to write")
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="the JSON file to write the run into (its other runs kept)")
     parser.add_argument("--threads", type=int, default=0,
                         help="threads of each library (default 0: their own default, 2 here)")
     parser.add_argument("--worker", nargs=4, metavar=("LIBRARY", "DATASET", "SEED", "THREADS"),
@@ -725,26 +683,19 @@ def main(argv=None):
         route, kind, dataset, seed = args.ts_worker
         ts_worker(route, kind, dataset, int(seed))
         return
+    argv = argv if argv is not None else sys.argv[1:]
     if args.timeseries:
-        run_timeseries(args, "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python "
-                             "benchmarks/bench_estimators.py " + " ".join(argv or sys.argv[1:]))
+        run_timeseries(args, argv)
         return
     if args.ragged:
-        out = DEFAULT_RAGGED_OUT if args.out == DEFAULT_OUT else args.out
-        run_ragged(out, args.repeats, argv if argv is not None else sys.argv[1:])
+        run_ragged(args.out, args.repeats, argv)
         return
     datasets = [d for d in args.datasets.split(",") if d]
-    niceness = os.nice(0)  # the command as run: under nice or not
-    meta = {"command": "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "
-                       + (f"nice -n {niceness} " if niceness else "")
-                       + "python benchmarks/bench_estimators.py"
-                       + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:])),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": git_commit(), "versions": versions(args.threads), "seeds": args.seeds,
-            "large_seeds": args.large_seeds,
-            "loadavg_start": os.getloadavg()[0], "cpus": os.cpu_count(), "datasets": {}}
-    if os.path.exists(os.path.splitext(args.out)[0] + ".json"):  # keep the --timeseries run
-        with open(os.path.splitext(args.out)[0] + ".json") as fh:
+    meta = dict(run_meta(argv), versions=versions(args.threads), seeds=args.seeds,
+                large_seeds=args.large_seeds, loadavg_start=os.getloadavg()[0],
+                cpus=os.cpu_count(), datasets={})
+    if os.path.exists(args.out):  # keep the --timeseries run
+        with open(args.out) as fh:
             meta.update({k: v for k, v in json.load(fh)["meta"].items() if k == "timeseries"})
     records = []
     for dataset in datasets:
@@ -757,14 +708,16 @@ def main(argv=None):
         for seed in range(args.large_seeds if dataset == "motions-20k" else args.seeds):
             order = ("lstmcy", "skorch") if seed % 2 == 0 else ("skorch", "lstmcy")
             for library in order:
-                record = run_worker(library, dataset, seed, args.threads)
+                record = _run(["--worker", library, dataset, str(seed), str(args.threads)])
                 records.append(record)
                 print(f"{dataset:>16} seed {seed} {library:>6}: accuracy {record['accuracy']:.3f}, "
                       f"fit {record['fit_seconds']:6.1f} s, {record['epochs']:3d} epochs, "
                       f"outside load {record['others_cores'] or 0:.1f} cores", flush=True)
         # Written after every dataset, so that a long run leaves its finished part behind.
         meta["loadavg_end"] = os.getloadavg()[0]
-        write_results(args.out, records, list(meta["datasets"]), meta)
+        machine.update_result_file(args.out, meta=meta, datasets=list(meta["datasets"]),
+                                   records=records)
+    print(estimators_markdown(records, list(meta["datasets"]), meta))
     print(f"wrote {args.out}")
 
 

@@ -8,9 +8,8 @@ reported side by side with the speed-up ``torch time / lstmcy time``.
 
 Each block is ``--block`` steps of one model, of which the first ``SETTLE`` are not timed:
 a step right after the other model's is slower (its code and data were evicted, the
-other library's threads still spin), and a training loop runs one model, step after
-step. Alternating single steps (``--block 1``) measured, at (32,16,32,64) float32, both
-steps ~50-70 % slower and a larger speed-up (1.23x against 1.16x in blocks of 20).
+other library's threads still spin, ~50-70 % at (32,16,32,64)), and a training loop runs
+one model, step after step.
 
 Run::
 

@@ -138,19 +138,14 @@ def _layer_inputs(case):
     return [case.I if layer == 0 else case.D * case.H for layer in range(case.L)]
 
 
-def _tokens(case):
-    if case.packed:
-        return int(lengths_spread(case.T, case.B).sum())
-    return case.T * case.B
-
-
 def backward_flops(case, padded=False):
     """``16 T B H (I_l + H)`` per layer and direction (the GEMMs only).
 
     For a packed case ``T*B`` is replaced by the number of real tokens, unless
     ``padded`` (the same shape run as a full ``T x B`` batch).
     """
-    tokens = case.T * case.B if padded else _tokens(case)
+    packed = case.packed and not padded
+    tokens = int(lengths_spread(case.T, case.B).sum()) if packed else case.T * case.B
     return sum(16 * tokens * case.H * (i + case.H) * case.D for i in _layer_inputs(case))
 
 

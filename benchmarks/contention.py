@@ -10,13 +10,13 @@ Two measurements, each side by side in one run (medians of alternating blocks of
   the ThreadTuner moves small calls to one thread when that is faster (target: automatic
   never more than 10 % slower than one thread).
 
-Usage (the OpenBLAS variables unset in this command only)::
+Usage (the OpenBLAS variables unset in this command only); ``--json`` writes the run as
+the ``contention`` section of the scaling run's file, keeping the rest of it::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/contention.py \\
-        --shapes small-32x16,small-50x32,large-256
+        --shapes small-32x16,small-50x32,large-256 --json benchmarks/results/scaling.json
 """
 import argparse
-import json
 import multiprocessing as mp
 import time
 
@@ -25,7 +25,7 @@ import numpy as np
 import lstmcy
 from lstmcy._engine import threads as _threads
 from cases import CASES, make_inputs, training_pass
-from machine import result_stamp
+from machine import result_stamp, update_result_file
 from report import contention_table, text_table
 
 
@@ -55,7 +55,7 @@ def main(argv=None):
     parser.add_argument("--shapes", default="small-32x16,small-50x32,large-256")
     parser.add_argument("--blocks", type=int, default=8)
     parser.add_argument("--per-block", type=int, default=5)
-    parser.add_argument("--json")
+    parser.add_argument("--json", help="the scaling run's JSON file to write the section into")
     args = parser.parse_args(argv)
     cpus = _threads.available_cpus()
     many = 4 * cpus
@@ -82,8 +82,7 @@ def main(argv=None):
                                    loaded_one=loaded[1], loaded_auto=loaded[None]))
     print(text_table(*contention_table(doc)))
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(doc, fh, indent=1)
+        update_result_file(args.json, contention=doc)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ thread settings, for each BLAS the comparison involves: numpy's OpenBLAS
 lstmcy's Cython kernels call through ``scipy.linalg.cython_blas``) and PyTorch's
 MKL (``torch.mm``). The machine's peak for a dtype is the best of them.
 """
+import json
 import os
 import platform
 import subprocess
@@ -18,7 +19,8 @@ from timing import run_batch
 #: The checkout holding benchmarks/.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-__all__ = ["lscpu_summary", "machine_label", "blas_info", "gemm_peak", "versions", "git_state"]
+__all__ = ["lscpu_summary", "machine_label", "blas_info", "gemm_peak", "versions", "git_state",
+           "result_stamp", "update_result_file"]
 
 _LSCPU_KEYS = ("Model name", "Architecture", "CPU(s)", "Thread(s) per core", "Core(s) per socket",
                "Socket(s)", "CPU max MHz", "BogoMIPS", "Hypervisor vendor", "L1d cache", "L2 cache",
@@ -163,6 +165,19 @@ def result_stamp():
     state = git_state(ROOT)
     commit = state and state["commit"][:7] + ("+" if state["kernel_changes_uncommitted"] else "")
     return {"load": load, "machine": machine_label(), "lstmcy": commit}
+
+
+def update_result_file(path, **sections):
+    """Write ``sections`` (top-level keys) into the JSON file ``path``, keeping its other
+    keys: one result file holds several runs (scaling.json the contention run,
+    estimators.json the ragged-data run)."""
+    doc = {}
+    if os.path.exists(path):
+        with open(path) as fh:
+            doc = json.load(fh)
+    doc.update(sections)
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=1, default=float)
 
 
 def cpu_snapshot():

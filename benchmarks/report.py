@@ -4,10 +4,9 @@
 ``run.py`` prints :func:`text_report` and draws :func:`chart`;
 ``python benchmarks/report.py <run>.json [--chart out.png]`` turns a saved run into
 Markdown. ``--results-md`` writes the whole of ``RESULTS.md``: how the suite measures, the
-headline run's tables and targets, and (``--scaling``, ``--contention``, ``--estimators``,
-``--ragged``) the predicted scaling to N threads, the oversubscription and outside-load
-runs, the estimators against skorch and the estimators on ragged data (the command:
-docs/benchmarks.md).
+headline run's tables and targets, and the runs of ``--scaling`` (the predicted scaling to N
+threads; oversubscription and outside load) and ``--estimators`` (against skorch; on
+ragged data). The command: docs/benchmarks.md.
 """
 import argparse
 import json
@@ -488,7 +487,7 @@ def scaling_section(doc):
 
 
 def contention_table(doc):
-    """Header and rows of a ``benchmarks/contention.py --json`` file."""
+    """Header and rows of a ``benchmarks/contention.py`` run."""
     rows = [[r["shape"], r["dtype"], _ms(r["two"]), _ms(r["many"]), f"{r['many'] / r['two']:.3f}",
              _ms(r["loaded_one"]), _ms(r["loaded_auto"]), f"{r['loaded_auto'] / r['loaded_one']:.3f}"]
             for r in doc["results"]]
@@ -501,12 +500,11 @@ def _many(doc):
 
 
 def contention_section(doc):
-    """Markdown of a ``benchmarks/contention.py --json`` file."""
-    blocks = f"{doc['blocks']} " if "blocks" in doc else ""
-    passes = f" of {doc['per_block']} passes" if "per_block" in doc else ""
+    """Markdown of a ``benchmarks/contention.py`` run."""
     return "\n".join([
         "## More threads than cores, and cores another process holds (`benchmarks/contention.py`)", "",
-        f"Training pass (forward + backward), medians of {blocks}alternating blocks{passes}. Left: 2 threads "
+        f"Training pass (forward + backward), medians of {doc['blocks']} alternating blocks of "
+        f"{doc['per_block']} passes. Left: 2 threads "
         f"against {_many(doc)} on {doc.get('cpus', '?')} CPUs (target: within about 10 %). Right: with "
         f"a spinning process on every CPU, the automatic thread count against one thread "
         f"(target: at most 10 % slower). {_ran_on(doc)}Load average {doc.get('load', '?')} before "
@@ -515,7 +513,7 @@ def contention_section(doc):
 
 
 def estimators_section(doc):
-    """Markdown of a ``benchmarks/bench_estimators.py`` JSON file (``estimators.json``)."""
+    """Markdown of ``estimators.json`` (``benchmarks/bench_estimators.py``)."""
     from bench_estimators import TITLE, estimators_markdown
 
     return estimators_markdown(doc["records"], doc["datasets"], doc["meta"],
@@ -523,23 +521,24 @@ def estimators_section(doc):
 
 
 def ragged_section(doc):
-    """Markdown of a ``benchmarks/bench_estimators.py --ragged`` JSON file
-    (``ragged-estimators.json``)."""
+    """Markdown of the ``ragged`` section of ``estimators.json`` (``--ragged``)."""
     from bench_estimators import RAGGED_TITLE, ragged_markdown
 
     return ragged_markdown(doc["records"], doc["meta"],
                            heading=f"## {RAGGED_TITLE} (`benchmarks/bench_estimators.py --ragged`)")
 
 
-#: The sections of RESULTS.md after the headline run, each from a result file of its own.
-SECTIONS = {"scaling": scaling_section, "contention": contention_section,
-            "estimators": estimators_section, "ragged": ragged_section}
+#: The sections of RESULTS.md after the headline run: (result file, its section or None
+#: for the file's own run, the Markdown of it).
+SECTIONS = [("scaling", None, scaling_section), ("scaling", "contention", contention_section),
+            ("estimators", None, estimators_section), ("estimators", "ragged", ragged_section)]
 
 
-def results_md(doc, paths, **extra):
-    """The whole of ``RESULTS.md`` for a headline run and the runs of ``extra`` (keys of
-    :data:`SECTIONS`: scaling, contention, estimator and ragged-data runs); ``paths`` names
-    the files, as cited."""
+def results_md(doc, paths, scaling=None, estimators=None):
+    """The whole of ``RESULTS.md`` for a headline run ``doc`` and the ``scaling.json`` and
+    ``estimators.json`` documents (each section present is cited); ``paths`` names the
+    files (keys ``headline``, ``scaling``, ``estimators``) as cited."""
+    files = {"scaling": scaling, "estimators": estimators}
     meta = doc["meta"]
     argv = " ".join(meta.get("argv") or ["benchmarks/run.py"])
     parts = ["# Benchmark results", "", METHOD, "",
@@ -548,9 +547,11 @@ def results_md(doc, paths, **extra):
              f"`env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python {argv}`.", ""]
     parts += _machine_lines(meta)
     parts += ["", markdown_report(doc)]
-    for key, section in SECTIONS.items():
-        if extra.get(key) is not None:
-            parts += ["", section(extra[key]), "", f"From `{paths[key]}`."]
+    for key, section, markdown in SECTIONS:
+        source = files[key] if section is None else (files[key] or {}).get(section)
+        if source is not None:
+            where = f"`{paths[key]}`" + (f", section `{section}`" if section else "")
+            parts += ["", markdown(source), "", f"From {where}."]
     return "\n".join(parts) + "\n"
 
 
@@ -566,16 +567,15 @@ def main(argv=None):
     parser.add_argument("--text", action="store_true", help="plain-text tables instead of Markdown")
     parser.add_argument("--results-md", default=None, metavar="PATH",
                         help="write the whole RESULTS.md here (the JSON file is the headline run)")
-    for key, what in (("scaling", "a scaling.py --json file"),
-                      ("contention", "a contention.py --json file"),
-                      ("estimators", "a bench_estimators.py JSON file (estimators.json)"),
-                      ("ragged", "a bench_estimators.py --ragged JSON file (ragged-estimators.json)")):
-        parser.add_argument(f"--{key}", default=None, help=f"{what}, for --results-md")
+    parser.add_argument("--scaling", default=None,
+                        help="scaling.py's JSON file (with contention.py's section), for --results-md")
+    parser.add_argument("--estimators", default=None,
+                        help="bench_estimators.py's JSON file (with the ragged-data section), "
+                             "for --results-md")
     args = parser.parse_args(argv)
     if args.results_md:
-        paths = dict({"headline": args.json},
-                     **{key: getattr(args, key) for key in SECTIONS if getattr(args, key)})
-        docs = {key: _load(path) for key, path in paths.items()}
+        paths = {"headline": args.json, "scaling": args.scaling, "estimators": args.estimators}
+        docs = {key: _load(path) for key, path in paths.items() if path}
         text = results_md(docs.pop("headline"), paths, **docs)
         with open(args.results_md, "w") as fh:
             fh.write(text)

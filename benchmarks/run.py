@@ -12,19 +12,12 @@ Usage::
 (The script re-executes itself without ``OPENBLAS_CORETYPE`` / ``OPENBLAS_L2_SIZE``:
 OpenBLAS reads them when it is loaded, and they select older kernels.)
 
-For every case, in one process and in interleaved rounds (medians over ``--repeats``
-rounds, ``timing.py``): lstmcy's backward (``lstm_backward``, all outputs) and training
-forward (``lstm_forward(train=True)``), plain and through an ``LSTMPlan``; PyTorch's
-backward (``torch.autograd.grad(retain_graph=True)`` on one recorded forward of
-``torch.nn.LSTM``; float32 takes oneDNN's RNN primitive, float64 ATen's native path; the
-aten ops seen are recorded) and training forward; for packed cases also PyTorch's
-PackedSequence path, and both on the same tokens as a padded ``T x B`` batch; with
-``--peers`` naming ``jax`` or ``tf``, forward+backward in one call for all, once the
-peers' results agree with lstmcy's (``peers/``, docs/benchmarks.md). Once per case: the
-numpy reference ``lstmcy.reference`` (skipped when a probe predicts more than
-``--ref-budget`` seconds) and the numpy memory of one call. The sgemm/dgemm peak (numpy,
-scipy and torch) at the start and the end of the run scales the efficiencies (backward
-FLOPs ``16 T B H (I_l + H)`` per layer and direction; forward: half).
+Per case, in one process and interleaved rounds (``timing.py``): lstmcy's backward and
+training forward, plain and through an ``LSTMPlan``, beside PyTorch's (the aten ops it ran
+recorded); packed cases also as a padded batch of the same tokens; with ``--peers``,
+forward+backward for all once the peers' results agree with lstmcy's. Once per case: the
+numpy reference (within ``--ref-budget``) and the numpy memory of one call. What is
+compared, and the method: docs/benchmarks.md and RESULTS.md.
 
 Output: a table on stdout, ``benchmarks/results/<timestamp>.json`` (or ``--json``)
 and, when matplotlib is importable, a PNG chart beside it.
@@ -350,10 +343,8 @@ def evaluate_targets(case, result, peaks):
 # --------------------------------------------------------------------------- main
 
 def wait_quiet(max_wait, threshold=0.3, interval=1.0):
-    """Wait until other processes use fewer than ``threshold`` cores, for at most ``max_wait`` s.
-
-    Returns ``(others_cores, waited_seconds)`` of the last sample.
-    """
+    """Wait until other processes use fewer than ``threshold`` cores, for at most ``max_wait``
+    s: ``(others_cores, waited_seconds)`` of the last sample."""
     start = time.perf_counter()
     while True:
         before = machine.cpu_snapshot()

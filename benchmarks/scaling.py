@@ -10,10 +10,8 @@ predicted time is the replay's makespan. For each shape it reports the predicted
 over one thread, the critical path (span: the recurrence and what waits for it) and the
 work per worker (total / N), and which of the two bounds the call.
 
-A units split waits at every step for every part of the step before and reads what the
-other cores wrote: each unit step is counted with the handoff measured for the shape on two
-threads (the units split really run there, less its replay on two workers, per unit step).
-What the model leaves out: the cores' shared caches and memory bandwidth (tasks are timed
+A units split's unit steps also count the handoff between cores measured for the shape on
+two threads (:func:`handoff_ns`). What the model leaves out: the cores' shared caches and memory bandwidth (tasks are timed
 alone on one core), the wake-up of sleeping workers, frequency changes with the number
 of busy cores, and, with ``packed_dx``, the other dx pieces' wait for the first one's
 packing of w_ih (which the first piece's traced time includes). Measured 1 -> 2 thread
@@ -27,7 +25,6 @@ Usage (the OpenBLAS variables unset in this command only)::
         --json benchmarks/results/scaling.json
 """
 import argparse
-import json
 from collections import defaultdict
 
 import numpy as np
@@ -36,7 +33,7 @@ import lstmcy
 from lstmcy._engine import schedule as _schedule
 from lstmcy._engine import threads as _threads
 from cases import CASES, make_inputs, training_pass
-from machine import result_stamp
+from machine import result_stamp, update_result_file
 from report import scaling_table, text_table
 
 # Task kinds (src/lstmcy/_layer.pxd, TaskKind)
@@ -328,9 +325,8 @@ def main(argv=None, cases=CASES):
     doc["results"] = [model_case(by_name[name], args.repeats) for name in args.shapes.split(",")]
     print(f"load average {doc['load']} at the start; kernels only (forward + backward)")
     print(text_table(*scaling_table(doc)))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(doc, fh, indent=1)
+    if args.json:  # its other sections (contention.py's) kept
+        update_result_file(args.json, **doc)
 
 
 if __name__ == "__main__":

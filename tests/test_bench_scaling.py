@@ -59,10 +59,12 @@ def test_the_cases_cover_the_schedules_they_name():
     assert forward(CASES["units"], 8).split == _schedule.SPLIT_UNITS
 
 
-def test_the_json_names_the_machine_and_the_commit(tmp_path):
+def test_the_json_names_the_machine_and_the_commit_and_keeps_the_contention_run(tmp_path):
     out = tmp_path / "scaling.json"
+    out.write_text(json.dumps({"results": [], "contention": {"results": ["kept"]}}))
     scaling.main(["--shapes", "fused", "--repeats", "1", "--json", str(out)],
                  cases=[CASES["fused"]])
     doc = json.loads(out.read_text())
     assert doc["machine"] and doc["results"][0]["case"] == "fused"
     assert "lstmcy" in doc  # a commit, or None outside a git checkout
+    assert doc["contention"] == {"results": ["kept"]}
