@@ -502,9 +502,13 @@ def timeseries_markdown(ts):
             f"{rocket['accuracy']:.3f} ({verdict[0]}); fit {seconds(ours['first_fit'])} / "
             f"{seconds(ours['fit'])} s against {seconds(rocket['first_fit'])} / "
             f"{seconds(rocket['fit'])} s ({verdict[1]} / {verdict[2]}).")
+    rerun = [r["others_cores"] for r in records if "rerun" in ts
+             and r["kind"] in ts["rerun"]["kinds"] and r["others_cores"] is not None]
     lines += ["", f"Outside load: other processes kept {np.median(others):.1f} cores busy "
                   f"during the median run (from {min(others):.1f} to {max(others):.1f}; the "
-                  f"machine has {ts['cpus']}). " + (
+                  f"machine has {ts['cpus']}" + (
+                      f"; {np.median(rerun):.1f} during the rerun rows' median run, from "
+                      f"{min(rerun):.1f} to {max(rerun):.1f}" if rerun else "") + "). " + (
                       "The machine was shared with other jobs: the times are under load, not "
                       "a clean measurement, and not graded." if np.median(others) >= 0.3 else "It was quiet.")]
     return "\n".join(lines)
@@ -544,7 +548,9 @@ def run_timeseries(args, command):
                 print(f"{dataset} seed {seed} {route} {record['name']}: accuracy "
                       f"{record['accuracy']:.3f}, fit {record['first_fit']:.2f} s first, "
                       f"{record['fit']:.2f} s later", flush=True)
-        write_results(args.out, doc["records"], doc["datasets"], doc["meta"])
+        if not args.kinds:  # a partial rerun is written whole, at the end
+            write_results(args.out, doc["records"], doc["datasets"], doc["meta"])
+    write_results(args.out, doc["records"], doc["datasets"], doc["meta"])
     print(f"wrote {args.out}")
 
 
