@@ -189,6 +189,12 @@ def test_defaults_on_basic_motions_two_seeds(standardized):
     assert mean >= 0.95, scores
 
 
+def test_defaults_on_gun_point_two_seeds():
+    """The fast variant for long univariate series (150 steps, read in patches of 5)."""
+    mean, scores = _mean_accuracy("GunPoint", range(2), standardized=False)
+    assert mean >= 0.93, scores
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name, floor", [("JapaneseVowels", 0.95), ("ItalyPowerDemand", 0.95),
                                          ("GunPoint", 0.93), ("ArrowHead", 0.65)])
