@@ -109,6 +109,11 @@ def test_auto_patch_size_reads_a_median_sequence_in_at_most_32_steps():
     X = [rng.standard_normal((5, 2)) for _ in range(9)] + [rng.standard_normal((400, 2))]
     clf = quiet_fit(LSTMClassifier(**SMALL), X, np.arange(10) % 2)
     assert clf.patch_size_ == 1
+    # from the samples of positive weight: a zero weight is as if the sample were left out
+    X = [rng.standard_normal((40, 1)) for _ in range(5)] + [rng.standard_normal((400, 1))] * 6
+    clf = quiet_fit(LSTMClassifier(**SMALL), X, np.arange(11) % 2,
+                    sample_weight=np.repeat([1.0, 0.0], [5, 6]))
+    assert clf.patch_size_ == 2
     # 2-D input: univariate sequences of n_features_in_ steps
     reg = quiet_fit(LSTMRegressor(**SMALL), rng.standard_normal((10, 100)), np.arange(10.0))
     assert reg.patch_size_ == 4 and reg.n_features_in_ == 100 and reg.input_size_ == 1

@@ -3,9 +3,10 @@
 :class:`LSTMClassifier` and :class:`LSTMRegressor` follow the conventions of
 :class:`~sklearn.neural_network.MLPClassifier` and
 :class:`~sklearn.neural_network.MLPRegressor`: an LSTM (``lstmcy.lstm_forward``)
-reads each sequence, a head turns its last hidden state (or the mean of its
-outputs over time) into features, and one linear layer maps those to class
-scores (softmax) or to the regression targets (identity). Training is mini-batch
+reads each sequence (in patches of consecutive time steps, ``patch_size``), a head
+turns its last hidden state (or the mean of its outputs over time) into features, and
+one linear layer maps those to class scores (softmax) or to the regression targets
+(identity). Training is mini-batch
 Adam or SGD with momentum; the head's gradients are computed in numpy and every
 gradient of the LSTM comes from the forward's ``LSTMCache.backward``.
 
@@ -280,12 +281,12 @@ class _BaseLSTM(BaseEstimator):
         rows = ((data.rows - mean) / self.input_scale_).astype(data.rows.dtype, copy=False)
         return Sequences(rows, data.starts, data.lengths)
 
-    def _fit_patch_size(self, data):
+    def _fit_patch_size(self, lengths):
         """``patch_size_``: ``patch_size``, or with ``'auto'`` the fewest time steps per
-        patch that read a training sequence of the median length in at most
-        ``_AUTO_PATCH_STEPS`` patches (:func:`auto_patch_size`)."""
+        patch that read a training sequence of the median length (of ``lengths``) in at
+        most ``_AUTO_PATCH_STEPS`` patches (:func:`auto_patch_size`)."""
         if self.patch_size == "auto":
-            self.patch_size_ = auto_patch_size(data.lengths)
+            self.patch_size_ = auto_patch_size(lengths)
         else:
             self.patch_size_ = int(self.patch_size)
 
@@ -617,7 +618,8 @@ class _BaseLSTM(BaseEstimator):
                              "are all zero: at least one must be positive")
         if first_pass:
             self._random_state = check_random_state(self.random_state)
-            self._fit_patch_size(data)
+            # from the samples of positive weight: a zero weight is as if left out
+            self._fit_patch_size(data.lengths[weights > 0])
             self._initialize(data.n_features * self.patch_size_, self._n_outputs_for(targets),
                              dtype, self._random_state)
         elif self.head_coef_.shape[1] != self._n_outputs_for(targets):
