@@ -14,7 +14,8 @@ their own defaults, two each on two cores).
 For every dataset and seed, one default-constructed ``LSTMClassifier(random_state=seed)``
 and one skorch ``NeuralNetClassifier`` with the same model and training settings (the
 constants below; :func:`estimators_markdown` states them) are fitted, each in a fresh
-worker process (the two OpenMP runtimes never share one), the order alternating.
+worker process (the two OpenMP runtimes never share one), the order alternating; both
+read the series in the patches of ``patch_size='auto'`` (consecutive time steps as one).
 
 Datasets: four of sktime's bundled UCR/UEA sets (``UCR``) with their own train/test
 splits; scikit-learn's digits (8x8 images read row by row); and ``motions-20k``, 20000
@@ -39,6 +40,10 @@ sktime's classifiers need numba (in the ``bench`` extra); aeon runs in its own v
 ``meta['timeseries']`` of the same file::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_estimators.py --timeseries
+
+``--kinds lstmcy`` reruns only the named classifiers (comma-separated: lstmcy, MiniRocket,
+interval, dictionary) and keeps the others' records from the last run; the Markdown says
+which rows were rerun, when and at which commit.
 """
 import os
 import sys
@@ -111,16 +116,18 @@ def describe(X, channels_first):
     return arrays[0].shape[1], min(a.shape[0] for a in arrays), max(a.shape[0] for a in arrays)
 
 
-def training_plan(y):
-    """Batch size and early stopping of ``LSTMClassifier()`` on labels ``y``."""
-    from lstmcy.estimators._base import _AUTO_MIN_VALIDATION, auto_batch_size
+def training_plan(X, y, channels_first):
+    """Batch size, early stopping and patches of ``LSTMClassifier()`` on ``X`` and ``y``."""
+    from lstmcy.estimators._base import _AUTO_MIN_VALIDATION, auto_batch_size, auto_patch_size
     n = len(y)
     n_validation = math.ceil(VALIDATION_FRACTION * n)
     _, counts = np.unique(y, return_counts=True)
     holds_out = (n_validation >= _AUTO_MIN_VALIDATION and counts.min() >= 2
                  and min(n_validation, n - n_validation) >= len(counts))
     n_train = n - n_validation if holds_out else n
-    return {"batch_size": auto_batch_size(n_train), "early_stopping": holds_out}
+    lengths = [len(a) for a in _channels_last(X, channels_first)]
+    return {"batch_size": auto_batch_size(n_train), "early_stopping": holds_out,
+            "patch_size": auto_patch_size(lengths)}
 
 
 # --------------------------------------------------------------------------- workers
@@ -132,13 +139,26 @@ def fit_lstmcy(X, y, seed, channels_first, plan):
     clf.fit(X, y)
     seconds = time.perf_counter() - start
     assert (clf.validation_scores_ is not None) == plan["early_stopping"]
+    assert clf.patch_size_ == plan["patch_size"]
     return clf, seconds, clf.n_iter_
 
 
-def skorch_inputs(X, channels_first):
-    """A 3-D float32 array, or ``{"x": zero-padded array, "lengths": ...}`` for ragged data."""
+def _channels_last(X, channels_first):
     arrays = [np.asarray(x, dtype=np.float32) for x in X]
-    arrays = [a.T for a in arrays] if channels_first else arrays
+    return [a.T if channels_first else a for a in arrays]
+
+
+def _patches(array, k):
+    """``array [T, F]`` in patches of ``k`` time steps, as LSTMClassifier's ``patch_size``:
+    ``[ceil(T / k), k * F]``, the last patch completed by repeating the last step."""
+    array = np.concatenate([array, np.repeat(array[-1:], -len(array) % k, axis=0)])
+    return array.reshape(len(array) // k, k * array.shape[1])
+
+
+def skorch_inputs(X, channels_first, patch_size=1):
+    """A 3-D float32 array, or ``{"x": zero-padded array, "lengths": ...}`` for ragged data,
+    in patches of ``patch_size`` time steps."""
+    arrays = [_patches(a, patch_size) for a in _channels_last(X, channels_first)]
     lengths = np.array([len(a) for a in arrays])
     if (lengths == lengths[0]).all():
         return np.stack(arrays)
@@ -214,7 +234,7 @@ def skorch_net(input_size, n_classes, plan, seed):
 
 
 def fit_skorch(X, y, seed, channels_first, plan):
-    inputs = skorch_inputs(X, channels_first)
+    inputs = skorch_inputs(X, channels_first, plan["patch_size"])
     input_size = (inputs["x"] if isinstance(inputs, dict) else inputs).shape[2]
     classes, codes = np.unique(y, return_inverse=True)
     net = skorch_net(input_size, len(classes), plan, seed)
@@ -224,7 +244,8 @@ def fit_skorch(X, y, seed, channels_first, plan):
 
     class Predictor:
         def score(self, X_test, y_test):
-            predicted = classes[net.predict(skorch_inputs(X_test, channels_first))]
+            predicted = classes[net.predict(skorch_inputs(X_test, channels_first,
+                                                          plan["patch_size"]))]
             return float(np.mean(predicted == y_test))
 
     return Predictor(), seconds, len(net.history)
@@ -240,7 +261,7 @@ def worker(library, dataset, seed, threads):
             import torch
             torch.set_num_threads(threads)
     X_train, y_train, X_test, y_test, channels_first = load_dataset(dataset)
-    plan = training_plan(y_train)
+    plan = training_plan(X_train, y_train, channels_first)
     fit = fit_lstmcy if library == "lstmcy" else fit_skorch
     before = machine.cpu_snapshot()
     model, seconds, epochs = fit(X_train, y_train, seed, channels_first, plan)
@@ -314,13 +335,17 @@ def estimators_markdown(records, datasets, meta, heading="## " + TITLE):
     """The run's Markdown: the command, the settings, a table row per dataset and the
     outside load (``heading`` on top, none when empty)."""
     lines = [heading, ""] if heading else []
+    # runs before patch_size='auto' read every time step alone (no patch_size in their plan)
+    patched = any("patch_size" in meta["datasets"][d] for d in datasets)
     lines += [
         f"`{meta['command']}` — {meta['date']}, lstmcy {meta['commit']}, {meta['seeds']} seeds per "
         f"dataset ({meta['large_seeds']} for motions-20k), each fit in its own process. "
         f"{meta['versions']}.",
         "",
-        "Both sides fit the same model (one LSTM layer of 64 units, its last hidden state into a "
-        "linear layer) with the same settings, LSTMClassifier's defaults: Adam at 1e-3, the batch "
+        "Both sides fit the same model (one LSTM layer of 64 units"
+        + (" reading the patches of `patch_size='auto'`" if patched else "")
+        + ", its last hidden state into a linear layer) with the same "
+        "settings, LSTMClassifier's defaults: Adam at 1e-3, the batch "
         "size of `batch_size='auto'`, gradient clipping at 5, the L2 term, and 10 epochs without "
         "improvement (validation loss on a held-out, stratified 10 % and the best epoch restored "
         "where `early_stopping='auto'` holds one out; else the training loss), at most 200 "
@@ -330,7 +355,8 @@ def estimators_markdown(records, datasets, meta, heading="## " + TITLE):
         "LSTMClassifier's), but not after the same number of epochs, so the median time per "
         "epoch is shown too.",
         "",
-        "| dataset | train / test | channels × steps | classes | batch, early stopping | "
+        "| dataset | train / test | channels × steps | classes | batch, early stopping"
+        + (", patch" if patched else "") + " | "
         "lstmcy accuracy | skorch accuracy | lstmcy fit | skorch fit | speed-up | "
         "epochs (lstmcy / skorch) | per epoch (lstmcy / skorch) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -340,7 +366,8 @@ def estimators_markdown(records, datasets, meta, heading="## " + TITLE):
         s = summarise(records, dataset)
         steps = (f"{info['min_len']}" if info["min_len"] == info["max_len"]
                  else f"{info['min_len']}–{info['max_len']}")
-        plan = f"{info['batch_size']}, {'yes' if info['early_stopping'] else 'no'}"
+        plan = f"{info['batch_size']}, {'yes' if info['early_stopping'] else 'no'}" + (
+            f", {info['patch_size']}" if patched else "")
         ratios = ", ".join(f"{r:.1f}" for r in s["ratios"])
         lines.append(
             f"| {dataset} | {info['n_train']} / {info['n_test']} | {info['channels']} × {steps} | "
@@ -440,7 +467,10 @@ def timeseries_markdown(ts):
         "end (`ColumnConcatenator`). Accuracy: mean ± standard deviation over seeds. Fit: "
         "median over seeds of the first fit in a fresh process with an empty numba cache "
         "(what a user sees on first use, numba's compilation included) / of a second fit in "
-        "that process.", "",
+        "that process."] + ([
+        "", f"The {', '.join(ts['rerun']['kinds'])} rows were rerun alone: "
+            f"`{ts['rerun']['command']}` — {ts['rerun']['date']}, lstmcy {ts['rerun']['commit']}; "
+            f"the others are from the run above."] if "rerun" in ts else []) + ["",
         "| dataset | classifier | " + " | ".join(f"{r} accuracy | {r} fit" for r in routes)
         + " |", "| --- | --- |" + " --- | --- |" * len(routes)]
     for dataset in datasets:
@@ -463,9 +493,14 @@ def timeseries_markdown(ts):
             f"{rocket['accuracy']:.3f} ({verdict[0]}); fit {seconds(ours['first_fit'])} / "
             f"{seconds(ours['fit'])} s against {seconds(rocket['first_fit'])} / "
             f"{seconds(rocket['fit'])} s ({verdict[1]} / {verdict[2]}).")
+    rerun = [r["others_cores"] for r in records if "rerun" in ts
+             and r["kind"] in ts["rerun"]["kinds"] and r["others_cores"] is not None]
     lines += ["", outside_load(records, "run", ts["cpus"], None, (
         "The machine was shared with other jobs: the times are under load, not a clean "
         "measurement, and not graded.", "It was quiet."))]
+    if rerun:
+        lines[-1] += (f" The rerun rows' median run had {np.median(rerun):.1f} cores busy "
+                      f"(from {min(rerun):.1f} to {max(rerun):.1f}).")
     return "\n".join(lines)
 
 
@@ -477,12 +512,23 @@ def run_timeseries(args, argv):
     pythons = {"sktime": sys.executable, "aeon": args.aeon_python}
     with open(args.out) as fh:
         meta = json.load(fh)["meta"]
-    ts = meta["timeseries"] = dict(run_meta(argv), machine=machine.machine_label(),
-                                   seeds=args.seeds, cpus=os.cpu_count(), records=[])
+    run = dict(run_meta(argv), machine=machine.machine_label(), seeds=args.seeds,
+               cpus=os.cpu_count())
+    wanted = args.kinds.split(",") if args.kinds else list(TS_ROUTES["sktime"])
+    previous = meta.get("timeseries")
+    if args.kinds and previous is not None:  # the other kinds' records are kept
+        if previous["seeds"] != args.seeds or previous["machine"] != run["machine"]:
+            raise SystemExit(f"--kinds reruns part of the run of {previous['seeds']} seeds on "
+                             f"{previous['machine']}: use the same seeds and machine")
+        ts = meta["timeseries"] = dict(
+            previous, rerun=dict(run, kinds=wanted),
+            records=[r for r in previous["records"] if r["kind"] not in wanted])
+    else:
+        ts = meta["timeseries"] = dict(run, records=[])
     for dataset, seed in [(d, s) for d in TS_DATASETS for s in range(args.seeds)]:
         for route in [r for r in TS_ROUTES if os.path.exists(pythons[r])]:
-            kinds = list(TS_ROUTES[route])
-            for kind in kinds[seed % 4:] + kinds[:seed % 4]:  # the order rotating
+            kinds = [k for k in TS_ROUTES[route] if k in wanted]
+            for kind in kinds[seed % len(kinds):] + kinds[:seed % len(kinds)]:  # rotating
                 with tempfile.TemporaryDirectory() as cache:  # numba compiles as on first use
                     record = _run(["--ts-worker", route, kind, dataset, str(seed)],
                                   pythons[route], NUMBA_CACHE_DIR=cache)
@@ -490,7 +536,9 @@ def run_timeseries(args, argv):
                 print(f"{dataset} seed {seed} {route} {record['name']}: accuracy "
                       f"{record['accuracy']:.3f}, fit {record['first_fit']:.2f} s first, "
                       f"{record['fit']:.2f} s later", flush=True)
-        machine.update_result_file(args.out, meta=meta)
+        if not args.kinds:  # a partial rerun is written whole, at the end
+            machine.update_result_file(args.out, meta=meta)
+    machine.update_result_file(args.out, meta=meta)
     print(f"wrote {args.out}")
 
 
@@ -665,6 +713,10 @@ def parse_args(argv=None):
                         help="run the sktime and aeon route instead (see above)")
     parser.add_argument("--aeon-python", default=AEON_PYTHON,
                         help=f"aeon's venv's python for --timeseries (default {AEON_PYTHON})")
+    parser.add_argument("--kinds", default="",
+                        help="with --timeseries: rerun only these classifiers (comma-separated, "
+                             f"from {', '.join(TS_ROUTES['sktime'])}), keeping the others' "
+                             "records from the last run")
     parser.add_argument("--ts-worker", nargs=4, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -704,7 +756,7 @@ def main(argv=None):
         meta["datasets"][dataset] = {
             "n_train": len(y_train), "n_test": len(y_test), "channels": channels,
             "min_len": min_len, "max_len": max_len, "classes": len(np.unique(y_train)),
-            **training_plan(y_train)}
+            **training_plan(X_train, y_train, channels_first)}
         for seed in range(args.large_seeds if dataset == "motions-20k" else args.seeds):
             order = ("lstmcy", "skorch") if seed % 2 == 0 else ("skorch", "lstmcy")
             for library in order:

@@ -3,9 +3,10 @@
 :class:`LSTMClassifier` and :class:`LSTMRegressor` follow the conventions of
 :class:`~sklearn.neural_network.MLPClassifier` and
 :class:`~sklearn.neural_network.MLPRegressor`: an LSTM (``lstmcy.lstm_forward``)
-reads each sequence, a head turns its last hidden state (or the mean of its
-outputs over time) into features, and one linear layer maps those to class
-scores (softmax) or to the regression targets (identity). Training is mini-batch
+reads each sequence (in patches of consecutive time steps, ``patch_size``), a head
+turns its last hidden state (or the mean of its outputs over time) into features, and
+one linear layer maps those to class scores (softmax) or to the regression targets
+(identity). Training is mini-batch
 Adam or SGD with momentum; the head's gradients are computed in numpy and every
 gradient of the LSTM comes from the forward's ``LSTMCache.backward``.
 
@@ -104,6 +105,18 @@ _AUTO_MIN_VALIDATION = 100
 # is noisy at the first plateau and still falls at a smaller step.
 _LR_DIVISOR = 5
 _LR_REDUCTIONS = 2
+# patch_size='auto': the LSTM reads a training sequence of the median length in at most
+# _AUTO_PATCH_STEPS steps, each a patch of consecutive time points. Over 150-251 points
+# read one at a time, the default classifier fitted GunPoint and ArrowHead to 0.78 and
+# 0.35 mean accuracy over seeds 0-4; in patches of 5 and 8 (30 and 32 steps) to 0.96 and
+# 0.70, while 16 steps cost ArrowHead 0.07 and 64 steps BasicMotions 0.015 (docs/estimators.md,
+# "The rule"; benchmarks/RESULTS.md, sktime and aeon).
+_AUTO_PATCH_STEPS = 32
+
+
+def auto_patch_size(lengths):
+    """``patch_size='auto'`` for training sequences of ``lengths`` time steps."""
+    return max(1, math.ceil(float(np.median(lengths)) / _AUTO_PATCH_STEPS))
 
 
 def auto_batch_size(n_samples):
@@ -148,7 +161,7 @@ class _BaseLSTM(BaseEstimator):
                  n_iter_no_change=10, early_stopping="auto", validation_fraction=0.1,
                  shuffle=True, random_state=None, warm_start=False, verbose=0, momentum=0.9,
                  nesterovs_momentum=True, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
-                 dtype=np.float32, standardize=True, learning_rate="adaptive"):
+                 dtype=np.float32, standardize=True, learning_rate="adaptive", patch_size="auto"):
         self.hidden_size = hidden_size
         self.num_layers = num_layers
         self.bidirectional = bidirectional
@@ -177,6 +190,7 @@ class _BaseLSTM(BaseEstimator):
         self.dtype = dtype
         self.standardize = standardize
         self.learning_rate = learning_rate
+        self.patch_size = patch_size
 
     # ------------------------------------------------------------------ parameters
 
@@ -220,6 +234,11 @@ class _BaseLSTM(BaseEstimator):
         if self.learning_rate not in ("constant", "adaptive"):
             raise ValueError(f"learning_rate must be 'constant' or 'adaptive', got "
                              f"{self.learning_rate!r}")
+        if not (isinstance(self.patch_size, str) and self.patch_size == "auto"):
+            if isinstance(self.patch_size, str):
+                raise ValueError(f"patch_size must be 'auto' or a positive int, got "
+                                 f"{self.patch_size!r}")
+            _check_number("patch_size", self.patch_size, "int", low=1)
         try:
             dtype = np.dtype(self.dtype)
         except TypeError:
@@ -234,7 +253,7 @@ class _BaseLSTM(BaseEstimator):
         """Turn ``X`` into :class:`~lstmcy.estimators._sequences.Sequences`; on ``reset`` record its
         layout, else standardise it as the training data (:meth:`_standardized`)."""
         data = self._read_X(X, reset=reset, dtype=dtype)
-        return data if reset else self._standardized(data)
+        return data if reset else self._patched(self._standardized(data))
 
     def _fit_standardization(self, data, weights):
         """``input_mean_`` and ``input_scale_``: each feature's mean and standard deviation
@@ -261,6 +280,33 @@ class _BaseLSTM(BaseEstimator):
             return data
         rows = ((data.rows - mean) / self.input_scale_).astype(data.rows.dtype, copy=False)
         return Sequences(rows, data.starts, data.lengths)
+
+    def _fit_patch_size(self, lengths):
+        """``patch_size_``: ``patch_size``, or with ``'auto'`` the fewest time steps per
+        patch that read a training sequence of the median length (of ``lengths``) in at
+        most ``_AUTO_PATCH_STEPS`` patches (:func:`auto_patch_size`)."""
+        if self.patch_size == "auto":
+            self.patch_size_ = auto_patch_size(lengths)
+        else:
+            self.patch_size_ = int(self.patch_size)
+
+    def _patched(self, data):
+        """``data`` read in patches of ``patch_size_`` consecutive time steps: a sequence of
+        ``T`` steps of ``F`` features becomes ``ceil(T / patch_size_)`` steps of
+        ``patch_size_ * F`` features (step by step, each step's features in order), its
+        last patch completed by repeating its last time step; ``data`` itself for patches
+        of one step."""
+        k = getattr(self, "patch_size_", 1)
+        if k == 1:
+            return data
+        lengths = -(-data.lengths // k)
+        ends = np.cumsum(lengths)
+        sequence = np.repeat(np.arange(data.n_samples), lengths)
+        patch = np.arange(ends[-1]) - (ends - lengths)[sequence]
+        steps = np.minimum(patch[:, None] * k + np.arange(k),
+                           (data.lengths - 1)[sequence][:, None])
+        rows = data.rows[data.starts[sequence][:, None] + steps]
+        return Sequences(rows.reshape(len(rows), k * data.n_features), ends - lengths, lengths)
 
     def _read_X(self, X, *, reset, dtype=None):
         """Turn ``X`` into :class:`~lstmcy.estimators._sequences.Sequences`; on ``reset`` record its layout.
@@ -372,14 +418,17 @@ class _BaseLSTM(BaseEstimator):
 
     def _check_same_model(self, dtype, incremental):
         """Raise ValueError naming the parameter if ``hidden_size``, ``num_layers``,
-        ``bidirectional`` or ``dtype`` differs from the fitted model's, which ``warm_start``
-        and ``partial_fit`` continue."""
+        ``bidirectional``, ``dtype`` or an int ``patch_size`` differs from the fitted
+        model's, which ``warm_start`` and ``partial_fit`` continue (``'auto'`` keeps the
+        fitted ``patch_size_``)."""
         H = self.lstm_params_[1].shape[1]
         D = self.head_coef_.shape[0] // H
         fitted = {"hidden_size": H, "num_layers": len(self.lstm_params_) // (4 * D),
-                  "bidirectional": D == 2, "dtype": self.lstm_params_[0].dtype}
+                  "bidirectional": D == 2, "dtype": self.lstm_params_[0].dtype,
+                  "patch_size": self.patch_size_}
         given = {"hidden_size": self.hidden_size, "num_layers": self.num_layers,
-                 "bidirectional": bool(self.bidirectional), "dtype": dtype}
+                 "bidirectional": bool(self.bidirectional), "dtype": dtype,
+                 "patch_size": self.patch_size_ if self.patch_size == "auto" else self.patch_size}
         for name, value in fitted.items():
             if given[name] != value:
                 shown = (lambda v: v.name) if name == "dtype" else repr
@@ -569,7 +618,10 @@ class _BaseLSTM(BaseEstimator):
                              "are all zero: at least one must be positive")
         if first_pass:
             self._random_state = check_random_state(self.random_state)
-            self._initialize(data.n_features, self._n_outputs_for(targets), dtype, self._random_state)
+            # from the samples of positive weight: a zero weight is as if left out
+            self._fit_patch_size(data.lengths[weights > 0])
+            self._initialize(data.n_features * self.patch_size_, self._n_outputs_for(targets),
+                             dtype, self._random_state)
         elif self.head_coef_.shape[1] != self._n_outputs_for(targets):
             raise ValueError(f"y has {self._n_outputs_for(targets)} outputs, but "
                              f"{type(self).__name__} was fitted with {self.head_coef_.shape[1]}")
@@ -578,9 +630,9 @@ class _BaseLSTM(BaseEstimator):
         if not (weights > 0).all():  # a zero weight is the same as leaving the sample out
             keep = np.flatnonzero(weights > 0)
             data, targets, weights = data.subset(keep), targets[keep], weights[keep]
-        if first_pass:  # later passes' data is standardised by _validate_X
+        if first_pass:  # later passes' data is standardised and patched by _validate_X
             self._fit_standardization(data, weights)
-            data = self._standardized(data)
+            data = self._patched(self._standardized(data))
         self._train(data, targets, weights, incremental=incremental)
         return self
 

@@ -77,8 +77,9 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
         Seeds initialisation, shuffling, the validation split and dropout masks.
     warm_start : bool, default=False
         Let ``fit`` continue from the current parameters instead of re-initialising.
-        ``hidden_size``, ``num_layers``, ``bidirectional`` and ``dtype`` cannot change
-        in between (nor between ``partial_fit`` calls): a ValueError names the changed one.
+        ``hidden_size``, ``num_layers``, ``bidirectional``, ``dtype`` and an int
+        ``patch_size`` cannot change in between (nor between ``partial_fit`` calls): a
+        ValueError names the changed one. 'auto' keeps the fitted ``patch_size_``.
     verbose : bool or int, default=0
         Print the progress of training: one line per epoch with the training loss, the
         validation loss and score, the time elapsed and an upper bound on the time
@@ -104,6 +105,15 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
         'adaptive': when the watched loss has not improved by ``tol`` for
         ``n_iter_no_change`` epochs, divide the learning rate by 5 and go on, at most
         twice; the next such plateau stops training. 'constant' stops at the first.
+    patch_size : int or 'auto', default='auto'
+        Consecutive time steps the LSTM reads as one step: a sequence of ``T`` steps of
+        ``F`` features (after standardisation) becomes ``ceil(T / patch_size)`` steps of
+        ``patch_size * F`` features, each step's features in order, the last patch
+        completed by repeating the sequence's last time step. 'auto' takes the fewest
+        that read a training sequence of the median length in at most 32 steps
+        (``ceil(median / 32)``): 1 up to 32 steps, 5 for 150. Long series read one point
+        at a time train slowly and unreliably through the recurrence; 1 reads every
+        time step as it is.
     class_weight : dict, 'balanced' or None, default=None
         Weights of the classes, ``{label: weight}``, multiplying ``sample_weight``.
         'balanced' weighs each class by ``n_samples / (n_classes * count)``, counting
@@ -120,12 +130,16 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
     feature_names_in_ : ndarray of str
         Column names, when trained on a 2-D DataFrame with string column names.
     input_size_ : int
-        Features per time step read by the LSTM.
+        Features per time step of the input (the LSTM reads ``patch_size_`` times as
+        many per step).
+    patch_size_ : int
+        Time steps per patch (``patch_size``, or what 'auto' chose at the first fit).
     input_mean_, input_scale_ : ndarray of shape (input_size_,) or None
         The standardisation of the input (None with ``standardize=False``).
     lstm_params_ : list of ndarray
         LSTM parameters in lstmcy's (and ``torch.nn.LSTM``'s) order: per layer, forward
-        direction then reverse, ``w_ih [4H, I_l]``, ``w_hh [4H, H]``, ``b_ih``, ``b_hh``.
+        direction then reverse, ``w_ih [4H, I_l]``, ``w_hh [4H, H]``, ``b_ih``, ``b_hh``;
+        the first layer's ``I_0`` is ``patch_size_ * input_size_``.
     head_coef_ : ndarray of shape (D*hidden_size, n_outputs)
         Weights of the output layer.
     head_intercept_ : ndarray of shape (n_outputs,)
@@ -174,7 +188,8 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
                  n_iter_no_change=10, early_stopping="auto", validation_fraction=0.1,
                  shuffle=True, random_state=None, warm_start=False, verbose=0, momentum=0.9,
                  nesterovs_momentum=True, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
-                 dtype=np.float32, standardize=True, learning_rate="adaptive", class_weight=None):
+                 dtype=np.float32, standardize=True, learning_rate="adaptive", patch_size="auto",
+                 class_weight=None):
         super().__init__(
             hidden_size=hidden_size, num_layers=num_layers, bidirectional=bidirectional,
             dropout=dropout, head=head, channels_first=channels_first, solver=solver,
@@ -184,7 +199,7 @@ class LSTMClassifier(ClassifierMixin, _BaseLSTM):
             shuffle=shuffle, random_state=random_state, warm_start=warm_start, verbose=verbose,
             momentum=momentum, nesterovs_momentum=nesterovs_momentum, beta_1=beta_1,
             beta_2=beta_2, epsilon=epsilon, dtype=dtype, standardize=standardize,
-            learning_rate=learning_rate)
+            learning_rate=learning_rate, patch_size=patch_size)
         self.class_weight = class_weight
 
     def _validate_params(self):

@@ -20,14 +20,15 @@ class LSTMRegressor(RegressorMixin, _BaseLSTM):
     hidden_size, num_layers, bidirectional, dropout, head, channels_first, solver, \
 batch_size, learning_rate_init, alpha, clip_norm, max_iter, tol, n_iter_no_change, \
 early_stopping, validation_fraction, shuffle, random_state, warm_start, verbose, momentum, \
-nesterovs_momentum, beta_1, beta_2, epsilon, dtype, standardize, learning_rate
+nesterovs_momentum, beta_1, beta_2, epsilon, dtype, standardize, learning_rate, \
+patch_size
         As in :class:`LSTMClassifier`. The validation set of early stopping is not
         stratified, and its score is R² (weighted by ``sample_weight``).
 
     Attributes
     ----------
-    n_features_in_, feature_names_in_, input_size_, input_mean_, input_scale_, lstm_params_, \
-loss_curve_, \
+    n_features_in_, feature_names_in_, input_size_, patch_size_, input_mean_, input_scale_, \
+lstm_params_, loss_curve_, \
 validation_loss_curve_, validation_scores_, best_validation_loss_, best_validation_score_, \
 best_loss_, n_iter_, t_
         As in :class:`LSTMClassifier` (validation scores are R²).
