@@ -1,49 +1,24 @@
 #!/usr/bin/env python
 """LSTMClassifier's defaults against skorch + torch.nn.LSTM with the same settings.
 
-Usage::
+Usage (docs/benchmarks.md: what each run measures and where it goes)::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE nice -n 15 python benchmarks/bench_estimators.py
     python benchmarks/bench_estimators.py --datasets BasicMotions,digits --seeds 2
+    python benchmarks/bench_estimators.py --ragged        # one long sequence among short ones
+    python benchmarks/bench_estimators.py --timeseries    # sktime's and aeon's classifiers
+    python benchmarks/bench_estimators.py --timeseries --kinds lstmcy   # rerun some rows
 
-Needs torch (installed as for the ``torch`` extra) and the ``bench`` extra
-(``pip install -e ".[bench]"``: skorch, and sktime, whose wheel ships the
-UCR/UEA datasets used here). ``--threads N`` gives both libraries N threads (default:
-their own defaults, two each on two cores).
-
-For every dataset and seed, one default-constructed ``LSTMClassifier(random_state=seed)``
-and one skorch ``NeuralNetClassifier`` with the same model and training settings (the
-constants below; :func:`estimators_markdown` states them) are fitted, each in a fresh
-worker process (the two OpenMP runtimes never share one), the order alternating; both
-read the series in the patches of ``patch_size='auto'`` (consecutive time steps as one).
-
-Datasets: four of sktime's bundled UCR/UEA sets (``UCR``) with their own train/test
-splits; scikit-learn's digits (8x8 images read row by row); and ``motions-20k``, 20000
-synthetic 3-channel series (the estimator tests' generator), for the large end.
-
-Writes the run to ``benchmarks/results/estimators.json`` (or ``--out``), which
-``report.py --estimators`` puts in RESULTS.md, keeping the file's other runs (below).
-
-``--ragged`` measures instead what ragged data costs ``LSTMClassifier``: one long
-sequence among many short ones against the same number of time steps in sequences of
-one length (fit and predict time, numpy's peak memory, the process's peak RSS), each
-measurement in a fresh process; it goes into the ``ragged`` section of the same file::
-
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_estimators.py --ragged
-
-``--timeseries`` runs instead lstmcy's sktime and aeon classifiers beside each library's
-MiniRocket, TimeSeriesForestClassifier (sktime's reading the channels end to end) and MUSE
-on the UCR/UEA sets both package; each fit in a fresh process with an empty numba
-cache, twice (the first fit as on first use, compilation included; then a compiled one).
-sktime's classifiers need numba (in the ``bench`` extra); aeon runs in its own venv
-(``--aeon-python``, as .ci/timeseries.sh makes it). The run goes into
-``meta['timeseries']`` of the same file::
-
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_estimators.py --timeseries
-
-``--kinds lstmcy`` reruns only the named classifiers (comma-separated: lstmcy, MiniRocket,
-interval, dictionary) and keeps the others' records from the last run; the Markdown says
-which rows were rerun, when and at which commit.
+Needs torch and the ``bench`` extra (skorch; sktime, whose wheel ships the UCR/UEA sets;
+numba). For every dataset and seed, a default ``LSTMClassifier(random_state=seed)`` and a
+skorch ``NeuralNetClassifier`` with the same model and training settings (the constants
+below), both reading the series in the patches of ``patch_size='auto'``, are fitted, each
+in a fresh worker process, the order alternating. ``--ragged`` times and measures the
+memory of ragged data against equal lengths; ``--timeseries`` fits lstmcy's sktime and aeon
+classifiers beside MiniRocket, an interval and a dictionary classifier, twice per fresh
+process (numba's compilation counted on the first fit); ``--kinds`` keeps the other
+classifiers' records. Every run goes into ``benchmarks/results/estimators.json`` (or
+``--out``; its own section, the others kept), which ``report.py --estimators`` renders.
 """
 import os
 import sys
@@ -110,10 +85,8 @@ def load_dataset(name):
 
 def describe(X, channels_first):
     """``(channels, min length, max length)`` of a dataset."""
-    arrays = [np.asarray(x) for x in X]
-    if channels_first:
-        return arrays[0].shape[0], min(a.shape[1] for a in arrays), max(a.shape[1] for a in arrays)
-    return arrays[0].shape[1], min(a.shape[0] for a in arrays), max(a.shape[0] for a in arrays)
+    arrays = _channels_last(X, channels_first)
+    return arrays[0].shape[1], min(len(a) for a in arrays), max(len(a) for a in arrays)
 
 
 def training_plan(X, y, channels_first):

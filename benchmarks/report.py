@@ -1,12 +1,9 @@
 #!/usr/bin/env python
 """Tables (plain text or Markdown) and a PNG chart from a benchmark JSON file.
 
-``run.py`` prints :func:`text_report` and draws :func:`chart`;
-``python benchmarks/report.py <run>.json [--chart out.png]`` turns a saved run into
-Markdown. ``--results-md`` writes the whole of ``RESULTS.md``: how the suite measures, the
-headline run's tables and targets, and the runs of ``--scaling`` (the predicted scaling to N
-threads; oversubscription and outside load) and ``--estimators`` (against skorch; on
-ragged data). The command: docs/benchmarks.md.
+``run.py`` prints :func:`text_report` and draws :func:`chart`; ``report.py <run>.json``
+turns a saved run into Markdown, and with ``--results-md`` (and ``--scaling``,
+``--estimators``) writes the whole of ``RESULTS.md`` (docs/benchmarks.md).
 """
 import argparse
 import json
