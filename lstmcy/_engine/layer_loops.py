@@ -42,7 +42,7 @@ __all__ = ["forward", "backward", "run_forward", "run_backward", "saved_size", "
 
 def _calling_threads_plan():
     """The calling thread's plan (the one its plain numpy calls use)."""
-    from lstmcy._engine.plan import _thread_plan  # _core builds on this module
+    from lstmcy._engine.plan import _thread_plan  # plan builds on this module
     return _thread_plan()
 
 
