@@ -7,13 +7,16 @@ is ``zero_grad``, forward, loss, backward, ``optimizer.step()``:
 
 - ``lstmcy DP``: ``PrivacyEngine.make_private`` (hooks) on the lstmcy model: per-sample
   gradients from lstmcy's kernels, clipped and noised by Opacus's ``DPOptimizer``;
-- ``DPLSTM DP``: the same with ``opacus.layers.DPLSTM`` (an LSTM of ``nn.Linear`` cells
-  whose per-sample gradients Opacus's hooks compute);
+- ``lstmcy ghost``: ``make_private(..., grad_sample_mode="ghost")``: each sample's gradient
+  norms from the kernels' gate gradients (the per-sample gradients never formed), then
+  Opacus's second backward of the loss reweighted by its clipping coefficients;
+- ``DPLSTM DP`` and ``DPLSTM ghost``: the same with ``opacus.layers.DPLSTM`` (an LSTM of
+  ``nn.Linear`` cells whose per-sample gradients Opacus's hooks compute);
 - ``lstmcy``: the lstmcy model with plain SGD (no per-sample gradients);
 - ``nn.LSTM``: ``torch.nn.LSTM`` with plain SGD, for reference.
 
 The steps run in rotating rounds (``timing.measure``, one step a batch); the report gives the
-median ms per step, and the same-round ratios ``DPLSTM DP / lstmcy DP`` (speed-up) and
+median ms per step, and per mode the same-round ratios ``DPLSTM / lstmcy`` (speed-up) and
 ``lstmcy DP / lstmcy`` (cost of privacy).
 
 Run::
@@ -73,29 +76,33 @@ def _steps(shape, seed=0):
         model.fc.load_state_dict(fc_state)
         return model
 
-    def private(lstm):
+    def private(lstm, mode="hooks"):
         model = same_weights(lstm)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # secure RNG, accountant
-            model, optimizer, _ = opacus.PrivacyEngine().make_private(
+            made = opacus.PrivacyEngine().make_private(
                 module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=1.0,
-                max_grad_norm=1.0, poisson_sampling=False)
-        return model, optimizer
+                max_grad_norm=1.0, poisson_sampling=False, grad_sample_mode=mode,
+                criterion=nn.CrossEntropyLoss())
+        # ghost: (module, optimizer, criterion, loader), the criterion runs both backwards
+        return made[0], made[1], (made[2] if mode == "ghost" else nn.CrossEntropyLoss())
 
     def plain(lstm):
         model = same_weights(lstm)
-        return model, torch.optim.SGD(model.parameters(), lr=0.05)
+        return model, torch.optim.SGD(model.parameters(), lr=0.05), nn.CrossEntropyLoss()
 
-    def step_of(model, optimizer):
+    def step_of(model, optimizer, criterion):
         def step():
             optimizer.zero_grad(set_to_none=True)
-            nn.functional.cross_entropy(model(x), y).backward()
+            criterion(model(x), y).backward()
             optimizer.step()
         return step
 
     return {"lstmcy DP": step_of(*private(LSTM(I, H, batch_first=True))),
+            "lstmcy ghost": step_of(*private(LSTM(I, H, batch_first=True), "ghost")),
             "DPLSTM DP": step_of(*private(DPLSTM(I, H, batch_first=True))),
+            "DPLSTM ghost": step_of(*private(DPLSTM(I, H, batch_first=True), "ghost")),
             "lstmcy": step_of(*plain(LSTM(I, H, batch_first=True))),
             "nn.LSTM": step_of(*plain(nn.LSTM(I, H, batch_first=True)))}
 

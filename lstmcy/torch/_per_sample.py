@@ -17,6 +17,13 @@ gradients are read from the calling thread's plan before the next layer's call r
 its work buffer; the summed weight gradients are not computed) and forms the sums above
 as batched matrix products (``torch.bmm`` over the batch, the steps the inner dimension).
 Padded steps of a packed batch have zero gate gradients, so they add nothing.
+
+Ghost clipping needs only each sample's gradient norm. For ``dW[b] = sum_t g_t a_t^T``
+(``g_t`` a row of gradients, ``a_t`` of values),
+``||dW[b]||_F^2 = sum_{t,t'} (g_t . g_t') (a_t . a_t')``: two Gram matrices ``[T, T]`` a
+sample, ``T^2 (G + F)`` multiply-adds against ``T G F`` to form ``dW[b]``, so the norms come
+from the Gram matrices when that is fewer (short sequences, wide layers), else from
+``dW[b]`` formed a few samples at a time and never kept (:func:`_norms_of_sums`).
 """
 import numpy as np
 import torch
@@ -81,6 +88,41 @@ def _sum_over_steps(grads, values, scale, add_to=None):
     return torch.baddbmm(a.new_zeros(()), a, b, beta=0, alpha=scale)
 
 
+def _gram(rows):
+    """``[B, T, T]``: ``rows[t, b] . rows[t', b]`` (``rows [T, B, F]``)."""
+    r = rows.transpose(0, 1)
+    return torch.bmm(r, r.transpose(1, 2))
+
+
+_CHUNK_BYTES = 1 << 22  # per-sample gradients formed at a time for their norms
+
+
+def _use_gram(T, G, F):
+    """Whether the norms of ``T``-step sums of ``[G, F]`` products are fewer
+    multiply-adds through Gram matrices (``T^2 (G + F)`` a sample) than formed
+    (``T G F``)."""
+    return T * (G + F) <= G * F
+
+
+def _norms_of_sums(grads, values, scale, grads_gram):
+    """``[B]``: ``||scale * sum_t grads[t, b]^T values[t, b]||_F`` (``[T, B, G]``,
+    ``[T, B, F]``), from Gram matrices or from the sums formed a few samples at a time,
+    whichever takes fewer multiply-adds. ``grads_gram()`` gives :func:`_gram` of
+    ``grads`` (computed once for the weights that share them)."""
+    T, B, G = grads.shape
+    F = values.shape[-1]
+    if _use_gram(T, G, F):
+        squares = torch.linalg.vecdot(grads_gram().flatten(1), _gram(values).flatten(1))
+        squares.clamp_(min=0)  # rounding can leave a zero norm slightly negative
+    else:
+        a, v = grads.permute(1, 2, 0), values.transpose(0, 1)
+        step = max(1, _CHUNK_BYTES // (G * F * grads.element_size()))
+        squares = torch.cat([torch.linalg.vector_norm(torch.bmm(a[i:i + step], v[i:i + step]),
+                                                      dim=(1, 2)).square_()
+                             for i in range(0, B, step)])
+    return squares.sqrt_().mul_(abs(scale))
+
+
 def _state_sums(grads, h, h0, reverse, active, scale):
     """``dW_hh`` per sequence: ``scale * sum_t grads[t, b]^T h_prev[t, b]``. Without
     packing, ``h_prev`` is ``h`` shifted by one step (h0 at the first): two products on
@@ -97,8 +139,9 @@ def _state_sums(grads, h, h0, reverse, active, scale):
 
 
 def backward(cfg, hidden_size, x, batch_sizes, h0, c0, weights, masks, saved, dy, dh, dc, want,
-             scale=1.0):
-    """Input and state gradients, and the weight gradients of each sequence.
+             scale=1.0, norms=False):
+    """Input and state gradients, and the weight gradients of each sequence (or their
+    norms).
 
     Parameters
     ----------
@@ -114,14 +157,16 @@ def backward(cfg, hidden_size, x, batch_sizes, h0, c0, weights, masks, saved, dy
         Whether to compute ``dx``, ``dh0``, ``dc0``.
     scale : float
         Multiplier of the per-sample gradients (the batch size, for a mean loss).
+    norms : bool
+        Return each sequence's gradient norm for each weight instead of the gradients.
 
     Returns
     -------
     dx, dh0, dc0 : Tensor or None
     per_sample : list of Tensor
-        ``[B, *w.shape]`` for each of ``weights`` (times ``scale``), in the batch order of
-        the kernels' call (for packed input, the order of ``PackedSequence.batch_sizes``:
-        sorted).
+        ``[B, *w.shape]`` for each of ``weights`` (times ``scale``), or with ``norms``,
+        ``[B]``, the Frobenius norms of those; in the batch order of the kernels' call (for
+        packed input, the order of ``PackedSequence.batch_sizes``: sorted).
     """
     problem = engine.problem_for(x, batch_sizes, h0, c0, weights, cfg, hidden_size)
     T, B, H, P, L, D = problem.T, problem.B, problem.H, problem.P, problem.L, problem.D
@@ -177,18 +222,23 @@ def backward(cfg, hidden_size, x, batch_sizes, h0, c0, weights, masks, saved, dy
         for d in range(D):
             k = layer * D + d
             grads = _padded(dgates[d], problem)                     # [T, B, 4H]
+            h_k = parts["h"][k].to(dtype)
+            h0_k = None if h0_all is None else h0_all[k].to(dtype)
+            r = (parts["o"][k].to(dtype) * parts["tanhc"][k].to(dtype)
+                 if problem.projected else None)
+            dh_k = _padded(dh_rows[d], problem) if problem.projected else None
             base = k * per_dir
+            if norms:
+                _direction_norms(per_sample, base, per_dir, grads, values_x, h_k, h0_k,
+                                 d == 1, active, r, dh_k, cfg.has_bias, scale)
+                continue
             per_sample[base] = _sum_over_steps(grads, values_x, scale)
-            per_sample[base + 1] = _state_sums(grads, parts["h"][k].to(dtype),
-                                               None if h0_all is None else h0_all[k].to(dtype),
-                                               d == 1, active, scale)
+            per_sample[base + 1] = _state_sums(grads, h_k, h0_k, d == 1, active, scale)
             if cfg.has_bias:
                 per_sample[base + 2] = grads.sum(0).mul_(scale)
                 per_sample[base + 3] = per_sample[base + 2].clone()
             if problem.projected:
-                r = parts["o"][k].to(dtype) * parts["tanhc"][k].to(dtype)
-                per_sample[base + per_dir - 1] = _sum_over_steps(_padded(dh_rows[d], problem), r,
-                                                                 scale)
+                per_sample[base + per_dir - 1] = _sum_over_steps(dh_k, r, scale)
         if want[1]:
             dh0[ks] = ldh0
         if want[2]:
@@ -201,3 +251,29 @@ def backward(cfg, hidden_size, x, batch_sizes, h0, c0, weights, masks, saved, dy
         dx = dx.transpose(0, 1).contiguous()
     per_sample = [g.to(w.dtype) for g, w in zip(per_sample, weights)]
     return dx, dh0, dc0, per_sample
+
+
+def _direction_norms(out, base, per_dir, grads, values_x, h, h0, reverse, active, r, dh,
+                     has_bias, scale):
+    """Each sequence's gradient norm for the weights of one layer and direction, into
+    ``out[base:base + per_dir]`` (``grads [T, B, 4H]`` its gate gradients, ``h`` its states,
+    ``r``/``dh`` the projection's values and gradients or None)."""
+    gram = []
+
+    def grads_gram():  # shared by W_ih and W_hh
+        if not gram:
+            gram.append(_gram(grads))
+        return gram[0]
+
+    if h0 is None:
+        h0 = h.new_zeros(h.shape[1:])
+    h_prev = _previous_states(h, h0, reverse, active)
+    if active is not None:
+        h_prev = h_prev * active
+    out[base] = _norms_of_sums(grads, values_x, scale, grads_gram)
+    out[base + 1] = _norms_of_sums(grads, h_prev, scale, grads_gram)
+    if has_bias:
+        out[base + 2] = torch.linalg.vector_norm(grads.sum(0), dim=1).mul_(abs(scale))
+        out[base + 3] = out[base + 2].clone()
+    if r is not None:
+        out[base + per_dir - 1] = _norms_of_sums(dh, r, scale, lambda: _gram(dh))
