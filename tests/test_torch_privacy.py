@@ -315,25 +315,42 @@ def test_opacus_ghost_norms_equal_per_sample_loop(head, embed, config):
         wrapped.zero_grad(set_to_none=True)
 
 
-def test_opacus_ghost_second_backward_is_the_plain_gradient():
-    """With Opacus's hooks disabled (ghost clipping's second backward), the backward
-    gives the summed gradients and no per-sample results."""
+@pytest.mark.parametrize("config", GHOST_CONFIGS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+@pytest.mark.parametrize("head,embed", [("output", True), ("h_n", False)])
+@pytest.mark.parametrize("second", ["reweighted", "other"])
+def test_opacus_ghost_second_backward_is_the_plain_gradient(second, head, embed, config,
+                                                            monkeypatch):
+    """With Opacus's hooks disabled (ghost clipping's second backward) the backward gives
+    the summed gradients of the loss it is given: for the first loss reweighted per
+    sample (as Opacus's criterion does), formed from the first backward's gate gradients;
+    for another loss, from the kernels again."""
     _opacus()
     from opacus.grad_sample import GradSampleModuleFastGradientClipping
-    model, reference = _classifiers("output", True, num_layers=2)
+    formed = []
+    weighted_sums = _per_sample.weighted_sums
+    monkeypatch.setattr(_per_sample, "weighted_sums",
+                        lambda *args: formed.append(1) or weighted_sums(*args))
+    model, reference = _classifiers(head, embed, **config)
     wrapped = GradSampleModuleFastGradientClipping(model, max_grad_norm=1.0)
     x, target = _data()
-    loss = nn.functional.cross_entropy(wrapped(x), target)
-    loss.backward(retain_graph=True)
+    weights = torch.tensor([0.3, 1.0, 0.0, 2.5], dtype=F64)
+
+    def loss_of(out):  # the second backward's loss
+        if second == "reweighted":
+            return (weights * nn.functional.cross_entropy(out, target, reduction="none")).sum()
+        return (weights * out[:, 0]).sum()
+
+    out = wrapped(x)
+    nn.functional.cross_entropy(out, target).backward(retain_graph=True)
     assert all(p.grad is None for p in model.lstm.parameters())  # the norm pass
     wrapped.zero_grad(set_to_none=True)  # as Opacus's criterion does between the two
     wrapped.disable_hooks()
-    loss.backward()
+    loss_of(out).backward()
     wrapped.enable_hooks()
-    want = torch.autograd.grad(nn.functional.cross_entropy(reference(x), target),
-                               list(reference.parameters()))
+    want = torch.autograd.grad(loss_of(reference(x)), list(reference.parameters()))
     for (name, param), expected in zip(model.named_parameters(), want):
         assert_close(param.grad, expected, what=name)
+    assert formed == ([1] if second == "reweighted" else [])
     assert "_lstmcy_norm_samples" not in model.lstm.__dict__
 
 

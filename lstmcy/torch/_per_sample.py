@@ -98,20 +98,21 @@ _CHUNK_BYTES = 1 << 22  # per-sample gradients formed at a time for their norms
 
 
 def _use_gram(T, G, F):
-    """Whether the norms of ``T``-step sums of ``[G, F]`` products are fewer
-    multiply-adds through Gram matrices (``T^2 (G + F)`` a sample) than formed
-    (``T G F``)."""
+    """Whether the norms of ``T``-step sums of ``[G, F]`` products (``F`` the widths of
+    all the weights sharing the ``G``-wide gradients, added up) are fewer multiply-adds
+    through Gram matrices (``T^2 (G + F)`` a sample, the gradients' Gram matrix shared)
+    than formed (``T G F``)."""
     return T * (G + F) <= G * F
 
 
 def _norms_of_sums(grads, values, scale, grads_gram):
     """``[B]``: ``||scale * sum_t grads[t, b]^T values[t, b]||_F`` (``[T, B, G]``,
-    ``[T, B, F]``), from Gram matrices or from the sums formed a few samples at a time,
-    whichever takes fewer multiply-adds. ``grads_gram()`` gives :func:`_gram` of
-    ``grads`` (computed once for the weights that share them)."""
+    ``[T, B, F]``), from Gram matrices (``grads_gram``: :func:`_gram` of ``grads``, computed
+    once for the weights that share them) or, with ``grads_gram`` None, from the sums
+    formed a few samples at a time."""
     T, B, G = grads.shape
     F = values.shape[-1]
-    if _use_gram(T, G, F):
+    if grads_gram is not None:
         squares = torch.linalg.vecdot(grads_gram().flatten(1), _gram(values).flatten(1))
         squares.clamp_(min=0)  # rounding can leave a zero norm slightly negative
     else:
@@ -139,7 +140,7 @@ def _state_sums(grads, h, h0, reverse, active, scale):
 
 
 def backward(cfg, hidden_size, x, batch_sizes, h0, c0, weights, masks, saved, dy, dh, dc, want,
-             scale=1.0, norms=False):
+             scale=1.0, norms=False, keep=None):
     """Input and state gradients, and the weight gradients of each sequence (or their
     norms).
 
@@ -159,6 +160,10 @@ def backward(cfg, hidden_size, x, batch_sizes, h0, c0, weights, masks, saved, dy
         Multiplier of the per-sample gradients (the batch size, for a mean loss).
     norms : bool
         Return each sequence's gradient norm for each weight instead of the gradients.
+    keep : list or None
+        With ``norms``: receives what :func:`weighted_sums` needs to form
+        ``sum_b c[b] * (sequence b's weight gradients)`` later (the gate gradients are
+        copied out of the kernels' buffers).
 
     Returns
     -------
@@ -230,7 +235,7 @@ def backward(cfg, hidden_size, x, batch_sizes, h0, c0, weights, masks, saved, dy
             base = k * per_dir
             if norms:
                 _direction_norms(per_sample, base, per_dir, grads, values_x, h_k, h0_k,
-                                 d == 1, active, r, dh_k, cfg.has_bias, scale)
+                                 d == 1, active, r, dh_k, cfg.has_bias, scale, keep)
                 continue
             per_sample[base] = _sum_over_steps(grads, values_x, scale)
             per_sample[base + 1] = _state_sums(grads, h_k, h0_k, d == 1, active, scale)
@@ -254,10 +259,16 @@ def backward(cfg, hidden_size, x, batch_sizes, h0, c0, weights, masks, saved, dy
 
 
 def _direction_norms(out, base, per_dir, grads, values_x, h, h0, reverse, active, r, dh,
-                     has_bias, scale):
+                     has_bias, scale, keep=None):
     """Each sequence's gradient norm for the weights of one layer and direction, into
     ``out[base:base + per_dir]`` (``grads [T, B, 4H]`` its gate gradients, ``h`` its states,
-    ``r``/``dh`` the projection's values and gradients or None)."""
+    ``r``/``dh`` the projection's values and gradients or None); with ``keep``, appends
+    ``(weight index, gradient rows, value rows or None for a bias)`` to it."""
+    if keep is not None:
+        # Copies: the unpacked gate gradients are views of the kernels' work buffers.
+        grads = grads.clone(memory_format=torch.contiguous_format)
+        dh = None if dh is None else dh.clone(memory_format=torch.contiguous_format)
+    T, _, G = grads.shape
     gram = []
 
     def grads_gram():  # shared by W_ih and W_hh
@@ -265,6 +276,8 @@ def _direction_norms(out, base, per_dir, grads, values_x, h, h0, reverse, active
             gram.append(_gram(grads))
         return gram[0]
 
+    if not _use_gram(T, G, values_x.shape[-1] + h.shape[-1]):
+        grads_gram = None
     if h0 is None:
         h0 = h.new_zeros(h.shape[1:])
     h_prev = _previous_states(h, h0, reverse, active)
@@ -276,4 +289,73 @@ def _direction_norms(out, base, per_dir, grads, values_x, h, h0, reverse, active
         out[base + 2] = torch.linalg.vector_norm(grads.sum(0), dim=1).mul_(abs(scale))
         out[base + 3] = out[base + 2].clone()
     if r is not None:
-        out[base + per_dir - 1] = _norms_of_sums(dh, r, scale, lambda: _gram(dh))
+        out[base + per_dir - 1] = _norms_of_sums(
+            dh, r, scale, (lambda: _gram(dh)) if _use_gram(T, dh.shape[-1], r.shape[-1]) else None)
+    if keep is not None:
+        rows = grads.reshape(-1, grads.shape[-1])
+        keep += [(base, rows, values_x.reshape(rows.shape[0], -1)),
+                 (base + 1, rows, h_prev.reshape(rows.shape[0], -1))]
+        if has_bias:
+            keep += [(base + 2, rows, None), (base + 3, rows, None)]
+        if r is not None:
+            keep.append((base + per_dir - 1, dh.reshape(rows.shape[0], -1),
+                         r.reshape(rows.shape[0], -1)))
+
+
+def weighted_sums(kept, factors, weights):
+    """``sum_b factors[b] * (sequence b's gradient)`` of each weight, from what
+    :func:`backward` kept (``factors [B]``, in its batch order): one product per weight
+    over all rows, each value row scaled by its sequence's factor."""
+    out = [None] * len(weights)
+    T_B = kept[0][1].shape[0]
+    per_row = factors.to(kept[0][1].dtype).repeat(T_B // factors.shape[0])  # row t*B + b
+    bias = {}
+    for index, grads, values in kept:
+        if values is None:  # both biases of a layer and direction: one product
+            key = id(grads)
+            if key in bias:
+                out[index] = bias[key].clone()
+            else:
+                out[index] = bias[key] = torch.mv(grads.t(), per_row)
+        else:
+            out[index] = torch.mm(grads.t(), values * per_row[:, None])
+    return [g.to(w.dtype) for g, w in zip(out, weights)]
+
+
+def rescaling_factors(pairs, batch, rtol):
+    """Per-sample factors ``c [B]`` (float64) with ``second = c[b] * first`` for each
+    sample's part of every pair, to within ``rtol`` of the part's norm, or None if there
+    are none.
+
+    ``pairs`` holds ``(first, second, where)``: two gradients of one output (either may
+    be None, a zero gradient) and where the sample index is: a dimension, or a tensor
+    giving each row's sample (packed rows).
+    """
+    parts = []
+    for first, second, where in pairs:
+        if first is None and second is None:
+            continue
+        if first is None or second is None:
+            return None  # one pass used the output and the other did not
+        parts.append((first.detach().double(), second.detach().double(), where))
+
+    def per_sample(values, where):
+        if isinstance(where, int):
+            return values.sum([d for d in range(values.dim()) if d != where])
+        return values.new_zeros(batch).index_add_(0, where, values.flatten(1).sum(1))
+
+    def expand(c, values, where):
+        if isinstance(where, int):
+            return c.view([-1 if d == where else 1 for d in range(values.dim())])
+        return c[where].view([-1] + [1] * (values.dim() - 1))
+
+    if not parts:
+        return None
+    dot = sum(per_sample(a * b, w) for a, b, w in parts)
+    first_sq = sum(per_sample(a * a, w) for a, _, w in parts)
+    second_sq = sum(per_sample(b * b, w) for _, b, w in parts)
+    c = torch.where(first_sq > 0, dot / first_sq.clamp(min=1e-300), 0.0)
+    residual = sum(per_sample((b - expand(c, a, w) * a).square(), w) for a, b, w in parts)
+    if bool((residual <= rtol * rtol * second_sq).all()):
+        return c
+    return None

@@ -162,17 +162,26 @@ class PerSampleFunction(torch.autograd.Function):
             output_mask = want + (any(needs[8:]),)
             if not any(output_mask):
                 return (None,) * len(needs)
-            problem = engine.problem_for(x, batch_sizes, h0, c0, weights, ctx.cfg,
-                                         ctx.hidden_size)
-            dx, dh0, dc0, dweights = engine.backward(problem, saved, masks, dy, dh, dc,
-                                                     output_mask)
+            rescaled = _rescaled(ctx, x, batch_sizes, weights, dy, dh, dc, want)
+            if rescaled is not None:
+                dx, dh0, dc0, dweights = rescaled
+            else:
+                problem = engine.problem_for(x, batch_sizes, h0, c0, weights, ctx.cfg,
+                                             ctx.hidden_size)
+                dx, dh0, dc0, dweights = engine.backward(problem, saved, masks, dy, dh, dc,
+                                                         output_mask)
             dweights = ([g if need else None for g, need in zip(dweights, needs[8:])]
                         if output_mask[3] else [None] * len(weights))
             return (None, None, None, None, None, dx if want[0] else None,
                     dh0 if want[1] else None, dc0 if want[2] else None, *dweights)
+        keep = [] if sink.norms else None
         dx, dh0, dc0, per_sample = _per_sample.backward(
             ctx.cfg, ctx.hidden_size, x, batch_sizes, h0, c0, list(weights), list(masks), saved,
-            dy, dh, dc, want, sink.scale, norms=sink.norms)
+            dy, dh, dc, want, sink.scale, norms=sink.norms, keep=keep)
+        if keep:
+            # For the second backward of ghost clipping (see _rescaled).
+            ctx.kept = (keep, (dy, dh, dc),
+                        tuple(None if g is None else g.clone() for g in (dx, dh0, dc0)))
         # Opacus's hook runs only once the output's gradient has reached it.
         sink.deliver(per_sample, sink.tensor_input and dy is not None)
         if sink.summed and not sink.norms:
@@ -184,6 +193,50 @@ class PerSampleFunction(torch.autograd.Function):
             dweights = [None] * len(weights)
         return (None, None, None, None, None, dx if want[0] else None,
                 dh0 if want[1] else None, dc0 if want[2] else None, *dweights)
+
+
+def _rescaled(ctx, x, batch_sizes, weights, dy, dh, dc, want):
+    """The second backward of ghost clipping from the first's gate gradients, or None.
+
+    Opacus's second backward is of the loss reweighted by each sample's clipping
+    coefficient, so the output gradients reaching the module are, sample by sample, the
+    first backward's times a factor ``c[b]`` (to within rounding). The backward is linear
+    in them: its gate gradients are the first's times ``c[b]``, its weight gradients
+    ``sum_b c[b] * (sample b's)`` and its input and state gradients the first's times
+    ``c[b]``. Those are formed from what the first backward kept (no recurrence), when
+    the output gradients are such multiples to within a few hundred units of rounding
+    of each sample's norm; otherwise (None) the kernels run the backward again.
+    """
+    kept = getattr(ctx, "kept", None)
+    if kept is None:
+        return None
+    keep, first, (dx1, dh0_1, dc0_1) = kept
+    if (want[0] and dx1 is None) or (want[1] and dh0_1 is None) or (want[2] and dc0_1 is None):
+        return None
+    packed = batch_sizes is not None
+    batch = int(batch_sizes[0]) if packed else x.shape[0 if ctx.cfg.batch_first else 1]
+    if packed:  # each packed row's sequence (in the sorted order the kernels use)
+        rows = torch.cat([torch.arange(int(n)) for n in batch_sizes])
+        where_y = rows
+    else:
+        rows, where_y = None, 0 if ctx.cfg.batch_first else 1
+    rtol = 256 * torch.finfo(x.dtype).eps
+    factors = _per_sample.rescaling_factors(
+        [(first[0], dy, where_y), (first[1], dh, 1), (first[2], dc, 1)], batch, rtol)
+    if factors is None:
+        return None
+
+    def times(grad, where):
+        if grad is None:
+            return None
+        c = factors.to(grad.dtype)
+        if where is rows and packed:
+            return grad * c[rows].view(-1, 1)
+        return grad * c.view([-1 if d == where else 1 for d in range(grad.dim())])
+
+    dweights = _per_sample.weighted_sums(keep, factors, list(weights))
+    return (times(dx1, where_y) if want[0] else None, times(dh0_1, 1) if want[1] else None,
+            times(dc0_1, 1) if want[2] else None, dweights)
 
 
 # ---------------------------------------------------------------------------
