@@ -263,7 +263,10 @@ def _direction_norms(out, base, per_dir, grads, values_x, h, h0, reverse, active
     """Each sequence's gradient norm for the weights of one layer and direction, into
     ``out[base:base + per_dir]`` (``grads [T, B, 4H]`` its gate gradients, ``h`` its states,
     ``r``/``dh`` the projection's values and gradients or None); with ``keep``, appends
-    ``(weight index, gradient rows, value rows or None for a bias)`` to it."""
+    ``(first weight index, gradient rows, value rows, bias, inputs)`` to it: the gate
+    gradients with ``[x | h_prev]`` (the weights ``base``, ``base + 1`` split after
+    ``inputs`` columns and, if ``bias``, the two biases), and the projection's with ``r``
+    (``inputs`` None: one weight)."""
     if keep is not None:
         # Copies: the unpacked gate gradients are views of the kernels' work buffers.
         grads = grads.clone(memory_format=torch.contiguous_format)
@@ -271,7 +274,7 @@ def _direction_norms(out, base, per_dir, grads, values_x, h, h0, reverse, active
     T, _, G = grads.shape
     gram = []
 
-    def grads_gram():  # shared by W_ih and W_hh
+    def grads_gram():  # shared by W_ih, W_hh and the biases
         if not gram:
             gram.append(_gram(grads))
         return gram[0]
@@ -286,40 +289,48 @@ def _direction_norms(out, base, per_dir, grads, values_x, h, h0, reverse, active
     out[base] = _norms_of_sums(grads, values_x, scale, grads_gram)
     out[base + 1] = _norms_of_sums(grads, h_prev, scale, grads_gram)
     if has_bias:
-        out[base + 2] = torch.linalg.vector_norm(grads.sum(0), dim=1).mul_(abs(scale))
+        if grads_gram is not None:  # ||sum_t g_t||^2: the sum of the Gram matrix
+            bias = grads_gram().sum((1, 2)).clamp_(min=0).sqrt_()
+        else:
+            bias = torch.linalg.vector_norm(grads.sum(0), dim=1)
+        out[base + 2] = bias.mul_(abs(scale))
         out[base + 3] = out[base + 2].clone()
     if r is not None:
         out[base + per_dir - 1] = _norms_of_sums(
             dh, r, scale, (lambda: _gram(dh)) if _use_gram(T, dh.shape[-1], r.shape[-1]) else None)
     if keep is not None:
-        rows = grads.reshape(-1, grads.shape[-1])
-        keep += [(base, rows, values_x.reshape(rows.shape[0], -1)),
-                 (base + 1, rows, h_prev.reshape(rows.shape[0], -1))]
-        if has_bias:
-            keep += [(base + 2, rows, None), (base + 3, rows, None)]
+        rows = grads.reshape(-1, G)
+        keep.append((base, rows, torch.cat([values_x, h_prev], dim=-1).reshape(rows.shape[0], -1),
+                     has_bias, values_x.shape[-1]))
         if r is not None:
             keep.append((base + per_dir - 1, dh.reshape(rows.shape[0], -1),
-                         r.reshape(rows.shape[0], -1)))
+                         r.reshape(rows.shape[0], -1), False, None))
 
 
 def weighted_sums(kept, factors, weights):
     """``sum_b factors[b] * (sequence b's gradient)`` of each weight, from what
-    :func:`backward` kept (``factors [B]``, in its batch order): one product per weight
-    over all rows, each value row scaled by its sequence's factor."""
+    :func:`backward` kept (``factors [B]``, in its batch order): one product over all
+    rows for the input, state and bias weights of a layer and direction together (value
+    rows ``[x | h_prev | 1]`` scaled by their sequence's factor), one for a projection."""
     out = [None] * len(weights)
-    T_B = kept[0][1].shape[0]
-    per_row = factors.to(kept[0][1].dtype).repeat(T_B // factors.shape[0])  # row t*B + b
-    bias = {}
-    for index, grads, values in kept:
-        if values is None:  # both biases of a layer and direction: one product
-            key = id(grads)
-            if key in bias:
-                out[index] = bias[key].clone()
-            else:
-                out[index] = bias[key] = torch.mv(grads.t(), per_row)
-        else:
-            out[index] = torch.mm(grads.t(), values * per_row[:, None])
-    return [g.to(w.dtype) for g, w in zip(out, weights)]
+    rows = kept[0][1].shape[0]
+    dtype = kept[0][1].dtype
+    per_row = factors.to(dtype).repeat(rows // factors.shape[0])[:, None]  # row t*B + b
+    for index, grads, values, bias, inputs in kept:
+        width = values.shape[1]
+        scaled = torch.empty((rows, width + bias), dtype=dtype)
+        torch.mul(values, per_row, out=scaled[:, :width])
+        if bias:
+            scaled[:, width:] = per_row
+        total = torch.mm(grads.t(), scaled)
+        if inputs is None:  # a projection
+            out[index] = total
+            continue
+        out[index], out[index + 1] = total[:, :inputs], total[:, inputs:width]
+        if bias:
+            out[index + 2] = total[:, width]
+            out[index + 3] = total[:, width].clone()
+    return [g.to(w.dtype).contiguous() for g, w in zip(out, weights)]
 
 
 def rescaling_factors(pairs, batch, rtol):
