@@ -23,8 +23,14 @@ Run::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_dp_sgd.py
     python benchmarks/bench_dp_sgd.py --shape 50,64,32,128 --rounds 5 --markdown out.md
+    python benchmarks/bench_dp_sgd.py --json benchmarks/results/dp_sgd.json
+
+The JSON file (every round's times, the outside load, the load average before and after)
+is what ``report.py --dp-sgd`` puts in RESULTS.md.
 """
 import argparse
+import datetime
+import json
 import statistics
 import sys
 import warnings
@@ -120,26 +126,46 @@ def run(shape, rounds):
             "others_cores": machine.others_cores(before, machine.cpu_snapshot())}
 
 
-def markdown(results, argv):
-    lines = [f"# {TITLE}", "",
+def print_samples(result):
+    """Each step's per-round times (ms), for the record."""
+    for name, samples in result["times"].items():
+        print(f"{tuple(result['shape'])} {name}: " + " ".join(f"{v:.1f}" for v in samples))
+
+
+MODES = [("hooks", "DP"), ("ghost", "ghost")]  # (Opacus's grad_sample_mode, step name suffix)
+
+
+def markdown(results, argv, heading=f"# {TITLE}", meta=None):
+    """The Markdown table of ``results`` (:func:`run`'s), run as ``argv``; ``meta`` (the
+    JSON file's) adds where and when."""
+    if meta is None:
+        where = f"{machine.machine_label()}, torch {torch.__version__} ({torch.get_num_threads()} threads)"
+    else:
+        where = (f"{meta['date']}, lstmcy {meta['lstmcy']}, {meta['machine']}, torch "
+                 f"{meta['torch']} ({meta['threads']} threads), opacus {meta['opacus']}, load "
+                 f"average {meta['load_before']} before and {meta['load_after']} after")
+    lines = [heading, "",
              f"`env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python {' '.join(argv)}`; "
-             f"{machine.machine_label()}, torch {torch.__version__} "
-             f"({torch.get_num_threads()} threads).", "",
+             f"{where}.", "",
              "One step: zero_grad, forward, cross-entropy on a linear head over h_n, backward, "
-             "optimizer step. DP: `PrivacyEngine.make_private` (hooks; per-sample clipping to "
-             "norm 1, noise multiplier 1). Median ms per step over the rounds; ratios are "
-             "medians of same-round ratios.", "",
-             "| (T, B, I, H) | lstmcy DP | DPLSTM DP | lstmcy | nn.LSTM | DPLSTM DP / lstmcy DP "
-             "| lstmcy DP / lstmcy | outside load (cores) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "optimizer step. DP: `PrivacyEngine.make_private` with `grad_sample_mode` "
+             "`hooks` (per-sample gradients formed) or `ghost` (their norms only, and a "
+             "second backward of the reweighted loss); per-sample clipping to norm 1, noise "
+             "multiplier 1. Median ms per step over the rounds; ratios are medians of "
+             "same-round ratios.", "",
+             "| (T, B, I, H) | mode | lstmcy DP | DPLSTM DP | lstmcy (no DP) | nn.LSTM (no DP) "
+             "| DPLSTM DP / lstmcy DP | lstmcy DP / lstmcy | outside load (cores) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         t = {k: statistics.median(v) for k, v in r["times"].items()}
         load = r["others_cores"]
-        lines.append(f"| {tuple(r['shape'])} | {t['lstmcy DP']:.1f} | {t['DPLSTM DP']:.0f} | "
-                     f"{t['lstmcy']:.1f} | {t['nn.LSTM']:.1f} | "
-                     f"{_ratio(r['times'], 'DPLSTM DP', 'lstmcy DP'):.1f}x | "
-                     f"{_ratio(r['times'], 'lstmcy DP', 'lstmcy'):.2f}x | "
-                     f"{'-' if load is None else f'{load:.1f}'} |")
+        for mode, suffix in MODES:
+            ours, theirs = f"lstmcy {suffix}", f"DPLSTM {suffix}"
+            lines.append(f"| {tuple(r['shape'])} | {mode} | {t[ours]:.1f} | {t[theirs]:.0f} | "
+                         f"{t['lstmcy']:.1f} | {t['nn.LSTM']:.1f} | "
+                         f"{_ratio(r['times'], theirs, ours):.1f}x | "
+                         f"{_ratio(r['times'], ours, 'lstmcy'):.2f}x | "
+                         f"{'-' if load is None else f'{load:.1f}'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -149,15 +175,27 @@ def main(argv=None):
                         help="T,B,I,H (repeatable; default: " + " and ".join(map(str, SHAPES)) + ")")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--markdown", default=None, help="also write the Markdown table here")
+    parser.add_argument("--json", default=None, help="also write the results here (for report.py)")
     args = parser.parse_args(argv)
     shapes = [tuple(int(v) for v in s.split(",")) for s in args.shape] if args.shape else SHAPES
+    stamp = machine.result_stamp()
     results = []
     for shape in shapes:
         results.append(run(shape, args.rounds))
+        print_samples(results[-1])
         print(markdown(results, sys.argv), flush=True)
     if args.markdown:
         with open(args.markdown, "w") as fh:
             fh.write(markdown(results, sys.argv))
+    if args.json:
+        import opacus
+        meta = {"argv": sys.argv, "date": datetime.datetime.now(datetime.timezone.utc)
+                .strftime("%Y-%m-%d %H:%M UTC"), "lstmcy": stamp["lstmcy"],
+                "machine": stamp["machine"], "torch": torch.__version__,
+                "opacus": opacus.__version__, "threads": torch.get_num_threads(),
+                "load_before": stamp["load"], "load_after": machine.result_stamp()["load"]}
+        with open(args.json, "w") as fh:
+            json.dump({"meta": meta, "results": results}, fh, indent=1)
     return 0
 
 

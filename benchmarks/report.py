@@ -531,14 +531,24 @@ def ragged_section(doc):
                            heading=f"## {RAGGED_TITLE} (`benchmarks/bench_estimators.py --ragged`)")
 
 
+def dp_sgd_section(doc):
+    """Markdown of a ``benchmarks/bench_dp_sgd.py --json`` file (``dp_sgd.json``)."""
+    from bench_dp_sgd import TITLE, markdown
+
+    return markdown(doc["results"], doc["meta"]["argv"],
+                    heading=f"## {TITLE} (`benchmarks/bench_dp_sgd.py`)",
+                    meta=doc["meta"]).rstrip("\n")
+
+
 #: The sections of RESULTS.md after the headline run, each from a result file of its own.
 SECTIONS = {"scaling": scaling_section, "contention": contention_section,
-            "estimators": estimators_section, "ragged": ragged_section}
+            "estimators": estimators_section, "ragged": ragged_section,
+            "dp_sgd": dp_sgd_section}
 
 
 def results_md(doc, paths, **extra):
     """The whole of ``RESULTS.md`` for a headline run and the runs of ``extra`` (keys of
-    :data:`SECTIONS`: scaling, contention, estimator and ragged-data runs); ``paths`` names
+    :data:`SECTIONS`: scaling, contention, estimator, ragged-data and DP-SGD runs); ``paths`` names
     the files, as cited."""
     meta = doc["meta"]
     argv = " ".join(meta.get("argv") or ["benchmarks/run.py"])
@@ -569,8 +579,10 @@ def main(argv=None):
     for key, what in (("scaling", "a scaling.py --json file"),
                       ("contention", "a contention.py --json file"),
                       ("estimators", "a bench_estimators.py JSON file (estimators.json)"),
-                      ("ragged", "a bench_estimators.py --ragged JSON file (ragged-estimators.json)")):
-        parser.add_argument(f"--{key}", default=None, help=f"{what}, for --results-md")
+                      ("ragged", "a bench_estimators.py --ragged JSON file (ragged-estimators.json)"),
+                      ("dp_sgd", "a bench_dp_sgd.py --json file (dp_sgd.json)")):
+        parser.add_argument(f"--{key.replace('_', '-')}", dest=key, default=None,
+                            help=f"{what}, for --results-md")
     args = parser.parse_args(argv)
     if args.results_md:
         paths = dict({"headline": args.json},

@@ -17,9 +17,9 @@ Two consumers ask a module for each sample's weight gradients:
   the norm sampler registered here hands Opacus each sample's gradient norm per weight,
   which the module's backward computes without forming the per-sample gradients. Opacus
   then runs a second backward, of the loss reweighted by its clipping coefficients, with
-  its hooks disabled: that one is the module's plain backward, whose summed weight
-  gradients are the clipped sum. The first leaves the weights' ``.grad`` alone (Opacus
-  sets it to zero between the two).
+  its hooks disabled: its summed weight gradients are the clipped sum, formed from the
+  first backward's gate gradients (:func:`_rescaled`). The first leaves the weights'
+  ``.grad`` alone (Opacus sets it to zero between the two).
 
 Either way the forward runs :class:`PerSampleFunction`, whose backward is
 :func:`lstmcy._per_sample.backward`: the kernels' gate gradients summed over each
