@@ -109,14 +109,21 @@ class _Recorder(_privacy.PerSample):
 def test_per_sample_norms_equal_per_sample_loop(config, packed, with_states, method,
                                                 monkeypatch):
     """The norms ghost clipping asks for, from Gram matrices or from the per-sample
-    gradients formed a few at a time: those of the loop's gradients, per weight."""
+    gradients formed a few at a time: those of the loop's gradients, per weight. Then a
+    second backward with Opacus's hooks disabled, of the losses reweighted per sequence
+    (ghost clipping's), formed from the first's gate gradients: the reweighted sum of
+    the loop's gradients, and of the input's and states' gradients."""
     monkeypatch.setattr(_per_sample, "_use_gram", lambda T, G, F: method == "gram")
     monkeypatch.setattr(_per_sample, "_CHUNK_BYTES", 1)  # one sequence at a time
+    formed = []
+    weighted_sums = _per_sample.weighted_sums
+    monkeypatch.setattr(_per_sample, "weighted_sums",
+                        lambda *args: formed.append(1) or weighted_sums(*args))
     ours, ref = module_pair(I, H, **config)
     batch_first = config.get("batch_first", False)
     x = torch.randn((B, T, I) if batch_first else (T, B, I),
-                    generator=torch.Generator().manual_seed(1), dtype=F64)
-    hx = random_states(ours, B, requires_grad=False) if with_states else None
+                    generator=torch.Generator().manual_seed(1), dtype=F64, requires_grad=True)
+    hx = random_states(ours, B, requires_grad=True) if with_states else None
     lengths = LENGTHS if packed else torch.full((B,), T)
     wy, wh = _weights_for_loss(ours)
     recorder = {}
@@ -133,18 +140,46 @@ def test_per_sample_norms_equal_per_sample_loop(config, packed, with_states, met
         y, _ = pad_packed_sequence(y, batch_first=True, total_length=T)
     elif not batch_first:
         y = y.transpose(0, 1)
-    ((y * wy).sum() + (h_n * wh).sum()).backward()
+    losses = (y * wy).sum((1, 2)) + (h_n * wh).sum((0, 2))
+    losses.sum().backward(retain_graph=True)
 
     def loss_of(y, h_n, c_n, b):
         y_b = y.transpose(0, 1) if not batch_first else y
         return (y_b * wy[b:b + 1, :y_b.shape[1]]).sum() + (h_n * wh[:, b:b + 1]).sum()
 
-    want = _loop_gradients(ref, x, hx, lengths, batch_first, loss_of)
+    want = _loop_gradients(ref, x.detach(), None if hx is None else [h.detach() for h in hx],
+                           lengths, batch_first, loss_of)
     got = recorder["sink"].got
     assert len(got) == len(want)
     for (name, param), norms, expected in zip(ours.named_parameters(), got, want):
         assert param.grad is None, name  # the norms only: no summed gradient
         assert_close(norms, 2.0 * expected.flatten(1).norm(dim=1), what=name)
+
+    # The second backward, as Opacus's hooks being disabled makes it.
+    recorder["sink"].owner = type("Hooks", (), {"hooks_enabled": False})()
+    inputs = [x] + ([] if hx is None else list(hx))
+    for tensor in inputs:
+        tensor.grad = None
+    factors = torch.tensor([0.5, 0.0, 3.0, 1.25], dtype=F64)
+    (factors * losses).sum().backward()
+    assert formed == [1]
+    for (name, param), expected in zip(ours.named_parameters(), want):
+        assert_close(param.grad, (factors.view(-1, *[1] * (expected.dim() - 1)) * expected).sum(0),
+                     what=name)
+    # The input's and the states' gradients: nn.LSTM's of the reweighted loss.
+    ref_inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    ref_args = (pack_padded_sequence(ref_inputs[0], lengths, batch_first=batch_first,
+                                     enforce_sorted=False) if packed else ref_inputs[0],)
+    if with_states:
+        ref_args += (tuple(ref_inputs[1:]),)
+    y_ref, (h_ref, _) = ref(*ref_args)
+    if packed:
+        y_ref, _ = pad_packed_sequence(y_ref, batch_first=True, total_length=T)
+    elif not batch_first:
+        y_ref = y_ref.transpose(0, 1)
+    (factors * ((y_ref * wy).sum((1, 2)) + (h_ref * wh).sum((0, 2)))).sum().backward()
+    for ours_input, ref_input in zip(inputs, ref_inputs):
+        assert_close(ours_input.grad, ref_input.grad, what="input/state gradient")
 
 
 def test_expanded_weights_with_dropout_sum_to_the_batch_gradient():
