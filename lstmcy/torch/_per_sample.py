@@ -274,13 +274,12 @@ def _direction_norms(out, base, per_dir, grads, values_x, h, h0, reverse, active
     T, _, G = grads.shape
     gram = []
 
-    def grads_gram():  # shared by W_ih, W_hh and the biases
+    def gram_of_grads():  # shared by W_ih, W_hh and the biases
         if not gram:
             gram.append(_gram(grads))
         return gram[0]
 
-    if not _use_gram(T, G, values_x.shape[-1] + h.shape[-1]):
-        grads_gram = None
+    grads_gram = gram_of_grads if _use_gram(T, G, values_x.shape[-1] + h.shape[-1]) else None
     if h0 is None:
         h0 = h.new_zeros(h.shape[1:])
     h_prev = _previous_states(h, h0, reverse, active)

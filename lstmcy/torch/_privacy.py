@@ -216,22 +216,21 @@ def _rescaled(ctx, x, batch_sizes, weights, dy, dh, dc, want):
     packed = batch_sizes is not None
     batch = int(batch_sizes[0]) if packed else x.shape[0 if ctx.cfg.batch_first else 1]
     if packed:  # each packed row's sequence (in the sorted order the kernels use)
-        rows = torch.cat([torch.arange(int(n)) for n in batch_sizes])
-        where_y = rows
+        where_y = torch.cat([torch.arange(int(n)) for n in batch_sizes])
     else:
-        rows, where_y = None, 0 if ctx.cfg.batch_first else 1
+        where_y = 0 if ctx.cfg.batch_first else 1
     rtol = 256 * torch.finfo(x.dtype).eps
     factors = _per_sample.rescaling_factors(
         [(first[0], dy, where_y), (first[1], dh, 1), (first[2], dc, 1)], batch, rtol)
     if factors is None:
         return None
 
-    def times(grad, where):
+    def times(grad, where):  # each sample's part of grad times its factor
         if grad is None:
             return None
         c = factors.to(grad.dtype)
-        if where is rows and packed:
-            return grad * c[rows].view(-1, 1)
+        if isinstance(where, torch.Tensor):  # packed rows
+            return grad * c[where].view(-1, 1)
         return grad * c.view([-1 if d == where else 1 for d in range(grad.dim())])
 
     dweights = _per_sample.weighted_sums(keep, factors, list(weights))
