@@ -7,21 +7,30 @@ is ``zero_grad``, forward, loss, backward, ``optimizer.step()``:
 
 - ``lstmcy DP``: ``PrivacyEngine.make_private`` (hooks) on the lstmcy model: per-sample
   gradients from lstmcy's kernels, clipped and noised by Opacus's ``DPOptimizer``;
-- ``DPLSTM DP``: the same with ``opacus.layers.DPLSTM`` (an LSTM of ``nn.Linear`` cells
-  whose per-sample gradients Opacus's hooks compute);
+- ``lstmcy ghost``: ``make_private(..., grad_sample_mode="ghost")``: each sample's gradient
+  norms from the kernels' gate gradients (the per-sample gradients never formed), then
+  Opacus's second backward of the loss reweighted by its clipping coefficients;
+- ``DPLSTM DP`` and ``DPLSTM ghost``: the same with ``opacus.layers.DPLSTM`` (an LSTM of
+  ``nn.Linear`` cells whose per-sample gradients Opacus's hooks compute);
 - ``lstmcy``: the lstmcy model with plain SGD (no per-sample gradients);
 - ``nn.LSTM``: ``torch.nn.LSTM`` with plain SGD, for reference.
 
 The steps run in rotating rounds (``timing.measure``, one step a batch); the report gives the
-median ms per step, and the same-round ratios ``DPLSTM DP / lstmcy DP`` (speed-up) and
+median ms per step, and per mode the same-round ratios ``DPLSTM / lstmcy`` (speed-up) and
 ``lstmcy DP / lstmcy`` (cost of privacy).
 
 Run::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_dp_sgd.py
     python benchmarks/bench_dp_sgd.py --shape 50,64,32,128 --rounds 5 --markdown out.md
+    python benchmarks/bench_dp_sgd.py --json benchmarks/results/<headline run>.json
+
+``--json`` writes the run (every round's times, the outside load, the load average before
+and after) as the ``dp_sgd`` section of that file, keeping its other sections: in the
+headline run's file, ``report.py --results-md`` puts it in RESULTS.md.
 """
 import argparse
+import datetime
 import statistics
 import sys
 import warnings
@@ -73,29 +82,33 @@ def _steps(shape, seed=0):
         model.fc.load_state_dict(fc_state)
         return model
 
-    def private(lstm):
+    def private(lstm, mode="hooks"):
         model = same_weights(lstm)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # secure RNG, accountant
-            model, optimizer, _ = opacus.PrivacyEngine().make_private(
+            made = opacus.PrivacyEngine().make_private(
                 module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=1.0,
-                max_grad_norm=1.0, poisson_sampling=False)
-        return model, optimizer
+                max_grad_norm=1.0, poisson_sampling=False, grad_sample_mode=mode,
+                criterion=nn.CrossEntropyLoss())
+        # ghost: (module, optimizer, criterion, loader), the criterion runs both backwards
+        return made[0], made[1], (made[2] if mode == "ghost" else nn.CrossEntropyLoss())
 
     def plain(lstm):
         model = same_weights(lstm)
-        return model, torch.optim.SGD(model.parameters(), lr=0.05)
+        return model, torch.optim.SGD(model.parameters(), lr=0.05), nn.CrossEntropyLoss()
 
-    def step_of(model, optimizer):
+    def step_of(model, optimizer, criterion):
         def step():
             optimizer.zero_grad(set_to_none=True)
-            nn.functional.cross_entropy(model(x), y).backward()
+            criterion(model(x), y).backward()
             optimizer.step()
         return step
 
     return {"lstmcy DP": step_of(*private(LSTM(I, H, batch_first=True))),
+            "lstmcy ghost": step_of(*private(LSTM(I, H, batch_first=True), "ghost")),
             "DPLSTM DP": step_of(*private(DPLSTM(I, H, batch_first=True))),
+            "DPLSTM ghost": step_of(*private(DPLSTM(I, H, batch_first=True), "ghost")),
             "lstmcy": step_of(*plain(LSTM(I, H, batch_first=True))),
             "nn.LSTM": step_of(*plain(nn.LSTM(I, H, batch_first=True)))}
 
@@ -113,26 +126,46 @@ def run(shape, rounds):
             "others_cores": machine.others_cores(before, machine.cpu_snapshot())}
 
 
-def markdown(results, argv):
-    lines = [f"# {TITLE}", "",
+def print_samples(result):
+    """Each step's per-round times (ms), for the record."""
+    for name, samples in result["times"].items():
+        print(f"{tuple(result['shape'])} {name}: " + " ".join(f"{v:.1f}" for v in samples))
+
+
+MODES = [("hooks", "DP"), ("ghost", "ghost")]  # (Opacus's grad_sample_mode, step name suffix)
+
+
+def markdown(results, argv, heading=f"# {TITLE}", meta=None):
+    """The Markdown table of ``results`` (:func:`run`'s), run as ``argv``; ``meta`` (the
+    JSON file's) adds where and when."""
+    if meta is None:
+        where = f"{machine.machine_label()}, torch {torch.__version__} ({torch.get_num_threads()} threads)"
+    else:
+        where = (f"{meta['date']}, lstmcy {meta['lstmcy']}, {meta['machine']}, torch "
+                 f"{meta['torch']} ({meta['threads']} threads), opacus {meta['opacus']}, load "
+                 f"average {meta['load_before']} before and {meta['load_after']} after")
+    lines = [heading, "",
              f"`env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python {' '.join(argv)}`; "
-             f"{machine.machine_label()}, torch {torch.__version__} "
-             f"({torch.get_num_threads()} threads).", "",
+             f"{where}.", "",
              "One step: zero_grad, forward, cross-entropy on a linear head over h_n, backward, "
-             "optimizer step. DP: `PrivacyEngine.make_private` (hooks; per-sample clipping to "
-             "norm 1, noise multiplier 1). Median ms per step over the rounds; ratios are "
-             "medians of same-round ratios.", "",
-             "| (T, B, I, H) | lstmcy DP | DPLSTM DP | lstmcy | nn.LSTM | DPLSTM DP / lstmcy DP "
-             "| lstmcy DP / lstmcy | outside load (cores) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "optimizer step. DP: `PrivacyEngine.make_private` with `grad_sample_mode` "
+             "`hooks` (per-sample gradients formed) or `ghost` (their norms only, and a "
+             "second backward of the reweighted loss); per-sample clipping to norm 1, noise "
+             "multiplier 1. Median ms per step over the rounds; ratios are medians of "
+             "same-round ratios.", "",
+             "| (T, B, I, H) | mode | lstmcy DP | DPLSTM DP | lstmcy (no DP) | nn.LSTM (no DP) "
+             "| DPLSTM DP / lstmcy DP | lstmcy DP / lstmcy | outside load (cores) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         t = {k: statistics.median(v) for k, v in r["times"].items()}
         load = r["others_cores"]
-        lines.append(f"| {tuple(r['shape'])} | {t['lstmcy DP']:.1f} | {t['DPLSTM DP']:.0f} | "
-                     f"{t['lstmcy']:.1f} | {t['nn.LSTM']:.1f} | "
-                     f"{_ratio(r['times'], 'DPLSTM DP', 'lstmcy DP'):.1f}x | "
-                     f"{_ratio(r['times'], 'lstmcy DP', 'lstmcy'):.2f}x | "
-                     f"{'-' if load is None else f'{load:.1f}'} |")
+        for mode, suffix in MODES:
+            ours, theirs = f"lstmcy {suffix}", f"DPLSTM {suffix}"
+            lines.append(f"| {tuple(r['shape'])} | {mode} | {t[ours]:.1f} | {t[theirs]:.0f} | "
+                         f"{t['lstmcy']:.1f} | {t['nn.LSTM']:.1f} | "
+                         f"{_ratio(r['times'], theirs, ours):.1f}x | "
+                         f"{_ratio(r['times'], ours, 'lstmcy'):.2f}x | "
+                         f"{'-' if load is None else f'{load:.1f}'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -142,15 +175,27 @@ def main(argv=None):
                         help="T,B,I,H (repeatable; default: " + " and ".join(map(str, SHAPES)) + ")")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--markdown", default=None, help="also write the Markdown table here")
+    parser.add_argument("--json", default=None,
+                        help="also write the run as this JSON file's dp_sgd section")
     args = parser.parse_args(argv)
     shapes = [tuple(int(v) for v in s.split(",")) for s in args.shape] if args.shape else SHAPES
+    stamp = machine.result_stamp()
     results = []
     for shape in shapes:
         results.append(run(shape, args.rounds))
+        print_samples(results[-1])
         print(markdown(results, sys.argv), flush=True)
     if args.markdown:
         with open(args.markdown, "w") as fh:
             fh.write(markdown(results, sys.argv))
+    if args.json:
+        import opacus
+        meta = {"argv": sys.argv, "date": datetime.datetime.now(datetime.timezone.utc)
+                .strftime("%Y-%m-%d %H:%M UTC"), "lstmcy": stamp["lstmcy"],
+                "machine": stamp["machine"], "torch": torch.__version__,
+                "opacus": opacus.__version__, "threads": torch.get_num_threads(),
+                "load_before": stamp["load"], "load_after": machine.result_stamp()["load"]}
+        machine.update_result_file(args.json, dp_sgd={"meta": meta, "results": results})
     return 0
 
 

@@ -525,17 +525,29 @@ def ragged_section(doc):
                            heading=f"## {RAGGED_TITLE} (`benchmarks/bench_estimators.py --ragged`)")
 
 
+def dp_sgd_section(doc):
+    """Markdown of the ``dp_sgd`` section of a headline run's file
+    (``benchmarks/bench_dp_sgd.py --json``)."""
+    from bench_dp_sgd import TITLE, markdown
+
+    return markdown(doc["results"], doc["meta"]["argv"],
+                    heading=f"## {TITLE} (`benchmarks/bench_dp_sgd.py`)",
+                    meta=doc["meta"]).rstrip("\n")
+
+
 #: The sections of RESULTS.md after the headline run: (result file, its section or None
 #: for the file's own run, the Markdown of it).
 SECTIONS = [("scaling", None, scaling_section), ("scaling", "contention", contention_section),
-            ("estimators", None, estimators_section), ("estimators", "ragged", ragged_section)]
+            ("estimators", None, estimators_section), ("estimators", "ragged", ragged_section),
+            ("headline", "dp_sgd", dp_sgd_section)]
 
 
 def results_md(doc, paths, scaling=None, estimators=None):
-    """The whole of ``RESULTS.md`` for a headline run ``doc`` and the ``scaling.json`` and
-    ``estimators.json`` documents (each section present is cited); ``paths`` names the
-    files (keys ``headline``, ``scaling``, ``estimators``) as cited."""
-    files = {"scaling": scaling, "estimators": estimators}
+    """The whole of ``RESULTS.md`` for a headline run ``doc`` (with its ``dp_sgd`` section
+    if present) and the ``scaling.json`` and ``estimators.json`` documents (each section
+    present is cited); ``paths`` names the files (keys ``headline``, ``scaling``,
+    ``estimators``) as cited."""
+    files = {"headline": doc, "scaling": scaling, "estimators": estimators}
     meta = doc["meta"]
     argv = " ".join(meta.get("argv") or ["benchmarks/run.py"])
     parts = ["# Benchmark results", "", METHOD, "",

@@ -31,13 +31,16 @@ def test_results_md_is_generated_from_the_files_it_cites():
     assert report.results_md(_load(headline), paths, **extra) == text
 
 
-def test_the_contention_and_ragged_runs_are_sections_of_the_scaling_and_estimators_files():
+def test_the_other_runs_are_sections_of_the_headline_scaling_and_estimators_files():
     with open(os.path.join(ROOT, "benchmarks", "RESULTS.md")) as fh:
         text = fh.read()
     assert "From `benchmarks/results/scaling.json`, section `contention`." in text
     assert "From `benchmarks/results/estimators.json`, section `ragged`." in text
     assert "results" in _load("benchmarks/results/scaling.json")["contention"]
     assert "records" in _load("benchmarks/results/estimators.json")["ragged"]
+    headline = re.search(r"`(benchmarks/results/[^`]+\.json)`, measured with", text).group(1)
+    assert f"From `{headline}`, section `dp_sgd`." in text
+    assert "results" in _load(headline)["dp_sgd"]
 
 
 def test_every_cited_result_file_exists_and_is_not_ignored():

@@ -4,9 +4,10 @@ Each sequence's weight gradients, computed from the kernels' gate gradients, mus
 the gradients of ``torch.nn.LSTM`` run on that sequence alone (float64, same weights):
 through PyTorch's ExpandedWeights (``call_for_per_sample_grads``) for every configuration
 the module supports, padded and packed, and through Opacus's ``GradSampleModule`` hooks.
-``make_private`` must train with them: without noise and clipping its update is the
-plain gradient; with clipping, the mean of the per-sample loop's gradients each clipped
-to the norm.
+Their norms, which Opacus's ghost clipping asks for instead, must equal the loop's too.
+``make_private`` must train with them (hooks, ExpandedWeights and ghost clipping):
+without noise and clipping its update is the plain gradient; with clipping, the mean of
+the per-sample loop's gradients each clipped to the norm.
 """
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from torch import nn  # noqa: E402
 from torch.nn.utils._per_sample_grad import call_for_per_sample_grads  # noqa: E402
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence  # noqa: E402
 
-from lstmcy.torch import LSTM  # noqa: E402
+from lstmcy.torch import LSTM, _per_sample, _privacy  # noqa: E402
 from torch_oracle import assert_close, module_pair, random_states  # noqa: E402
 from torch_oracle import single_torch_thread  # noqa: E402,F401  (autouse fixture)
 
@@ -92,6 +93,95 @@ def test_expanded_weights_equal_per_sample_loop(config, packed, with_states, red
         assert_close(param.grad_sample, expected, what=name)
 
 
+class _Recorder(_privacy.PerSample):
+    """A forward's per-sample results, kept as the backward hands them over."""
+
+    def deliver(self, per_sample, hook_follows=True):
+        if self.unsorted_indices is not None:
+            per_sample = [g[self.unsorted_indices] for g in per_sample]
+        self.got = per_sample
+
+
+@pytest.mark.parametrize("method", ["gram", "formed"])
+@pytest.mark.parametrize("with_states", [False, True], ids=["zeros", "hx"])
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()) or "plain")
+def test_per_sample_norms_equal_per_sample_loop(config, packed, with_states, method,
+                                                monkeypatch):
+    """The norms ghost clipping asks for, from Gram matrices or from the per-sample
+    gradients formed a few at a time: those of the loop's gradients, per weight. Then a
+    second backward with Opacus's hooks disabled, of the losses reweighted per sequence
+    (ghost clipping's), formed from the first's gate gradients: the reweighted sum of
+    the loop's gradients, and of the input's and states' gradients."""
+    monkeypatch.setattr(_per_sample, "_use_gram", lambda T, G, F: method == "gram")
+    monkeypatch.setattr(_per_sample, "_CHUNK_BYTES", 1)  # one sequence at a time
+    formed = []
+    weighted_sums = _per_sample.weighted_sums
+    monkeypatch.setattr(_per_sample, "weighted_sums",
+                        lambda *args: formed.append(1) or weighted_sums(*args))
+    ours, ref = module_pair(I, H, **config)
+    batch_first = config.get("batch_first", False)
+    x = torch.randn((B, T, I) if batch_first else (T, B, I),
+                    generator=torch.Generator().manual_seed(1), dtype=F64, requires_grad=True)
+    hx = random_states(ours, B, requires_grad=True) if with_states else None
+    lengths = LENGTHS if packed else torch.full((B,), T)
+    wy, wh = _weights_for_loss(ours)
+    recorder = {}
+
+    def recording(module, weights, input):
+        recorder["sink"] = _Recorder(list(weights), None, 2.0, norms=True)
+        return recorder["sink"]
+
+    monkeypatch.setattr(_privacy, "per_sample_mode", recording)
+    args = (pack_padded_sequence(x, lengths, batch_first=batch_first, enforce_sorted=False)
+            if packed else x,) + ((hx,) if with_states else ())
+    y, (h_n, _) = ours(*args)
+    if packed:
+        y, _ = pad_packed_sequence(y, batch_first=True, total_length=T)
+    elif not batch_first:
+        y = y.transpose(0, 1)
+    losses = (y * wy).sum((1, 2)) + (h_n * wh).sum((0, 2))
+    losses.sum().backward(retain_graph=True)
+
+    def loss_of(y, h_n, c_n, b):
+        y_b = y.transpose(0, 1) if not batch_first else y
+        return (y_b * wy[b:b + 1, :y_b.shape[1]]).sum() + (h_n * wh[:, b:b + 1]).sum()
+
+    want = _loop_gradients(ref, x.detach(), None if hx is None else [h.detach() for h in hx],
+                           lengths, batch_first, loss_of)
+    got = recorder["sink"].got
+    assert len(got) == len(want)
+    for (name, param), norms, expected in zip(ours.named_parameters(), got, want):
+        assert param.grad is None, name  # the norms only: no summed gradient
+        assert_close(norms, 2.0 * expected.flatten(1).norm(dim=1), what=name)
+
+    # The second backward, as Opacus's hooks being disabled makes it.
+    recorder["sink"].owner = type("Hooks", (), {"hooks_enabled": False})()
+    inputs = [x] + ([] if hx is None else list(hx))
+    for tensor in inputs:
+        tensor.grad = None
+    factors = torch.tensor([0.5, 0.0, 3.0, 1.25], dtype=F64)
+    (factors * losses).sum().backward()
+    assert formed == [1]
+    for (name, param), expected in zip(ours.named_parameters(), want):
+        assert_close(param.grad, (factors.view(-1, *[1] * (expected.dim() - 1)) * expected).sum(0),
+                     what=name)
+    # The input's and the states' gradients: nn.LSTM's of the reweighted loss.
+    ref_inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    ref_args = (pack_padded_sequence(ref_inputs[0], lengths, batch_first=batch_first,
+                                     enforce_sorted=False) if packed else ref_inputs[0],)
+    if with_states:
+        ref_args += (tuple(ref_inputs[1:]),)
+    y_ref, (h_ref, _) = ref(*ref_args)
+    if packed:
+        y_ref, _ = pad_packed_sequence(y_ref, batch_first=True, total_length=T)
+    elif not batch_first:
+        y_ref = y_ref.transpose(0, 1)
+    (factors * ((y_ref * wy).sum((1, 2)) + (h_ref * wh).sum((0, 2)))).sum().backward()
+    for ours_input, ref_input in zip(inputs, ref_inputs):
+        assert_close(ours_input.grad, ref_input.grad, what="input/state gradient")
+
+
 def test_expanded_weights_with_dropout_sum_to_the_batch_gradient():
     """Dropout masks are drawn per batch as nn.LSTM draws them: the per-sample gradients
     add up to nn.LSTM's batch gradient under the same seed."""
@@ -139,7 +229,9 @@ class Classifier(nn.Module):
         super().__init__()
         self.embed = nn.Linear(I, I, dtype=F64) if embed else None
         self.lstm = lstm
-        self.fc = nn.Linear(lstm.hidden_size, 2, dtype=F64)
+        D = 2 if lstm.bidirectional else 1
+        out = lstm.proj_size or lstm.hidden_size
+        self.fc = nn.Linear(out if head == "h_n" else D * out, 2, dtype=F64)
         self.head = head
 
     def forward(self, x):
@@ -197,7 +289,7 @@ def test_opacus_hooks_equal_per_sample_loop(head, embed, reduction):
 
 
 @pytest.mark.parametrize("max_grad_norm", [1e6, 0.05], ids=["unclipped", "clipped"])
-@pytest.mark.parametrize("mode", ["hooks", "ew"])
+@pytest.mark.parametrize("mode", ["hooks", "ew", "ghost"])
 def test_make_private_step_is_the_clipped_mean(mode, max_grad_norm):
     """One DP-SGD step without noise: Opacus's update is the mean of the per-sample
     gradients (the loop's), each clipped to ``max_grad_norm`` (all parameters together)."""
@@ -208,13 +300,17 @@ def test_make_private_step_is_the_clipped_mean(mode, max_grad_norm):
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Opacus's warnings about secure RNG and accounting
-        private, optimizer, loader = opacus.PrivacyEngine().make_private(
+        made = opacus.PrivacyEngine().make_private(
             module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=0.0,
-            max_grad_norm=max_grad_norm, poisson_sampling=False, grad_sample_mode=mode)
+            max_grad_norm=max_grad_norm, poisson_sampling=False, grad_sample_mode=mode,
+            criterion=nn.CrossEntropyLoss())
+    private, optimizer, loader = made[0], made[1], made[-1]
+    # ghost: Opacus's criterion, whose backward runs both passes (the others return none)
+    criterion = made[2] if mode == "ghost" else nn.CrossEntropyLoss()
     before = [p.detach().clone() for p in model.parameters()]
     for xb, yb in loader:
         optimizer.zero_grad()
-        nn.functional.cross_entropy(private(xb), yb).backward()
+        criterion(private(xb), yb).backward()
         optimizer.step()
     per_sample = _loop_model_gradients(reference, x, target)
     norms = torch.stack([g.flatten(1).norm(dim=1) for g in per_sample]).norm(dim=0)
@@ -224,6 +320,73 @@ def test_make_private_step_is_the_clipped_mean(mode, max_grad_norm):
         assert_close(old - param.detach(), step, rtol=1e-9, what=name)
     if max_grad_norm < 1:
         assert (factor < 1).all()  # the clipping was exercised
+
+
+GHOST_CONFIGS = [dict(num_layers=2, bidirectional=True), dict(proj_size=3),
+                 dict(num_layers=2, proj_size=2, bias=False)]
+
+
+@pytest.mark.parametrize("config", GHOST_CONFIGS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+@pytest.mark.parametrize("head,embed", [("output", False), ("h_n", False), ("output", True)])
+def test_opacus_ghost_norms_equal_per_sample_loop(head, embed, config):
+    """Ghost clipping (GradSampleModuleFastGradientClipping): every parameter's per-sample
+    norm, and the whole model's, are those of the loop's gradients, whether Opacus's hook
+    runs before the module's backward or after it (an embedding before the LSTM)."""
+    opacus = _opacus()
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping
+    model, reference = _classifiers(head, embed, **config)
+    wrapped = GradSampleModuleFastGradientClipping(model, max_grad_norm=1.0,
+                                                   use_ghost_clipping=True)
+    x, target = _data()
+    want = _loop_model_gradients(reference, x, target)
+    for _ in range(2):  # nothing is left over from the previous step
+        loss = nn.functional.cross_entropy(wrapped(x), target)
+        loss.backward()
+        for (name, param), expected in zip(model.named_parameters(), want):
+            assert_close(param._norm_sample, expected.flatten(1).norm(dim=1), what=name)
+        norms = torch.stack([g.flatten(1).norm(dim=1) for g in want]).norm(dim=0)
+        assert_close(wrapped.get_norm_sample(), norms, what="model")
+        assert opacus is not None and "_lstmcy_norm_samples" not in model.lstm.__dict__
+        wrapped.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("config", GHOST_CONFIGS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+@pytest.mark.parametrize("head,embed", [("output", True), ("h_n", False)])
+@pytest.mark.parametrize("second", ["reweighted", "other"])
+def test_opacus_ghost_second_backward_is_the_plain_gradient(second, head, embed, config,
+                                                            monkeypatch):
+    """With Opacus's hooks disabled (ghost clipping's second backward) the backward gives
+    the summed gradients of the loss it is given: for the first loss reweighted per
+    sample (as Opacus's criterion does), formed from the first backward's gate gradients;
+    for another loss, from the kernels again."""
+    _opacus()
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping
+    formed = []
+    weighted_sums = _per_sample.weighted_sums
+    monkeypatch.setattr(_per_sample, "weighted_sums",
+                        lambda *args: formed.append(1) or weighted_sums(*args))
+    model, reference = _classifiers(head, embed, **config)
+    wrapped = GradSampleModuleFastGradientClipping(model, max_grad_norm=1.0)
+    x, target = _data()
+    weights = torch.tensor([0.3, 1.0, 0.0, 2.5], dtype=F64)
+
+    def loss_of(out):  # the second backward's loss
+        if second == "reweighted":
+            return (weights * nn.functional.cross_entropy(out, target, reduction="none")).sum()
+        return (weights * out[:, 0]).sum()
+
+    out = wrapped(x)
+    nn.functional.cross_entropy(out, target).backward(retain_graph=True)
+    assert all(p.grad is None for p in model.lstm.parameters())  # the norm pass
+    wrapped.zero_grad(set_to_none=True)  # as Opacus's criterion does between the two
+    wrapped.disable_hooks()
+    loss_of(out).backward()
+    wrapped.enable_hooks()
+    want = torch.autograd.grad(loss_of(reference(x)), list(reference.parameters()))
+    for (name, param), expected in zip(model.named_parameters(), want):
+        assert_close(param.grad, expected, what=name)
+    assert formed == ([1] if second == "reweighted" else [])
+    assert "_lstmcy_norm_samples" not in model.lstm.__dict__
 
 
 def test_make_private_trains_packed_with_expanded_weights():
@@ -273,8 +436,9 @@ REGISTRATION = textwrap.dedent("""
         import lstmcy.torch
         assert "opacus" not in sys.modules  # lstmcy.torch does not import it
         import opacus
-    from opacus.grad_sample import GradSampleModule
-    print(lstmcy.torch.LSTM in GradSampleModule.GRAD_SAMPLERS)
+    from opacus.grad_sample import GradSampleModule, GradSampleModuleFastGradientClipping
+    print(lstmcy.torch.LSTM in GradSampleModule.GRAD_SAMPLERS,
+          lstmcy.torch.LSTM in GradSampleModuleFastGradientClipping.NORM_SAMPLERS)
 """)
 
 
@@ -284,4 +448,4 @@ def test_opacus_grad_sampler_registered_in_either_import_order(order):
     result = subprocess.run([sys.executable, "-c", REGISTRATION, order], capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "True"
+    assert result.stdout.strip() == "True True"

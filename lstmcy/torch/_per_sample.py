@@ -17,6 +17,13 @@ gradients are read from the calling thread's plan before the next layer's call r
 its work buffer; the summed weight gradients are not computed) and forms the sums above
 as batched matrix products (``torch.bmm`` over the batch, the steps the inner dimension).
 Padded steps of a packed batch have zero gate gradients, so they add nothing.
+
+Ghost clipping needs only each sample's gradient norm. For ``dW[b] = sum_t g_t a_t^T``
+(``g_t`` a row of gradients, ``a_t`` of values),
+``||dW[b]||_F^2 = sum_{t,t'} (g_t . g_t') (a_t . a_t')``: two Gram matrices ``[T, T]`` a
+sample, ``T^2 (G + F)`` multiply-adds against ``T G F`` to form ``dW[b]``, so the norms come
+from the Gram matrices when that is fewer (short sequences, wide layers), else from
+``dW[b]`` formed a few samples at a time and never kept (:func:`_norms_of_sums`).
 """
 import numpy as np
 import torch
@@ -81,6 +88,42 @@ def _sum_over_steps(grads, values, scale, add_to=None):
     return torch.baddbmm(a.new_zeros(()), a, b, beta=0, alpha=scale)
 
 
+def _gram(rows):
+    """``[B, T, T]``: ``rows[t, b] . rows[t', b]`` (``rows [T, B, F]``)."""
+    r = rows.transpose(0, 1)
+    return torch.bmm(r, r.transpose(1, 2))
+
+
+_CHUNK_BYTES = 1 << 22  # per-sample gradients formed at a time for their norms
+
+
+def _use_gram(T, G, F):
+    """Whether the norms of ``T``-step sums of ``[G, F]`` products (``F`` the widths of
+    all the weights sharing the ``G``-wide gradients, added up) are fewer multiply-adds
+    through Gram matrices (``T^2 (G + F)`` a sample, the gradients' Gram matrix shared)
+    than formed (``T G F``)."""
+    return T * (G + F) <= G * F
+
+
+def _norms_of_sums(grads, values, scale, grads_gram):
+    """``[B]``: ``||scale * sum_t grads[t, b]^T values[t, b]||_F`` (``[T, B, G]``,
+    ``[T, B, F]``), from Gram matrices (``grads_gram``: :func:`_gram` of ``grads``, computed
+    once for the weights that share them) or, with ``grads_gram`` None, from the sums
+    formed a few samples at a time."""
+    T, B, G = grads.shape
+    F = values.shape[-1]
+    if grads_gram is not None:
+        squares = torch.linalg.vecdot(grads_gram().flatten(1), _gram(values).flatten(1))
+        squares.clamp_(min=0)  # rounding can leave a zero norm slightly negative
+    else:
+        a, v = grads.permute(1, 2, 0), values.transpose(0, 1)
+        step = max(1, _CHUNK_BYTES // (G * F * grads.element_size()))
+        squares = torch.cat([torch.linalg.vector_norm(torch.bmm(a[i:i + step], v[i:i + step]),
+                                                      dim=(1, 2)).square_()
+                             for i in range(0, B, step)])
+    return squares.sqrt_().mul_(abs(scale))
+
+
 def _state_sums(grads, h, h0, reverse, active, scale):
     """``dW_hh`` per sequence: ``scale * sum_t grads[t, b]^T h_prev[t, b]``. Without
     packing, ``h_prev`` is ``h`` shifted by one step (h0 at the first): two products on
@@ -97,8 +140,9 @@ def _state_sums(grads, h, h0, reverse, active, scale):
 
 
 def backward(cfg, hidden_size, x, batch_sizes, h0, c0, weights, masks, saved, dy, dh, dc, want,
-             scale=1.0):
-    """Input and state gradients, and the weight gradients of each sequence.
+             scale=1.0, norms=False, keep=None):
+    """Input and state gradients, and the weight gradients of each sequence (or their
+    norms).
 
     Parameters
     ----------
@@ -114,14 +158,20 @@ def backward(cfg, hidden_size, x, batch_sizes, h0, c0, weights, masks, saved, dy
         Whether to compute ``dx``, ``dh0``, ``dc0``.
     scale : float
         Multiplier of the per-sample gradients (the batch size, for a mean loss).
+    norms : bool
+        Return each sequence's gradient norm for each weight instead of the gradients.
+    keep : list or None
+        With ``norms``: receives what :func:`weighted_sums` needs to form
+        ``sum_b c[b] * (sequence b's weight gradients)`` later (the gate gradients are
+        copied out of the kernels' buffers).
 
     Returns
     -------
     dx, dh0, dc0 : Tensor or None
     per_sample : list of Tensor
-        ``[B, *w.shape]`` for each of ``weights`` (times ``scale``), in the batch order of
-        the kernels' call (for packed input, the order of ``PackedSequence.batch_sizes``:
-        sorted).
+        ``[B, *w.shape]`` for each of ``weights`` (times ``scale``), or with ``norms``,
+        ``[B]``, the Frobenius norms of those; in the batch order of the kernels' call (for
+        packed input, the order of ``PackedSequence.batch_sizes``: sorted).
     """
     problem = engine.problem_for(x, batch_sizes, h0, c0, weights, cfg, hidden_size)
     T, B, H, P, L, D = problem.T, problem.B, problem.H, problem.P, problem.L, problem.D
@@ -177,18 +227,23 @@ def backward(cfg, hidden_size, x, batch_sizes, h0, c0, weights, masks, saved, dy
         for d in range(D):
             k = layer * D + d
             grads = _padded(dgates[d], problem)                     # [T, B, 4H]
+            h_k = parts["h"][k].to(dtype)
+            h0_k = None if h0_all is None else h0_all[k].to(dtype)
+            r = (parts["o"][k].to(dtype) * parts["tanhc"][k].to(dtype)
+                 if problem.projected else None)
+            dh_k = _padded(dh_rows[d], problem) if problem.projected else None
             base = k * per_dir
+            if norms:
+                _direction_norms(per_sample, base, per_dir, grads, values_x, h_k, h0_k,
+                                 d == 1, active, r, dh_k, cfg.has_bias, scale, keep)
+                continue
             per_sample[base] = _sum_over_steps(grads, values_x, scale)
-            per_sample[base + 1] = _state_sums(grads, parts["h"][k].to(dtype),
-                                               None if h0_all is None else h0_all[k].to(dtype),
-                                               d == 1, active, scale)
+            per_sample[base + 1] = _state_sums(grads, h_k, h0_k, d == 1, active, scale)
             if cfg.has_bias:
                 per_sample[base + 2] = grads.sum(0).mul_(scale)
                 per_sample[base + 3] = per_sample[base + 2].clone()
             if problem.projected:
-                r = parts["o"][k].to(dtype) * parts["tanhc"][k].to(dtype)
-                per_sample[base + per_dir - 1] = _sum_over_steps(_padded(dh_rows[d], problem), r,
-                                                                 scale)
+                per_sample[base + per_dir - 1] = _sum_over_steps(dh_k, r, scale)
         if want[1]:
             dh0[ks] = ldh0
         if want[2]:
@@ -201,3 +256,116 @@ def backward(cfg, hidden_size, x, batch_sizes, h0, c0, weights, masks, saved, dy
         dx = dx.transpose(0, 1).contiguous()
     per_sample = [g.to(w.dtype) for g, w in zip(per_sample, weights)]
     return dx, dh0, dc0, per_sample
+
+
+def _direction_norms(out, base, per_dir, grads, values_x, h, h0, reverse, active, r, dh,
+                     has_bias, scale, keep=None):
+    """Each sequence's gradient norm for the weights of one layer and direction, into
+    ``out[base:base + per_dir]`` (``grads [T, B, 4H]`` its gate gradients, ``h`` its states,
+    ``r``/``dh`` the projection's values and gradients or None); with ``keep``, appends
+    ``(first weight index, gradient rows, value rows, bias, inputs)`` to it: the gate
+    gradients with ``[x | h_prev]`` (the weights ``base``, ``base + 1`` split after
+    ``inputs`` columns and, if ``bias``, the two biases), and the projection's with ``r``
+    (``inputs`` None: one weight)."""
+    if keep is not None:
+        # Copies: the unpacked gate gradients are views of the kernels' work buffers.
+        grads = grads.clone(memory_format=torch.contiguous_format)
+        dh = None if dh is None else dh.clone(memory_format=torch.contiguous_format)
+    T, _, G = grads.shape
+    gram = []
+
+    def gram_of_grads():  # shared by W_ih, W_hh and the biases
+        if not gram:
+            gram.append(_gram(grads))
+        return gram[0]
+
+    grads_gram = gram_of_grads if _use_gram(T, G, values_x.shape[-1] + h.shape[-1]) else None
+    if h0 is None:
+        h0 = h.new_zeros(h.shape[1:])
+    h_prev = _previous_states(h, h0, reverse, active)
+    if active is not None:
+        h_prev = h_prev * active
+    out[base] = _norms_of_sums(grads, values_x, scale, grads_gram)
+    out[base + 1] = _norms_of_sums(grads, h_prev, scale, grads_gram)
+    if has_bias:
+        if grads_gram is not None:  # ||sum_t g_t||^2: the sum of the Gram matrix
+            bias = grads_gram().sum((1, 2)).clamp_(min=0).sqrt_()
+        else:
+            bias = torch.linalg.vector_norm(grads.sum(0), dim=1)
+        out[base + 2] = bias.mul_(abs(scale))
+        out[base + 3] = out[base + 2].clone()
+    if r is not None:
+        out[base + per_dir - 1] = _norms_of_sums(
+            dh, r, scale, (lambda: _gram(dh)) if _use_gram(T, dh.shape[-1], r.shape[-1]) else None)
+    if keep is not None:
+        rows = grads.reshape(-1, G)
+        keep.append((base, rows, torch.cat([values_x, h_prev], dim=-1).reshape(rows.shape[0], -1),
+                     has_bias, values_x.shape[-1]))
+        if r is not None:
+            keep.append((base + per_dir - 1, dh.reshape(rows.shape[0], -1),
+                         r.reshape(rows.shape[0], -1), False, None))
+
+
+def weighted_sums(kept, factors, weights):
+    """``sum_b factors[b] * (sequence b's gradient)`` of each weight, from what
+    :func:`backward` kept (``factors [B]``, in its batch order): one product over all
+    rows for the input, state and bias weights of a layer and direction together (value
+    rows ``[x | h_prev | 1]`` scaled by their sequence's factor), one for a projection."""
+    out = [None] * len(weights)
+    rows = kept[0][1].shape[0]
+    dtype = kept[0][1].dtype
+    per_row = factors.to(dtype).repeat(rows // factors.shape[0])[:, None]  # row t*B + b
+    for index, grads, values, bias, inputs in kept:
+        width = values.shape[1]
+        scaled = torch.empty((rows, width + bias), dtype=dtype)
+        torch.mul(values, per_row, out=scaled[:, :width])
+        if bias:
+            scaled[:, width:] = per_row
+        total = torch.mm(grads.t(), scaled)
+        if inputs is None:  # a projection
+            out[index] = total
+            continue
+        out[index], out[index + 1] = total[:, :inputs], total[:, inputs:width]
+        if bias:
+            out[index + 2] = total[:, width]
+            out[index + 3] = total[:, width].clone()
+    return [g.to(w.dtype).contiguous() for g, w in zip(out, weights)]
+
+
+def rescaling_factors(pairs, batch, rtol):
+    """Per-sample factors ``c [B]`` (float64) with ``second = c[b] * first`` for each
+    sample's part of every pair, to within ``rtol`` of the part's norm, or None if there
+    are none.
+
+    ``pairs`` holds ``(first, second, where)``: two gradients of one output (either may
+    be None, a zero gradient) and where the sample index is: a dimension, or a tensor
+    giving each row's sample (packed rows).
+    """
+    parts = []
+    for first, second, where in pairs:
+        if first is None and second is None:
+            continue
+        if first is None or second is None:
+            return None  # one pass used the output and the other did not
+        parts.append((first.detach().double(), second.detach().double(), where))
+
+    def per_sample(values, where):
+        if isinstance(where, int):
+            return values.sum([d for d in range(values.dim()) if d != where])
+        return values.new_zeros(batch).index_add_(0, where, values.flatten(1).sum(1))
+
+    def expand(c, values, where):
+        if isinstance(where, int):
+            return c.view([-1 if d == where else 1 for d in range(values.dim())])
+        return c[where].view([-1] + [1] * (values.dim() - 1))
+
+    if not parts:
+        return None
+    dot = sum(per_sample(a * b, w) for a, b, w in parts)
+    first_sq = sum(per_sample(a * a, w) for a, _, w in parts)
+    second_sq = sum(per_sample(b * b, w) for _, b, w in parts)
+    c = torch.where(first_sq > 0, dot / first_sq.clamp(min=1e-300), 0.0)
+    residual = sum(per_sample((b - expand(c, a, w) * a).square(), w) for a, b, w in parts)
+    if bool((residual <= rtol * rtol * second_sq).all()):
+        return c
+    return None

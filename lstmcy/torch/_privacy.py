@@ -13,9 +13,17 @@ Two consumers ask a module for each sample's weight gradients:
   hook sees only the gradient of ``output``, not those of ``h_n`` and ``c_n``, so the
   module computes them itself, in its backward, from every output's gradient.
 
+- Opacus's ghost clipping (``grad_sample_mode="ghost"``, ``GradSampleModuleFastGradientClipping``):
+  the norm sampler registered here hands Opacus each sample's gradient norm per weight,
+  which the module's backward computes without forming the per-sample gradients. Opacus
+  then runs a second backward, of the loss reweighted by its clipping coefficients, with
+  its hooks disabled: its summed weight gradients are the clipped sum, formed from the
+  first backward's gate gradients (:func:`_rescaled`). The first leaves the weights'
+  ``.grad`` alone (Opacus sets it to zero between the two).
+
 Either way the forward runs :class:`PerSampleFunction`, whose backward is
 :func:`lstmcy._per_sample.backward`: the kernels' gate gradients summed over each
-sample's own steps.
+sample's own steps (or those sums' norms).
 """
 import functools
 import importlib.abc
@@ -48,14 +56,24 @@ class PerSample:
         Also return the summed weight gradients to autograd (``.grad``).
     batch_size : int or None
         The batch the per-sample gradients must have (ExpandedWeights'), or None.
+    norms : bool
+        Opacus's ghost clipping: hand over each sample's gradient norms, not the gradients.
+    owner : object or None
+        Opacus's hooks object; while its hooks are disabled the backward is the plain one.
     """
 
-    def __init__(self, weights, targets, scale, module=None, summed=False, batch_size=None):
+    def __init__(self, weights, targets, scale, module=None, summed=False, batch_size=None,
+                 norms=False, owner=None):
         self.weights, self.targets, self.scale = weights, targets, scale
         self.module, self.summed, self.batch_size = module, summed, batch_size
+        self.norms, self.owner = norms, owner
         self.unsorted_indices = None  # packed input: batch order of the sorted sequences
         # Opacus: its backward hook, and whether it sees the input (a tensor, not packed).
         self.hook, self.tensor_input = None, True
+
+    def active(self):
+        """Whether this backward gives per-sample results (Opacus's hooks are enabled)."""
+        return self.owner is None or getattr(self.owner, "hooks_enabled", True)
 
     def deliver(self, per_sample, hook_follows=True):
         """Hand over ``per_sample`` (``[B, *w.shape]`` per weight, in the kernels' order);
@@ -70,6 +88,9 @@ class PerSample:
             params = [module._parameters.get(name) for name in module._flat_weights_names]
             pairs = [(param, grad.to(param.dtype)) for param, grad in zip(params, per_sample)
                      if param is not None and param.requires_grad]
+            if self.norms:
+                self._deliver_norms(pairs, hook_follows)
+                return
             if module.__dict__.get("_lstmcy_deferred", 0) > 0:
                 # Opacus's hook ran first (no input needed a gradient: it fires with the
                 # output's) and stored zeros for _grad_sampler's placeholders.
@@ -101,6 +122,19 @@ class PerSample:
             existing = getattr(target, "grad_sample", None)
             target.grad_sample = grad if existing is None else existing + grad
 
+    def _deliver_norms(self, pairs, hook_follows):
+        """Opacus's ghost clipping: ``(param, norms [B])`` pairs to its norm sampler (or,
+        if its hook has run already, to the ``_norm_sample`` it set)."""
+        module = self.module
+        if module.__dict__.get("_lstmcy_deferred", 0) > 0:
+            module._lstmcy_deferred -= 1
+            for param, norm in pairs:
+                param._norm_sample = norm  # in place of _norm_sampler's empty placeholder
+            return
+        module._lstmcy_norm_samples = dict(pairs)
+        if not hook_follows:
+            self.hook(module, (), (pairs[0][1].new_zeros(1),))
+
 
 class PerSampleFunction(torch.autograd.Function):
     """``(x, h0, c0, *weights) -> (y, h_n, c_n)``, whose backward also gives each
@@ -123,12 +157,34 @@ class PerSampleFunction(torch.autograd.Function):
         needs = ctx.needs_input_grad
         want = (needs[5], h0 is not None and needs[6], c0 is not None and needs[7])
         sink = ctx.sink
+        if not sink.active():
+            # Opacus's hooks are disabled (ghost clipping's second backward): plain gradients.
+            output_mask = want + (any(needs[8:]),)
+            if not any(output_mask):
+                return (None,) * len(needs)
+            rescaled = _rescaled(ctx, x, batch_sizes, weights, dy, dh, dc, want)
+            if rescaled is not None:
+                dx, dh0, dc0, dweights = rescaled
+            else:
+                problem = engine.problem_for(x, batch_sizes, h0, c0, weights, ctx.cfg,
+                                             ctx.hidden_size)
+                dx, dh0, dc0, dweights = engine.backward(problem, saved, masks, dy, dh, dc,
+                                                         output_mask)
+            dweights = ([g if need else None for g, need in zip(dweights, needs[8:])]
+                        if output_mask[3] else [None] * len(weights))
+            return (None, None, None, None, None, dx if want[0] else None,
+                    dh0 if want[1] else None, dc0 if want[2] else None, *dweights)
+        keep = [] if sink.norms else None
         dx, dh0, dc0, per_sample = _per_sample.backward(
             ctx.cfg, ctx.hidden_size, x, batch_sizes, h0, c0, list(weights), list(masks), saved,
-            dy, dh, dc, want, sink.scale)
+            dy, dh, dc, want, sink.scale, norms=sink.norms, keep=keep)
+        if keep:
+            # For the second backward of ghost clipping (see _rescaled).
+            ctx.kept = (keep, (dy, dh, dc),
+                        tuple(None if g is None else g.clone() for g in (dx, dh0, dc0)))
         # Opacus's hook runs only once the output's gradient has reached it.
         sink.deliver(per_sample, sink.tensor_input and dy is not None)
-        if sink.summed:
+        if sink.summed and not sink.norms:
             # numpy's single-threaded sum: torch's reduction spends more in its threads'
             # start-up than in the additions here.
             dweights = [torch.from_numpy(g.numpy().sum(0) / sink.scale) if need else None
@@ -137,6 +193,49 @@ class PerSampleFunction(torch.autograd.Function):
             dweights = [None] * len(weights)
         return (None, None, None, None, None, dx if want[0] else None,
                 dh0 if want[1] else None, dc0 if want[2] else None, *dweights)
+
+
+def _rescaled(ctx, x, batch_sizes, weights, dy, dh, dc, want):
+    """The second backward of ghost clipping from the first's gate gradients, or None.
+
+    Opacus's second backward is of the loss reweighted by each sample's clipping
+    coefficient, so the output gradients reaching the module are, sample by sample, the
+    first backward's times a factor ``c[b]`` (to within rounding). The backward is linear
+    in them: its gate gradients are the first's times ``c[b]``, its weight gradients
+    ``sum_b c[b] * (sample b's)`` and its input and state gradients the first's times
+    ``c[b]``. Those are formed from what the first backward kept (no recurrence), when
+    the output gradients are such multiples to within a few hundred units of rounding
+    of each sample's norm; otherwise (None) the kernels run the backward again.
+    """
+    kept = getattr(ctx, "kept", None)
+    if kept is None:
+        return None
+    keep, first, (dx1, dh0_1, dc0_1) = kept
+    if (want[0] and dx1 is None) or (want[1] and dh0_1 is None) or (want[2] and dc0_1 is None):
+        return None
+    packed = batch_sizes is not None
+    batch = int(batch_sizes[0]) if packed else x.shape[0 if ctx.cfg.batch_first else 1]
+    if packed:  # each packed row's sequence (in the sorted order the kernels use)
+        where_y = torch.cat([torch.arange(int(n)) for n in batch_sizes])
+    else:
+        where_y = 0 if ctx.cfg.batch_first else 1
+    rtol = 256 * torch.finfo(x.dtype).eps
+    factors = _per_sample.rescaling_factors(
+        [(first[0], dy, where_y), (first[1], dh, 1), (first[2], dc, 1)], batch, rtol)
+    if factors is None:
+        return None
+
+    def times(grad, where):  # each sample's part of grad times its factor
+        if grad is None:
+            return None
+        c = factors.to(grad.dtype)
+        if isinstance(where, torch.Tensor):  # packed rows
+            return grad * c[where].view(-1, 1)
+        return grad * c.view([-1 if d == where else 1 for d in range(grad.dim())])
+
+    dweights = _per_sample.weighted_sums(keep, factors, list(weights))
+    return (times(dx1, where_y) if want[0] else None, times(dh0_1, 1) if want[1] else None,
+            times(dc0_1, 1) if want[2] else None, dweights)
 
 
 # ---------------------------------------------------------------------------
@@ -157,8 +256,8 @@ def _batch_of(input, batch_first):
 
 def _opacus_hook(module):
     """The backward hook of the Opacus ``GradSampleModule`` hooking ``module`` (a
-    ``functools.partial`` of ``capture_backprops_hook``), or None: not hooked, or its
-    hooks disabled."""
+    ``functools.partial`` of ``capture_backprops_hook``, whose ``__self__`` is the hooks
+    object), or None: not hooked, or its hooks disabled."""
     for hook in module._backward_hooks.values():
         if (isinstance(hook, functools.partial)
                 and getattr(hook.func, "__name__", "") == "capture_backprops_hook"):
@@ -185,8 +284,12 @@ def per_sample_mode(module, weights, input):
     # Opacus reads the batch size from here (its own guess reads the input's first axis).
     module.max_batch_len = batch = _batch_of(input, module.batch_first)
     reduction = hook.keywords.get("loss_reduction", "mean")
+    owner = getattr(hook.func, "__self__", None)
+    # Ghost clipping: the hooks object asks the registered norm sampler of the class.
+    norms = (getattr(owner, "use_ghost_clipping", False)
+             and type(module) in getattr(owner, "NORM_SAMPLERS", {}))
     sink = PerSample(list(weights), None, batch if reduction == "mean" else 1, module=module,
-                     summed=True)
+                     summed=True, norms=bool(norms), owner=owner)
     sink.hook, sink.tensor_input = hook, isinstance(input, torch.Tensor)
     return sink
 
@@ -212,12 +315,26 @@ def _grad_sampler(layer, activations, backprops):
             for param in layer.parameters(recurse=False) if param.requires_grad}
 
 
+def _norm_sampler(layer, activations, backprops):
+    """Opacus norm sampler (ghost clipping): each sample's gradient norm per weight, which
+    the layer's backward computed. As :func:`_grad_sampler`, when the hook runs before
+    the backward it returns empty placeholders, which the backward replaces."""
+    stored = layer.__dict__.pop("_lstmcy_norm_samples", None)
+    if stored:
+        return stored
+    layer._lstmcy_deferred = layer.__dict__.get("_lstmcy_deferred", 0) + 1
+    return {param: param.new_zeros((0,))
+            for param in layer.parameters(recurse=False) if param.requires_grad}
+
+
 def register_opacus(cls):
-    """Register ``cls``'s grad sampler with Opacus now if ``opacus.grad_sample`` is
-    imported, else when it is."""
-    if "opacus.grad_sample" in sys.modules and hasattr(sys.modules["opacus.grad_sample"],
-                                                        "register_grad_sampler"):
-        sys.modules["opacus.grad_sample"].register_grad_sampler(cls)(_grad_sampler)
+    """Register ``cls``'s grad sampler (and norm sampler, for ghost clipping, where Opacus
+    has them) with Opacus now if ``opacus.grad_sample`` is imported, else when it is."""
+    grad_sample = sys.modules.get("opacus.grad_sample")
+    if grad_sample is not None and hasattr(grad_sample, "register_grad_sampler"):
+        grad_sample.register_grad_sampler(cls)(_grad_sampler)
+        if hasattr(grad_sample, "register_norm_sampler"):
+            grad_sample.register_norm_sampler(cls)(_norm_sampler)
         return
     if importlib.util.find_spec("opacus") is None:
         return
