@@ -1,33 +1,19 @@
 """One DP-SGD step (Opacus, per-sample clipping and noise) with ``lstmcy.torch.LSTM``
-against Opacus's ``DPLSTM``, and against a non-private lstmcy step.
+against Opacus's ``DPLSTM``, and against non-private steps.
 
-The model is an LSTM classifier (a linear layer on the last layer's ``h_n``,
-cross-entropy); every model starts from the same weights and sees the same batch. A step
-is ``zero_grad``, forward, loss, backward, ``optimizer.step()``:
-
-- ``lstmcy DP``: ``PrivacyEngine.make_private`` (hooks) on the lstmcy model: per-sample
-  gradients from lstmcy's kernels, clipped and noised by Opacus's ``DPOptimizer``;
-- ``lstmcy ghost``: ``make_private(..., grad_sample_mode="ghost")``: each sample's gradient
-  norms from the kernels' gate gradients (the per-sample gradients never formed), then
-  Opacus's second backward of the loss reweighted by its clipping coefficients;
-- ``DPLSTM DP`` and ``DPLSTM ghost``: the same with ``opacus.layers.DPLSTM`` (an LSTM of
-  ``nn.Linear`` cells whose per-sample gradients Opacus's hooks compute);
-- ``lstmcy``: the lstmcy model with plain SGD (no per-sample gradients);
-- ``nn.LSTM``: ``torch.nn.LSTM`` with plain SGD, for reference.
-
-The steps run in rotating rounds (``timing.measure``, one step a batch); the report gives the
-median ms per step, and per mode the same-round ratios ``DPLSTM / lstmcy`` (speed-up) and
-``lstmcy DP / lstmcy`` (cost of privacy).
-
-Run::
+An LSTM classifier (a linear head on ``h_n``, cross-entropy), every model from the same
+weights on the same batch; a step is ``zero_grad``, forward, loss, backward,
+``optimizer.step()``. Private steps: ``PrivacyEngine.make_private`` with
+``grad_sample_mode`` ``hooks`` (per-sample gradients formed) or ``ghost`` (their norms,
+then a second backward of the reweighted loss), for lstmcy and for ``DPLSTM``; plain SGD
+for lstmcy and ``nn.LSTM``. Rotating rounds (``timing.measure``); the report gives median
+ms per step and same-round ratios. Run::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_dp_sgd.py
-    python benchmarks/bench_dp_sgd.py --shape 50,64,32,128 --rounds 5 --markdown out.md
     python benchmarks/bench_dp_sgd.py --json benchmarks/results/<headline run>.json
 
-``--json`` writes the run (every round's times, the outside load, the load average before
-and after) as the ``dp_sgd`` section of that file, keeping its other sections: in the
-headline run's file, ``report.py --results-md`` puts it in RESULTS.md.
+``--json`` writes the run as the ``dp_sgd`` section of that file (its other sections kept),
+which ``report.py --results-md`` renders.
 """
 import argparse
 import datetime
@@ -174,7 +160,6 @@ def main(argv=None):
     parser.add_argument("--shape", action="append", default=None,
                         help="T,B,I,H (repeatable; default: " + " and ".join(map(str, SHAPES)) + ")")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--markdown", default=None, help="also write the Markdown table here")
     parser.add_argument("--json", default=None,
                         help="also write the run as this JSON file's dp_sgd section")
     args = parser.parse_args(argv)
@@ -185,9 +170,6 @@ def main(argv=None):
         results.append(run(shape, args.rounds))
         print_samples(results[-1])
         print(markdown(results, sys.argv), flush=True)
-    if args.markdown:
-        with open(args.markdown, "w") as fh:
-            fh.write(markdown(results, sys.argv))
     if args.json:
         import opacus
         meta = {"argv": sys.argv, "date": datetime.datetime.now(datetime.timezone.utc)

@@ -1,22 +1,12 @@
 """Step-by-step calls: lstmcy against PyTorch where each call is one small time step.
 
-Cases (float32, input 16, hidden 32 unless given), each timed side by side in one process
-(``timing.measure``: rotating order, medians over rounds):
-
-* ``numpy step``: one inference step through the numpy API (``lstm_forward`` with T=1,
-  B=1, and the bound ``LSTMPlan.step``) against ``nn.LSTMCell``'s step (no grad);
-* ``torch LSTM T=1``: ``lstmcy.torch.LSTM`` against ``nn.LSTM``, one step, inference;
-* ``torch cell``: ``lstmcy.torch.LSTMCell`` against ``nn.LSTMCell``, one step, inference;
-* ``unrolled B``: 20 steps of a cell, forward and backward (``h.sum()`` of the last
-  state), ``lstmcy.torch.LSTMCell`` against ``nn.LSTMCell``, B=1 and B=32;
-* ``numpy train T=1``: ``lstm_forward`` + ``cache.backward`` of one step (no PyTorch
-  counterpart).
-
-Run: ``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_step.py
-[--repeats N] [--torch-threads N]``. The report names the kernels that ran (lstmcy's build:
-``LSTMCY_KERNELS`` forces one; OpenBLAS's core type from threadpoolctl) and how many
-cores other processes kept busy meanwhile: a run under outside load is not valid for the
-targets.
+Float32, input 16, hidden 32, side by side in one process (``timing.measure``): one
+inference step through the numpy API (``lstm_forward``, ``LSTMPlan.step``) against
+``nn.LSTMCell``; ``lstmcy.torch.LSTM`` against ``nn.LSTM`` at T=1; ``lstmcy.torch.LSTMCell``
+against ``nn.LSTMCell``, one step and 20 steps unrolled forward and backward (B=1, B=32);
+a numpy training step at T=1. The report names the kernels that ran and the cores other
+processes kept busy (a run under outside load is not valid for the targets). Run:
+``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_step.py``.
 """
 import argparse
 import os

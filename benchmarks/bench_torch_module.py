@@ -1,35 +1,17 @@
 """Training-step benchmark: ``lstmcy.torch.LSTM`` against ``torch.nn.LSTM`` on the CPU.
 
-One step is: forward of the LSTM, a linear classifier on the last layer's final hidden
-state (both directions if bidirectional), cross-entropy, backward, optimiser step. The
-two models start from the same weights and see the same batches. Their steps run in
-alternate blocks in one process (so machine noise hits both alike), and the medians are
-reported side by side with the speed-up ``torch time / lstmcy time``.
-
-Each block is ``--block`` steps of one model, of which the first ``SETTLE`` are not timed:
-a step right after the other model's is slower (its code and data were evicted, the
-other library's threads still spin, ~50-70 % at (32,16,32,64)), and a training loop runs
-one model, step after step.
-
-Run::
+A step: the LSTM, a linear head on the last layer's final state, cross-entropy, backward,
+optimiser step; both models start from the same weights and see the same batches, in
+alternate blocks of ``--block`` steps in one process (the first ``SETTLE`` of a block not
+timed: a step right after the other model's runs on evicted caches and the other
+library's spinning threads). ``--breakdown`` also times each LSTM alone and its forward
+alone, and the machine's GEMM peak. Run::
 
     python benchmarks/bench_torch_module.py                 # default shapes, float32, Adam
     python benchmarks/bench_torch_module.py --optim sgd --dtype float64 --repeats 100
-    python benchmarks/bench_torch_module.py --shape 32,16,32,64,1,0   # T,B,I,H,layers,bidir
-    python benchmarks/bench_torch_module.py --breakdown     # and where the step's time goes
-    python benchmarks/bench_torch_module.py --threads 1 --clock cpu  # on a loaded machine
-    python benchmarks/bench_torch_module.py --shape 32,16,32,64,1,0,1  # packed sequences
+    python benchmarks/bench_torch_module.py --shape 32,16,32,64,1,0,1  # T,B,I,H,L,bidir,packed
     python benchmarks/bench_torch_module.py --shape 50,32,80,512,1,0 --proj-size 128  # LSTMP
-
-A shape's optional seventh field (1) feeds ``PackedSequence`` batches of random lengths
-in ``[T/2, T]`` (unsorted, ``enforce_sorted=False``) instead of padded tensors.
-
-``--breakdown`` also times, in the same interleaved rounds, each module's LSTM alone
-(forward and backward of ``h_n``, no head, loss or optimiser) and its forward alone, so
-that the rest of the step (head, loss, autograd, optimiser: the same work with either
-module) and the LSTM's backward are differences; and it measures the machine's GEMM
-peak, to show how fast lstmcy's part would have to be for a given speed-up and what its
-FLOPs cost at that peak.
+    python benchmarks/bench_torch_module.py --threads 1 --clock cpu --breakdown
 """
 import argparse
 import statistics

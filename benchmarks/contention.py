@@ -1,17 +1,10 @@
 """Threads that outnumber the cores, and cores another process holds.
 
-Two measurements, each side by side in one run (medians of alternating blocks of calls):
-
-* **Oversubscribed**: the training pass (forward + backward) on 2 threads and on 4 x the
-  CPU count (8 on a 2-core machine) threads. Waits never spin without bound, so the
-  extra threads must cost little (target: within ~10 %).
-* **Outside load**: with a busy process on every CPU (a spinning loop each), the
-  automatic thread count against one thread. The automatic count is the CPU count, and
-  the ThreadTuner moves small calls to one thread when that is faster (target: automatic
-  never more than 10 % slower than one thread).
-
-Usage (the OpenBLAS variables unset in this command only); ``--json`` writes the run as
-the ``contention`` section of the scaling run's file, keeping the rest of it::
+Side by side in one run (medians of alternating blocks): the training pass on 2 threads
+against 4 x the CPU count (waits never spin without bound: target within ~10 %); and, with
+a spinning process on every CPU, the automatic thread count against one thread (target:
+never more than 10 % slower). ``--json`` writes the run as the ``contention`` section of
+the scaling run's file, keeping the rest of it::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/contention.py \\
         --shapes small-32x16,small-50x32,large-256 --json benchmarks/results/scaling.json

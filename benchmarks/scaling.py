@@ -1,24 +1,14 @@
 """Predicted scaling to N threads, from the task graph of real calls replayed on N workers.
 
-A machine with 2 cores cannot time 8 or 32 threads. The kernels' work is a task graph,
-though, and each task's duration can be measured: for each N the calls run with the
-schedule lstmcy uses on N threads (its row groups, unit parts and packing pieces), on one
-thread, with the kernels tracing every task (``LSTMPlan.trace``). The graph is then
-replayed on N workers the way the kernels run it (list scheduling: the next task in list
-order goes to the first worker free, which waits there for the task's inputs), and the
-predicted time is the replay's makespan. For each shape it reports the predicted speed-up
-over one thread, the critical path (span: the recurrence and what waits for it) and the
-work per worker (total / N), and which of the two bounds the call.
-
-A units split's unit steps also count the handoff between cores measured for the shape on
-two threads (:func:`handoff_ns`). What the model leaves out: the cores' shared caches and memory bandwidth (tasks are timed
-alone on one core), the wake-up of sleeping workers, frequency changes with the number
-of busy cores, and, with ``packed_dx``, the other dx pieces' wait for the first one's
-packing of w_ih (which the first piece's traced time includes). Measured 1 -> 2 thread
-speed-ups (the same traced calls really run on two threads) are printed beside the
-prediction for N = 2 as a check of the model.
-
-Usage (the OpenBLAS variables unset in this command only)::
+A 2-core machine cannot time 8 or 32 threads, but the kernels' work is a task graph whose
+tasks can be timed: for each N the calls run on one thread with the schedule lstmcy uses
+on N threads, tracing every task (``LSTMPlan.trace``), and the graph is replayed on N
+workers as the kernels take tasks (list scheduling). Reported per shape: the predicted
+speed-up over one thread, the span (the recurrence and what waits for it) and the work per
+worker, and which bounds the call; a units split's steps also count the handoff measured
+on two threads (:func:`handoff_ns`), and the measured 1 -> 2 speed-up is printed beside
+the prediction as a check. Left out: shared caches and memory bandwidth, workers' wake-up,
+frequency changes. Usage::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/scaling.py \\
         --shapes small-50x32,large-256,braun,bidir2-large,deepbench-512 \\
