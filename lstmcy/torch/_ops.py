@@ -77,15 +77,16 @@ class _TorchNames(ArgumentNames):
         return self.param(None, k)
 
 
-def _check_dtypes(input, named):
-    """``input`` is a float32 or float64 tensor and every tensor of ``named`` (``(name,
-    tensor or None)`` pairs) has its dtype: a numpy view keeps the dtype, and there is
-    none for bfloat16."""
+def _check_dtypes(input, tensors, name_of):
+    """``input`` is a float32 or float64 tensor and every tensor of ``tensors`` (None
+    allowed) has its dtype: a numpy view keeps the dtype, and there is none for bfloat16.
+    ``name_of(k)`` names ``tensors[k]``, called only for a message."""
     if input.dtype not in _DTYPES:
         raise TypeError(f"input must be a float32 or float64 tensor, got {input.dtype}")
-    for name, value in named:
+    for k, value in enumerate(tensors):
         if value is not None and value.dtype != input.dtype:
-            raise TypeError(f"{name} has dtype {value.dtype}, expected {input.dtype} (input's)")
+            raise TypeError(f"{name_of(k)} has dtype {value.dtype}, expected {input.dtype} "
+                            f"(input's)")
 
 
 def _weight_names(cfg):
@@ -114,12 +115,15 @@ def _checked_problem(input, batch_sizes, h0, c0, weights, masks, cfg, hidden_siz
     if (h0 is None) != (c0 is None):
         raise ValueError("h0 and c0 must be both given or both None")
     names = _TorchNames(cfg)
-    if len(weights) != len(_weight_names(cfg)):
-        raise ValueError(f"weights must be the {len(_weight_names(cfg))} tensors "
-                         f"{', '.join(_weight_names(cfg))}; got {len(weights)}")
-    _check_dtypes(input, [("h0", h0), ("c0", c0)]
-                  + [(names.param(None, k), w) for k, w in enumerate(weights)]
-                  + [(f"masks[{k}]", m) for k, m in enumerate(masks)])
+    per_direction = 2 + 2 * cfg.has_bias + (cfg.proj_size > 0)
+    if len(weights) != per_direction * cfg.num_layers * cfg.num_directions:
+        expected = _weight_names(cfg)
+        raise ValueError(f"weights must be the {len(expected)} tensors {', '.join(expected)}; "
+                         f"got {len(weights)}")
+    n_weights = len(weights)
+    _check_dtypes(input, [h0, c0, *weights, *masks],
+                  lambda k: (("h0", "c0")[k] if k < 2 else names.param(None, k - 2)
+                             if k < 2 + n_weights else f"masks[{k - 2 - n_weights}]"))
     problem = engine.problem_for(input, batch_sizes, h0, c0, weights, cfg, hidden_size,
                                  names=names)
     if problem.H != hidden_size:
@@ -144,8 +148,8 @@ def _check_gradients(problem, input, saved, grad_y, grad_h_n, grad_c_n, cfg, out
     if len(output_mask) != 4:
         raise ValueError(f"output_mask must be 4 bools (dx, dh0, dc0, dweights), got "
                          f"{len(output_mask)}")
-    _check_dtypes(input, [("saved", saved), ("grad_y", grad_y), ("grad_h_n", grad_h_n),
-                          ("grad_c_n", grad_c_n)])
+    _check_dtypes(input, [saved, grad_y, grad_h_n, grad_c_n],
+                  ("saved", "grad_y", "grad_h_n", "grad_c_n").__getitem__)
     numel = engine.saved_numel(cfg, problem.H, problem.T, problem.B)
     check_array("saved", engine._np(saved), (numel,), problem.dtype, ndim=None)
     shapes = problem.shapes
