@@ -1,14 +1,18 @@
 """Step-by-step calls: lstmcy against PyTorch where each call is one small time step.
 
-Float32, input 16, hidden 32, side by side in one process (``timing.measure``): one
-inference step through the numpy API (``lstm_forward``, ``LSTMPlan.step``) against
+Float32, input 16, hidden 32, side by side in one process (``timing.measure``): a stream of
+inference steps (each step's states are the next one's input; gradients off around the
+loop, as ``torch.no_grad`` around a stream does) through the numpy API (``lstm_forward``, ``LSTMPlan.step``) against
 ``nn.LSTMCell``; ``lstmcy.torch.LSTM`` against ``nn.LSTM`` at T=1; ``lstmcy.torch.LSTMCell``
 against ``nn.LSTMCell``, one step and 20 steps unrolled forward and backward (B=1, B=32);
 a numpy training step at T=1. The report names the kernels that ran and the cores other
 processes kept busy (a run under outside load is not valid for the targets). Run:
-``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_step.py``.
+``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_step.py``;
+``--json benchmarks/results/<headline run>.json`` writes the run as that file's ``step``
+section (RESULTS.md's "Step-by-step calls").
 """
 import argparse
+import datetime
 import os
 
 from _env import reexec_without_openblas_overrides
@@ -21,11 +25,12 @@ import torch  # noqa: E402
 import lstmcy  # noqa: E402
 import lstmcy.torch as lt  # noqa: E402
 from lstmcy._engine.dispatch import kernels  # noqa: E402
-from machine import cpu_snapshot, machine_label, others_cores  # noqa: E402
+import machine  # noqa: E402
+from machine import cpu_snapshot, others_cores  # noqa: E402
 from report import LOAD_LIMIT  # noqa: E402  (outside load above which targets are not graded)
 from timing import measure  # noqa: E402
 
-TITLE = "Step-by-step calls and the LSTM cell (`benchmarks/bench_step.py`)"
+TITLE = "Step-by-step calls and the LSTM cell"
 #: The ratios the issue asks for: (case, lstmcy's variant, PyTorch's, at least).
 TARGETS = [
     ("numpy step", "lstmcy.lstm_forward", "nn.LSTMCell", 4.0),
@@ -35,6 +40,10 @@ TARGETS = [
     ("unrolled B=1", "lstmcy.torch.LSTMCell", "nn.LSTMCell", 5.0),
     ("unrolled B=32", "lstmcy.torch.LSTMCell", "nn.LSTMCell", 5.0),
 ]
+
+
+#: The inference cases: measured with gradients off (``torch.no_grad`` around the loop).
+INFERENCE = ("numpy step", "torch LSTM T=1", "torch cell")
 
 
 def cases(I=16, H=32, steps=20):
@@ -51,10 +60,12 @@ def cases(I=16, H=32, steps=20):
     cell.load_state_dict(ref.state_dict())
     xt, ht, ct = torch.randn(1, I), torch.zeros(1, H), torch.zeros(1, H)
 
-    def no_grad(fn):
+    def stream(step, state):
+        """One step of a stream: the states a step returns are the next step's input."""
+        box = [state]
+
         def run():
-            with torch.no_grad():
-                fn()
+            box[0] = step(box[0])
         return run
 
     def train_np():
@@ -63,9 +74,10 @@ def cases(I=16, H=32, steps=20):
 
     out = {
         "numpy step": {
-            "lstmcy.lstm_forward": lambda: lstmcy.lstm_forward(x, (h, c), params, train=False),
-            "LSTMPlan.step": lambda: plan.step(x[0], (h[0], c[0]), params),
-            "nn.LSTMCell": no_grad(lambda: ref(xt, (ht, ct))),
+            "lstmcy.lstm_forward": stream(
+                lambda s: lstmcy.lstm_forward(x, s, params, train=False)[1:3], (h, c)),
+            "LSTMPlan.step": stream(lambda s: plan.step(x[0], s, params), (h[0], c[0])),
+            "nn.LSTMCell": stream(lambda s: ref(xt, s), (ht, ct)),
         },
         "numpy train T=1": {"lstmcy.lstm_forward + backward": train_np},
     }
@@ -75,12 +87,12 @@ def cases(I=16, H=32, steps=20):
     lstm.load_state_dict(ref_lstm.state_dict())
     x3, h3, c3 = torch.randn(1, 1, I), torch.zeros(1, 1, H), torch.zeros(1, 1, H)
     out["torch LSTM T=1"] = {
-        "lstmcy.torch.LSTM": no_grad(lambda: lstm(x3, (h3, c3))),
-        "nn.LSTM": no_grad(lambda: ref_lstm(x3, (h3, c3))),
+        "lstmcy.torch.LSTM": stream(lambda s: lstm(x3, s)[1], (h3, c3)),
+        "nn.LSTM": stream(lambda s: ref_lstm(x3, s)[1], (h3, c3)),
     }
     out["torch cell"] = {
-        "lstmcy.torch.LSTMCell": no_grad(lambda: cell(xt, (ht, ct))),
-        "nn.LSTMCell": no_grad(lambda: ref(xt, (ht, ct))),
+        "lstmcy.torch.LSTMCell": stream(lambda s: cell(xt, s), (ht, ct)),
+        "nn.LSTMCell": stream(lambda s: ref(xt, s), (ht, ct)),
     }
     for B in (1, 32):
         xs = torch.randn(steps, B, I)
@@ -109,39 +121,61 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--min-time", type=float, default=0.05)
     parser.add_argument("--out", default=None, help="also write the Markdown report here")
+    parser.add_argument("--json", default=None,
+                        help="also write the run as this JSON file's step section (the "
+                             "headline run's file)")
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="torch's intra-op threads (default 1: the steps are far too "
                              "small for more, and on a loaded machine its spinning team "
                              "only slows it down)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.torch_threads)
+    stamp = machine.result_stamp()
     before = cpu_snapshot()
-    results = {name: measure(calls, repeats=args.repeats, min_time=args.min_time)
-               for name, calls in cases().items()}
-    load = others_cores(before, cpu_snapshot())
-    text = markdown(results, load, args)
+    results = {}
+    for name, calls in cases().items():
+        # Inference steps run as a stream does: in a loop under no_grad.
+        with torch.set_grad_enabled(name not in INFERENCE):
+            timed = measure(calls, repeats=args.repeats, min_time=args.min_time)
+        results[name] = {variant: {"median": r["median"], "iqr": r["iqr"]}
+                         for variant, r in timed.items()}
+    meta = {
+        "command": (f"python benchmarks/bench_step.py --repeats {args.repeats} "
+                    f"--torch-threads {args.torch_threads}"
+                    + (f" (`LSTMCY_KERNELS={os.environ['LSTMCY_KERNELS']}`)"
+                       if os.environ.get("LSTMCY_KERNELS") else "")),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "lstmcy": stamp["lstmcy"], "machine": stamp["machine"],
+        "kernels": kernels.__name__, "blas": _openblas_cores(),
+        "torch": (f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s), "
+                  f"{torch.backends.cpu.get_cpu_capability()}"),
+        "outside_load": others_cores(before, cpu_snapshot())}
+    text = markdown(results, meta)
     print(text)
     if args.out:
         with open(args.out, "w") as fh:
             fh.write(text)
+    if args.json:
+        machine.update_result_file(args.json, step={"meta": meta, "results": results})
 
 
-def markdown(results, load, args):
+def markdown(results, meta, heading=f"# {TITLE}"):
     """The run as Markdown: machine, kernels, load, the times and the target ratios."""
-    lines = [f"# {TITLE}", "",
-             "Measured with `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python "
-             f"benchmarks/bench_step.py --repeats {args.repeats} --torch-threads "
-             f"{args.torch_threads}`" + (f" (`LSTMCY_KERNELS={os.environ['LSTMCY_KERNELS']}`)"
-                                         if os.environ.get("LSTMCY_KERNELS") else "") + ".",
-             "",
-             f"- machine: {machine_label()}",
-             f"- lstmcy kernels: `{kernels.__name__}`; BLAS (threadpoolctl): {_openblas_cores()}",
-             f"- torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s), "
-             f"{torch.backends.cpu.get_cpu_capability()}",
-             f"- outside load: {load:.2f} cores kept busy by other processes"
+    load = meta["outside_load"]
+    lines = [heading, "",
+             f"Measured with `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE {meta['command']}`"
+             f", {meta['date']}, lstmcy {meta['lstmcy']}.", "",
+             f"- machine: {meta['machine']}",
+             f"- lstmcy kernels: `{meta['kernels']}`; BLAS (threadpoolctl): {meta['blas']}",
+             f"- {meta['torch']}",
+             "- outside load: " + ("unknown" if load is None else
+                                   f"{load:.2f} cores kept busy by other processes")
              + (" — **under outside load: not valid for the targets**"
                 if load is None or load > LOAD_LIMIT else ""),
-             "", "| case | variant | median µs | IQR µs |", "|---|---|---|---|"]
+             "", "Inference cases are streams (each step's states are the next one's input, "
+             "gradients off around the loop); the unrolled cases train 20 steps forward and "
+             "backward.", "",
+             "| case | variant | median µs | IQR µs |", "|---|---|---|---|"]
     for name, by_variant in results.items():
         for variant, r in by_variant.items():
             lines.append(f"| {name} | {variant} | {r['median'] * 1e6:.1f} | "

@@ -535,11 +535,20 @@ def dp_sgd_section(doc):
                     meta=doc["meta"]).rstrip("\n")
 
 
+def step_section(doc):
+    """Markdown of the ``step`` section of a headline run's file
+    (``benchmarks/bench_step.py --json``)."""
+    from bench_step import TITLE, markdown
+
+    return markdown(doc["results"], doc["meta"],
+                    heading=f"## {TITLE} (`benchmarks/bench_step.py`)").rstrip("\n")
+
+
 #: The sections of RESULTS.md after the headline run: (result file, its section or None
 #: for the file's own run, the Markdown of it).
 SECTIONS = [("scaling", None, scaling_section), ("scaling", "contention", contention_section),
             ("estimators", None, estimators_section), ("estimators", "ragged", ragged_section),
-            ("headline", "dp_sgd", dp_sgd_section)]
+            ("headline", "dp_sgd", dp_sgd_section), ("headline", "step", step_section)]
 
 
 def results_md(doc, paths, scaling=None, estimators=None):

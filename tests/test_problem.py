@@ -171,3 +171,49 @@ def test_layer_setups_are_reused_and_dropped_when_a_buffer_grows():
     for a, b, c in zip(first, again, fresh):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)
+
+
+def _unaligned(array):
+    """A copy of ``array`` at an address that is not a multiple of its item size."""
+    raw = np.zeros(array.nbytes + 1, np.uint8)
+    out = np.frombuffer(raw.data, array.dtype, offset=1, count=array.size).reshape(array.shape)
+    out[...] = array
+    assert not out.flags.aligned
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_unaligned_arrays_give_the_aligned_results(dtype):
+    """Arrays at odd addresses (a buffer sliced at a byte offset) are copied before a
+    kernel loads them: the results are bitwise those of aligned arrays, the arrays
+    unchanged."""
+    x, hx, params = _arguments(dtype, 2, 2, False, True, True, "C")
+    rng = np.random.default_rng(1)
+    y, h_n, c_n, cache = lstmcy.lstm_forward(x, hx, params, num_layers=2, bidirectional=True)
+    dy = rng.standard_normal(y.shape).astype(dtype)
+    dh = rng.standard_normal(h_n.shape).astype(dtype)
+    dc = rng.standard_normal(c_n.shape).astype(dtype)
+    expected = cache.backward(dy, dh, dc)
+    odd = [_unaligned(a) for a in (x, *hx, *params, dy, dh, dc)]
+    copies = [a.copy() for a in odd]
+    ox, oh, oc = odd[:3]
+    oparams = odd[3:3 + len(params)]
+    ody, odh, odc = odd[3 + len(params):]
+    y2, h2, c2, cache2 = lstmcy.lstm_forward(ox, (oh, oc), oparams, num_layers=2,
+                                             bidirectional=True)
+    for a, b in zip((y, h_n, c_n), (y2, h2, c2)):
+        assert np.array_equal(a, b)
+    got = cache2.backward(ody, odh, odc)
+    assert np.array_equal(got.dx, expected.dx) and np.array_equal(got.dh0, expected.dh0)
+    for a, b in zip(got.dparams, expected.dparams):
+        assert np.array_equal(a, b)
+    # One step, on the step kernel object's fallback.
+    plan = LSTMPlan()
+    one = [a[0] for a in (x, hx[0], hx[1])]
+    p1 = [w for w in params[:4]]
+    h1, c1 = plan.step(one[0], (one[1], one[2]), p1)
+    h3, c3 = plan.step(*[_unaligned(a) for a in one[:1]],
+                       tuple(_unaligned(a) for a in one[1:]), [_unaligned(w) for w in p1])
+    assert np.array_equal(h1, h3) and np.array_equal(c1, c3)
+    for a, b in zip(odd, copies):
+        assert np.array_equal(a, b)

@@ -134,12 +134,23 @@ def test_plan_step_errors_are_the_forwards(case):
     expected = _error(lambda: lstmcy.LSTMPlan().forward(lift(x), states, params,
                                                         has_bias=has_bias, train=False))
     assert _error(lambda: lstmcy.LSTMPlan().step(x, hx, params, has_bias=has_bias)) == expected
+    # The same error from a plan whose step kernel object ran this shape before.
+    warm = lstmcy.LSTMPlan()
+    good_x, good_h, good_c, good_params = _arrays(2, 3, 4, np.float32)
+    warm.step(good_x, (good_h, good_c), good_params)
+    assert warm._step_kernel is not None
+    assert _error(lambda: warm.step(x, hx, params, has_bias=has_bias)) == expected
 
 
-def test_plan_step_refuses_a_second_thread():
-    """The step holds the plan's call lock, as every call on a plan does."""
+@pytest.mark.parametrize("warm", [False, True])
+def test_plan_step_refuses_a_second_thread(warm):
+    """The step holds the plan's call lock, as every call on a plan does (also on the
+    kernel object of a shape it ran before)."""
     x, h, c, params = _arrays(1, 3, 4, np.float32)
     plan = lstmcy.LSTMPlan()
+    if warm:
+        plan.step(x, (h, c), params)
+        assert plan._step_kernel is not None
     plan._in_call.acquire()
     try:
         with pytest.raises(RuntimeError, match="already running a call"):
@@ -147,3 +158,239 @@ def test_plan_step_refuses_a_second_thread():
     finally:
         plan._in_call.release()
     plan.step(x, (h, c), params)
+
+
+# Step kernel objects (StepForward): the shapes take both input products (B below and at
+# FUSED_INPUT_ROWS), the largest fits fits_step_kernel.
+KERNEL_SHAPES = [(1, 16, 32), (3, 5, 7), (4, 16, 32), (8, 3, 40), (1, 1, 1), (16, 24, 48)]
+
+
+def _full_forward(x, hx, params, has_bias, train):
+    p = check_problem(x[None], None if hx is None else (hx[0][None], hx[1][None]), params,
+                      has_bias=has_bias, num_layers=1, bidirectional=False, batch_first=False,
+                      batch_sizes=None)
+    return _engine.forward(p, train, plan=lstmcy.LSTMPlan())
+
+
+@pytest.mark.parametrize("B, I, H", KERNEL_SHAPES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_step_kernel_is_bitwise_the_layer_call(B, I, H, dtype):
+    assert _step.fits_step_kernel(B, I, H)
+    x, h, c, params = _arrays(B, I, H, dtype, seed=3)
+    before = [a.copy() for a in (x, h, c, *params)]
+    plan = lstmcy.LSTMPlan()
+    key = (B, I, H, np.dtype(dtype))
+    for has_bias in (True, False):
+        weights = params if has_bias else params[:2]
+        for hx in ((h, c), None):
+            h1, c1 = plan.step(x, hx, weights, has_bias=has_bias)
+            assert plan._step_kernel is plan._step_kernels[key]
+            h2, c2 = plan.step(x, hx, weights, has_bias=has_bias)  # the first-try path
+            _, h_n, c_n, _ = _full_forward(x, hx, weights, has_bias, False)
+            for ours in ((h1, c1), (h2, c2)):
+                assert np.array_equal(ours[0], h_n[0]) and np.array_equal(ours[1], c_n[0])
+            assert h1.dtype == dtype and h1.flags.c_contiguous and h1.flags.writeable
+            assert not np.shares_memory(h1, h2) and not np.shares_memory(c1, c2)
+    # Training: the saved activations are the layer call's too.
+    shape = _step.step_shape(B, I, H, np.dtype(dtype))
+    h1, c1, saved = _step.forward(plan, shape, x, h, c, params[0], params[1],
+                                  params[2] + params[3], True)
+    y, h_n, c_n, full_saved = _full_forward(x, (h, c), params, True, True)
+    assert np.array_equal(h1, h_n[0]) and np.array_equal(c1, c_n[0])
+    assert np.array_equal(saved, full_saved)
+    for a, b in zip(before, (x, h, c, *params)):
+        assert np.array_equal(a, b)  # inputs untouched
+
+
+def test_step_kernel_follows_the_plans_schedule():
+    """The kernel object's input product is the one the plan's schedule picks."""
+    from lstmcy._engine.schedule import SchedulePolicy, forward_schedule
+
+    def unfused(*args, **kwargs):
+        return forward_schedule(*args, **kwargs)._replace(fused_input=False)
+
+    x, h, c, params = _arrays(8, 3, 40, np.float32, seed=4)
+    plan = lstmcy.LSTMPlan(schedules=SchedulePolicy(forward=unfused))
+    h1, c1 = plan.step(x, (h, c), params)
+    assert not plan._step_kernel.fused_input
+    assert lstmcy.LSTMPlan().step(x, (h, c), params) is not None
+    _, h_n, c_n, _ = plan.forward(x[None], (h[None], c[None]), params, train=False)
+    assert np.array_equal(h1, h_n[0]) and np.array_equal(c1, c_n[0])
+
+
+def test_step_kernel_reads_weights_changed_in_place():
+    x, h, c, params = _arrays(2, 5, 6, np.float64, seed=5)
+    plan = lstmcy.LSTMPlan()
+    plan.step(x, (h, c), params)
+    for w in params:
+        w *= 0.5
+    h1, c1 = plan.step(x, (h, c), params)
+    _, h_n, c_n, _ = _full_forward(x, (h, c), params, True, False)
+    assert np.array_equal(h1, h_n[0]) and np.array_equal(c1, c_n[0])
+
+
+def _spellings(a):
+    """The array as the kernel object does not take it (each runs the full path)."""
+    fortran = np.asfortranarray(a) if a.ndim == 2 and min(a.shape) > 1 else None
+
+    class Sub(np.ndarray):
+        pass
+
+    wide = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
+    wide[..., ::2] = a
+    unaligned = np.frombuffer(b"\0" + a.tobytes(), a.dtype, offset=1).reshape(a.shape) \
+        if a.size else None
+    readonly = a.copy()
+    readonly.flags.writeable = False
+    return [s for s in (fortran, a.view(Sub), wide[..., ::2], unaligned, readonly)
+            if s is not None]
+
+
+@pytest.mark.parametrize("which", ["x", "h", "c", "w_ih", "w_hh", "b_ih", "b_hh"])
+def test_step_kernel_falls_back_for_other_layouts(which):
+    """Arrays the kernel object does not take (Fortran order, subclasses, strided,
+    unaligned) run the full path and give its results; read-only ones are taken;
+    byte-swapped ones get the full path's error."""
+    x, h, c, params = _arrays(3, 4, 5, np.float32, seed=6)
+    plan = lstmcy.LSTMPlan()
+    plan.step(x, (h, c), params)
+    names = ["x", "h", "c", "w_ih", "w_hh", "b_ih", "b_hh"]
+    arrays = [x, h, c, *params]
+    k = names.index(which)
+    expected = plan.step(x, (h, c), params)
+    for spelled in _spellings(arrays[k]):
+        args = list(arrays)
+        args[k] = spelled
+        h1, c1 = plan.step(args[0], (args[1], args[2]), args[3:])
+        assert np.array_equal(h1, expected[0]) and np.array_equal(c1, expected[1])
+    args = list(arrays)
+    args[k] = arrays[k].astype(arrays[k].dtype.newbyteorder())
+    with pytest.raises(TypeError, match="native byte order"):
+        plan.step(args[0], (args[1], args[2]), args[3:])
+
+
+def test_step_kernel_flushes_subnormals_as_the_layer_call():
+    tiny = np.float32(1e-39)  # subnormal in float32
+    x, h, c, params = _arrays(2, 3, 4, np.float32, seed=7)
+    c = np.full_like(c, tiny)
+    x = np.full_like(x, tiny)
+    for flush in (True, False):
+        previous = lstmcy.get_flush_denormals()
+        lstmcy.set_flush_denormals(flush)
+        try:
+            h1, c1 = lstmcy.LSTMPlan().step(x, (h, c), params)
+            h2, c2 = lstmcy.LSTMPlan().step(x, (h, c), params)
+            _, h_n, c_n, _ = _full_forward(x, (h, c), params, True, False)
+        finally:
+            lstmcy.set_flush_denormals(previous)
+        assert np.array_equal(c1, c_n[0]) and np.array_equal(h1, h_n[0])
+        assert np.array_equal(c2, c_n[0]) and np.array_equal(h2, h_n[0])
+
+
+def test_step_kernel_limits():
+    assert not _step.fits_step_kernel(0, 3, 4) and not _step.fits_step_kernel(2, 0, 4)
+    assert not _step.fits_step_kernel(2, 3, 0)
+    assert not _step.fits_step_kernel(8, 40, 256)  # beyond one thread's work
+    assert _step.step_shape(8, 40, 256, np.dtype(np.float32)).kernel_key is None
+    x, h, c, params = _arrays(8, 40, 256, np.float32)
+    plan = lstmcy.LSTMPlan()
+    plan.step(x, (h, c), params)
+    assert plan._step_kernels == {} and plan._step_kernel is None
+    with pytest.raises(ValueError, match="at least 1"):
+        lstmcy._engine.dispatch.kernels.StepForward(0, 1, 1, np.float32, False)
+    with pytest.raises(ValueError, match="float32 or float64"):
+        lstmcy._engine.dispatch.kernels.StepForward(1, 1, 1, np.float16, False)
+
+
+def test_step_kernel_objects_serve_threads_one_at_a_time():
+    """Threads with their own plans step at once; results are each thread's own."""
+    import threading
+    x, h, c, params = _arrays(2, 8, 16, np.float32, seed=8)
+    expected = lstmcy.LSTMPlan().step(x, (h, c), params)
+    failures = []
+
+    def work():
+        plan = lstmcy.LSTMPlan()
+        for _ in range(200):
+            h1, c1 = plan.step(x, (h, c), params)
+            if not (np.array_equal(h1, expected[0]) and np.array_equal(c1, expected[1])):
+                failures.append("differs")
+                return
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a stepping thread did not finish"
+    assert not failures
+
+
+@pytest.mark.parametrize("B, I, H", KERNEL_SHAPES[:4])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("has_bias", [True, False])
+def test_one_step_inference_call_is_the_full_path(B, I, H, dtype, batch_first, has_bias):
+    """``lstm_forward`` / ``LSTMPlan.forward`` of one inference step (on the step kernel
+    object) give the bits of the same call on the full path (a ``config`` takes it)."""
+    x, h, c, params = _arrays(B, I, H, dtype, seed=9)
+    params = params if has_bias else params[:2]
+    x3 = x[:, None] if batch_first else x[None]
+    cfg = lstmcy.LSTMConfig(batch_first=batch_first, has_bias=has_bias, train=False)
+    plan = lstmcy.LSTMPlan()
+    for hx in ((h[None], c[None]), None):
+        expected = lstmcy.LSTMPlan().forward(x3, hx, params, config=cfg)
+        for run in (lambda: lstmcy.lstm_forward(x3, hx, params, has_bias=has_bias, train=False,
+                                                batch_first=batch_first),
+                    lambda: plan.forward(x3, hx, params, has_bias=has_bias, train=False,
+                                         batch_first=batch_first)):
+            y, h_n, c_n, cache = run()
+            assert cache is None and expected[3] is None
+            for ours, full in zip((y, h_n, c_n), expected[:3]):
+                assert ours.shape == full.shape and ours.dtype == full.dtype
+                assert np.array_equal(ours, full)
+            assert not np.shares_memory(y, h_n)
+    assert (B, I, H, np.dtype(dtype)) in plan._step_kernels
+
+
+@pytest.mark.parametrize("case", ["num_layers bool", "num_layers float", "dropout",
+                                  "dropout range", "proj_size", "bidirectional int",
+                                  "state rank", "state count", "has_bias int"])
+def test_one_step_inference_errors_are_the_full_paths(case):
+    x, h, c, params = _arrays(2, 3, 4, np.float32)
+    kwargs = dict(train=False)
+    hx = (h[None], c[None])
+    if case == "num_layers bool":
+        kwargs["num_layers"] = True
+    elif case == "num_layers float":
+        kwargs["num_layers"] = 1.0
+    elif case == "dropout":
+        kwargs["dropout"] = 0.5  # valid: inference applies no dropout
+    elif case == "dropout range":
+        kwargs["dropout"] = 1.5
+    elif case == "proj_size":
+        kwargs["proj_size"] = 5
+    elif case == "bidirectional int":
+        kwargs["bidirectional"] = 0
+    elif case == "state rank":
+        hx = (h, c)
+    elif case == "state count":
+        hx = (h[None],)
+    elif case == "has_bias int":
+        kwargs["has_bias"] = 1
+    lstmcy.lstm_forward(x[None], (h[None], c[None]), params, train=False)  # warm the kernel
+    cfg_kwargs = {k: v for k, v in kwargs.items()}
+
+    def full():
+        # A seed takes the full path (and changes nothing in inference).
+        return lstmcy.LSTMPlan().forward(x[None], hx, params, seed=0, **cfg_kwargs)
+
+    try:
+        expected = full()
+    except Exception as exc:  # noqa: BLE001 - the error is what is compared
+        assert _error(lambda: lstmcy.lstm_forward(x[None], hx, params, **kwargs)) == \
+            (type(exc), str(exc))
+    else:
+        got = lstmcy.lstm_forward(x[None], hx, params, **kwargs)
+        for a, b in zip(got[:3], expected[:3]):
+            assert np.array_equal(a, b)

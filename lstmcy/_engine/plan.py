@@ -15,6 +15,7 @@ import numpy as np
 
 from lstmcy._engine.cache import (ForwardCall, LSTMCache, LSTMGradients, check_same_call,
                            refuse_cache)
+from lstmcy._engine import fpmode as _fpmode
 from lstmcy._engine.config import config_of
 from lstmcy._engine.dispatch import kernels as _lstm
 from lstmcy._engine.layer_loops import _out_dtype, run_backward, run_forward
@@ -22,6 +23,7 @@ from lstmcy._engine.layers import LayerSetups, layer_workspace
 from lstmcy._engine.results import ALIGN, ResultMemory
 from lstmcy._engine.saved import cache_lists, saved_arrays, stacked
 from lstmcy._engine.schedule import DEFAULT_POLICY, SchedulePolicy
+from lstmcy._engine.step import one_step_inference, plan_step
 from lstmcy._engine.threads import ThreadChoice, _check_count
 from lstmcy._engine.validation import (SAVED_NAMES, _check_batch_sizes, check_backward,
                                 check_blas_limits, check_bool, check_int, check_output_mask,
@@ -89,6 +91,9 @@ class LSTMPlan:
         self._setups = LayerSetups(self._buffers, self.schedules)
         self._thread_choice = ThreadChoice(self.n_threads)
         self._in_call = threading.Lock()  # held while a call uses the buffers (engine)
+        # Kernel objects of cell steps per (B, I, H, dtype), and the last one used.
+        self._step_kernels = {}
+        self._step_kernel = None
         self.trace = None
 
     @property
@@ -173,6 +178,11 @@ class LSTMPlan:
                 batch_sizes=None, seed=None, proj_size=0):
         """Same as :func:`lstm_forward`, reusing this plan's buffers; the cache's
         :meth:`~lstmcy.LSTMCache.backward` runs on this plan too."""
+        if train is False and config is None and batch_sizes is None and seed is None:
+            out = one_step_inference(self, input, hx, params, has_bias, num_layers, dropout,
+                                     bidirectional, batch_first, proj_size)
+            if out is not None:
+                return out
         cfg = config_of(config, num_layers, bidirectional, batch_first, has_bias, dropout,
                         train, proj_size)
         return self._forward(input, hx, params, cfg, batch_sizes, seed, self.backward)
@@ -235,7 +245,17 @@ class LSTMPlan:
             c[None]), params, train=False)``. Other arguments (other dtypes, shapes or
             types) run that call itself, with its checks and its error messages.
         """
-        from lstmcy._engine.step import plan_step  # _step builds on this module
+        kernel = self._step_kernel
+        if kernel is not None and self.trace is None and self._in_call.acquire(False):
+            # The last shape's kernel object: a call that fits it runs with its C checks
+            # alone; any other goes through plan_step's (and the full path's) checks.
+            try:
+                out = kernel.run(x, hx, params, 4 if has_bias is True else
+                                 (2 if has_bias is False else -1), None, _fpmode._flush)
+            finally:
+                self._in_call.release()
+            if out is not None:
+                return out
         return plan_step(self, x, hx, params, has_bias)
 
     def backward(self, input, hx, params, dy, dh, dc, i, g=None, f=None, o=None, h=None,
@@ -359,6 +379,12 @@ def lstm_forward(input, hx, params, *, config=None, has_bias=True, num_layers=1,
     ...                                   dropout=0.5)  # doctest: +SKIP
     >>> dx, dh0, dc0, dparams = cache.backward(dy)  # doctest: +SKIP
     """
+    if train is False and config is None and batch_sizes is None and seed is None:
+        # One inference step of a cell-shaped call: on the step kernel object.
+        out = one_step_inference(_thread_plan(), input, hx, params, has_bias, num_layers,
+                                 dropout, bidirectional, batch_first, proj_size)
+        if out is not None:
+            return out
     cfg = config_of(config, num_layers, bidirectional, batch_first, has_bias, dropout, train,
                     proj_size)
     # The cache's backward runs on the plan of the thread that calls it.

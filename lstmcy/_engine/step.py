@@ -7,6 +7,9 @@ keys of a :class:`~lstmcy.LSTMPlan`), so that :func:`forward` and :func:`backwar
 hand the kernels their arguments without rebuilding any of it. They run the kernels with
 the plan's layer setups, schedules and thread counts, so their results are bitwise those
 of :func:`~lstmcy._engine.layer_loops.run_forward` / ``run_backward`` on the same arrays.
+A forward step small enough for one thread (:func:`fits_step_kernel`) runs on the plan's
+``StepForward`` kernel object for its shape instead of a layer call: the same arithmetic,
+in the calling thread, with its arguments checked in C (``src/lstmcy/_step_call.pxi``).
 
 Arrays are C-contiguous and of the shape's compute dtype (the callers check them): ``x``
 ``[B, I]``, ``h0`` and ``c0`` ``[B, H]``, ``w_ih [4H, I]``, ``w_hh [4H, H]``, ``bias
@@ -14,20 +17,24 @@ Arrays are C-contiguous and of the shape's compute dtype (the callers check them
 """
 import numpy as np
 
+from lstmcy._engine import fpmode as _fpmode
+from lstmcy._engine.dispatch import kernels as _lstm
 from lstmcy._engine.layer_loops import blas_cap, one_call_at_a_time
 from lstmcy._engine.layers import _NO_PROJECTION
 from lstmcy._engine.saved import no_cache, saved_arrays, saved_size
+from lstmcy._engine.schedule import FLOPS_PER_THREAD, SINGLE_THREADED_GEMM
 from lstmcy._engine.validation import _NATIVE_FLOATS as _FLOATS
 from lstmcy._engine.validation import _cached, check_problem, to_compute
 
-__all__ = ["StepShape", "step_shape", "forward", "backward", "plan_step"]
+__all__ = ["StepShape", "step_shape", "fits_step_kernel", "step_kernel", "forward",
+           "backward", "plan_step", "one_step_inference"]
 
 
 class StepShape:
     """The size-derived arguments of the step calls of one ``(B, I, H, dtype)``."""
 
     __slots__ = ("problem", "B", "H", "I", "dtype", "w_hr", "rows", "forward_keys",
-                 "backward_keys", "saved_size", "state_shape")
+                 "backward_keys", "saved_size", "state_shape", "kernel_key")
 
     def __init__(self, B, I, H, dtype):
         dtype = np.dtype(dtype)
@@ -53,6 +60,30 @@ class StepShape:
             for dx in (False, True) for dparams in (False, True)}
         self.saved_size = saved_size(p)
         self.state_shape = (1, B, H)
+        # The plan's StepForward of this shape, for steps that fit it (else None).
+        self.kernel_key = (B, I, H, dtype) if fits_step_kernel(B, I, H) else None
+
+
+def fits_step_kernel(B, I, H):
+    """Whether a step of these sizes runs on a ``StepForward`` kernel object: its
+    products, ``2 B 4H (I + H)`` FLOPs, at most one thread's worth (FLOPS_PER_THREAD; the
+    object runs in the calling thread and holds the GIL), and its input product one that
+    OpenBLAS runs on one thread (SINGLE_THREADED_GEMM; no cap on BLAS threads needed)."""
+    return (B >= 1 and I >= 1 and H >= 1 and 8 * B * H * (I + H) <= FLOPS_PER_THREAD
+            and 4 * B * H * I <= SINGLE_THREADED_GEMM)
+
+
+def step_kernel(plan, key):
+    """``plan``'s ``StepForward`` for ``key = (B, I, H, dtype)`` (made on first use, with
+    the plan's schedule's choice of fused_input, so that it computes as the plan's layer
+    call of that step does)."""
+    kernel = plan._step_kernels.get(key)
+    if kernel is None:
+        B, I, H, dtype = key
+        fused = plan.schedules.forward(1, B, I, H, 1, 1, False,
+                                       itemsize=dtype.itemsize).fused_input
+        kernel = plan._step_kernels[key] = _lstm.StepForward(B, I, H, dtype, fused)
+    return kernel
 
 
 _shapes = {}
@@ -89,6 +120,12 @@ def forward(plan, shape, x, h0, c0, w_ih, w_hh, bias, train):
         :func:`~lstmcy._engine.layer_loops.run_forward` (``shape.saved_size`` elements).
     """
     p, B, H, dtype = shape.problem, shape.B, shape.H, shape.dtype
+    if shape.kernel_key is not None and plan.trace is None:
+        saved_block = plan._results.empty((shape.saved_size,), dtype) if train else None
+        out = step_kernel(plan, shape.kernel_key).run(x, (h0, c0), (w_ih, w_hh, bias), 3,
+                                                     saved_block, _fpmode._flush)
+        if out is not None:
+            return out[0], out[1], saved_block
     key = shape.forward_keys[train]
     setup = plan._setups.get(key)
     if setup is None:
@@ -203,6 +240,13 @@ def plan_step(plan, x, hx, params, has_bias):
         else:
             fits = False
         if fits and B > 0:
+            shape = step_shape(B, I, H, dtype)
+            if shape.kernel_key is not None and plan.trace is None:
+                kernel = step_kernel(plan, shape.kernel_key)
+                out = _kernel_step(plan, kernel, x, hx, params, 4 if has_bias else 2)
+                if out is not None:
+                    plan._step_kernel = kernel  # LSTMPlan.step's first try
+                    return out
             bias = params[2] + params[3] if has_bias else _zeros(1, 4 * H, dtype)[0]
             h, c, _ = forward(plan, step_shape(B, I, H, dtype), to_compute(x, dtype),
                               to_compute(h0, dtype), to_compute(c0, dtype),
@@ -213,6 +257,51 @@ def plan_step(plan, x, hx, params, has_bias):
     states = hx if hx is None or type(hx) not in (tuple, list) else type(hx)(map(lift, hx))
     _, h_n, c_n, _ = plan.forward(lift(x), states, params, has_bias=has_bias, train=False)
     return h_n[0], c_n[0]
+
+
+def one_step_inference(plan, input, hx, params, has_bias, num_layers, dropout, bidirectional,
+                       batch_first, proj_size):
+    """``plan.forward(..., train=False)`` of one time step of a one-layer, one-direction
+    LSTM without projection, on the step kernel object of its shape: ``(y, h_n, c_n,
+    None)``, or None for any other call (which runs the full path, with its checks).
+
+    The settings must be exactly their plain values (``num_layers`` the int 1, the flags
+    bools, ``dropout`` 0, ``proj_size`` 0), the arrays exact ndarrays (the kernel object
+    checks their dtypes, shapes and layouts)."""
+    if not (type(input) is np.ndarray and input.ndim == 3 and type(num_layers) is int
+            and num_layers == 1 and bidirectional is False and type(proj_size) is int
+            and proj_size == 0 and type(dropout) in (int, float) and dropout == 0
+            and (has_bias is True or has_bias is False)
+            and (batch_first is False or batch_first is True)
+            and type(params) in (list, tuple) and len(params) == (4 if has_bias else 2)):
+        return None
+    if batch_first:
+        B, T, I = input.shape
+    else:
+        T, B, I = input.shape
+    w_hh = params[1]
+    if T != 1 or type(w_hh) is not np.ndarray or w_hh.ndim != 2 or plan.trace is not None:
+        return None
+    H = w_hh.shape[1]
+    key = (B, I, H, input.dtype)
+    kernel = plan._step_kernels.get(key)
+    if kernel is None:
+        if input.dtype not in _FLOATS or not fits_step_kernel(B, I, H):
+            return None
+        kernel = step_kernel(plan, key)
+    out = _kernel_step(plan, kernel, input, hx, params, 4 if has_bias else 2,
+                       _BATCH_FIRST if batch_first else _TIME_MAJOR)
+    return None if out is None else (*out, None)
+
+
+@one_call_at_a_time
+def _kernel_step(plan, kernel, x, hx, params, n_params, layout=_lstm.StepLayout.STEP_CELL):
+    """``kernel.run`` of an inference step, holding ``plan``'s call lock."""
+    return kernel.run(x, hx, params, n_params, None, _fpmode._flush, layout)
+
+
+_TIME_MAJOR = _lstm.StepLayout.STEP_TIME_MAJOR
+_BATCH_FIRST = _lstm.StepLayout.STEP_BATCH_FIRST
 
 
 def _lifted(array):

@@ -10,6 +10,7 @@ from numbers import Integral, Real
 import numpy as np
 
 from lstmcy._engine.cache import SAVED_NAMES
+from lstmcy._engine.dispatch import kernels as _kernels
 
 #: The parameters of one layer and direction, in the order of ``params`` (PyTorch's
 #: ``_flat_weights``): the biases only with ``has_bias``, w_hr only with a projection.
@@ -343,9 +344,17 @@ def _row_maps(T, B, layout, sizes):
     return sizes, packed_start, uniform, step_row, stride, rows_packed, N
 
 
+_ready_array = _kernels.ready_array
+
+
 def to_compute(array, dtype):
-    """C-contiguous array in ``dtype``; no copy when it already is one."""
-    return np.ascontiguousarray(array, dtype=dtype)
+    """C-contiguous, aligned array in ``dtype``; no copy when it already is one (the
+    kernels load whole elements: a buffer at an odd address is copied)."""
+    ready = _ready_array(array, dtype)
+    if ready is not None:
+        return ready
+    out = np.ascontiguousarray(array, dtype=dtype)
+    return out if out.flags.aligned else out.copy()
 
 
 #: Largest dimension (rows, columns, leading dimension) the BLAS behind

@@ -55,6 +55,7 @@ from lstmcy._engine.config import LSTMConfig
 from lstmcy.torch import _engine as engine
 from lstmcy.torch import _func, _ops, _privacy
 from lstmcy.torch import _reference as reference
+from lstmcy.torch import _step
 from lstmcy.torch._cell import LSTMCell
 from lstmcy.torch._state_dict import (config_from_state_dict, params_from_state_dict,
                                       params_to_state_dict)
@@ -375,6 +376,16 @@ class LSTM(nn.LSTM):
         super().__init__(input_size, hidden_size, num_layers=num_layers, bias=bias,
                          batch_first=batch_first, dropout=dropout, bidirectional=bidirectional,
                          proj_size=proj_size, device=device, dtype=dtype)
+        self._step_views = None  # numpy views of the weights (lstmcy.torch._step.weight_views)
+        self._step_last = None  # the last one-step inference's states (lstmcy.torch._step)
+        self._step_kernel = None  # and its kernel object
+
+    def __getstate__(self):
+        # The numpy views are of this instance's tensors: a copy (deepcopy, pickle) makes
+        # its own.
+        state = dict(super().__getstate__())
+        state["_step_views"] = state["_step_last"] = state["_step_kernel"] = None
+        return state
 
     def _weights(self):
         """The tensors ``nn.LSTM`` computes with: its ``_flat_weights``, first brought up to
@@ -448,6 +459,9 @@ class LSTM(nn.LSTM):
             # TorchScript compiles this branch alone: a scripted module computes with
             # PyTorch's LSTM kernel (aten::lstm), as a scripted nn.LSTM does.
             return self._scripted_forward(input, hx)
+        step = self._one_step(input, hx)  # plain eager only: never while exporting
+        if step is not None:
+            return step
         if torch.onnx.is_in_onnx_export() and self.proj_size == 0:
             # Exported as nn.LSTM is: ONNX's LSTM operator (which has no projection; a
             # projected LSTM is exported from the torch-operations LSTM, see _run).
@@ -588,6 +602,39 @@ class LSTM(nn.LSTM):
                 "trace a model that holds it")
         args = (input,) if hx is None else (input, hx)
         return tracer.create_proxy("call_module", tracer.path_of_module(self), args, {})
+
+    def _one_step(self, input, hx):
+        """A one-step inference call of a one-layer, one-direction LSTM without projection
+        on the step kernel object (:mod:`lstmcy.torch._step`): ``(output, (h_n, c_n))``,
+        or None for any other call (which runs the full path, with its checks)."""
+        if (torch.is_grad_enabled() or type(input) is not torch.Tensor or input.dim() != 3
+                or self.num_layers != 1 or self.bidirectional or self.proj_size
+                or _forced_route is not None):
+            return None
+        batch_first = self.batch_first
+        B, T = (input.shape[0], input.shape[1]) if batch_first else (input.shape[1],
+                                                                    input.shape[0])
+        H = self.hidden_size
+        if T != 1 or B == 0 or input.shape[2] != self.input_size:
+            return None
+        if hx is not None:
+            if type(hx) is not tuple or len(hx) != 2:
+                return None
+            for state in hx:
+                if type(state) is not torch.Tensor or state.shape != (1, B, H):
+                    return None
+        if not _step.plain_eager():
+            return None
+        views = _step.weight_views(self, self._weights())
+        if views is None:
+            return None
+        out = _step.infer(self, views, input, hx, B, self.input_size, H, batch_first)
+        if out is None:
+            return None
+        y, h1, c1 = out  # y: h_n's copy, as aten::lstm's are two tensors
+        h_n, c_n = torch.from_numpy(h1), torch.from_numpy(c1)
+        _step.remember(self, h_n, h1, c_n, c1)
+        return torch.from_numpy(y), (h_n, c_n)
 
     def _run(self, data, batch_sizes, hx, weights, per_sample=None):
         cfg = _call_config(self, batch_sizes is None)

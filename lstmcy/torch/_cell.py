@@ -1,9 +1,10 @@
 """``lstmcy.torch.LSTMCell``: a ``torch.nn.LSTMCell`` whose steps lstmcy's kernels compute.
 
-A cell step is a one-step, one-layer LSTM call. In plain eager mode it runs as one
-autograd node (:class:`_CellStep`) on :mod:`lstmcy._engine.step`, which hands the kernels their
-arguments from per-shape state (no per-call checks beyond the module's own, cached numpy
-views of the weights). Everywhere else (``torch.compile``, ``torch.func``, forward-mode
+A cell step is a one-step, one-layer LSTM call. In plain eager mode a step whose gradient
+nothing needs runs on the step kernel object (:mod:`lstmcy.torch._step`); one with
+gradients runs as one autograd node (:class:`_CellStep`) on :mod:`lstmcy._engine.step`,
+which hands the kernels their arguments from per-shape state (no per-call checks beyond
+the module's own, cached numpy views of the weights). Everywhere else (``torch.compile``, ``torch.func``, forward-mode
 AD, tensor subclasses, float16/bfloat16) it is a one-step call of
 :meth:`lstmcy.torch.LSTM._run`, which picks the route as it does for the LSTM module.
 """
@@ -16,6 +17,7 @@ from lstmcy import _threadpool
 from lstmcy._engine import step as _step
 from lstmcy.torch import _ops
 from lstmcy.torch import _reference as reference
+from lstmcy.torch import _step as _step_infer
 from lstmcy._engine.config import config_of
 from lstmcy._engine.plan import _thread_plan
 from lstmcy._engine.validation import to_compute
@@ -165,12 +167,16 @@ class LSTMCell(nn.LSTMCell):
     def __init__(self, input_size, hidden_size, bias=True, device=None, dtype=None):
         super().__init__(input_size, hidden_size, bias=bias, device=device, dtype=dtype)
         self._views = None  # per weight: (tensor, data pointer, shape, numpy view)
+        self._step_views = None  # the same for the step kernel (lstmcy.torch._step)
+        self._step_last = None  # the last inference step's states (lstmcy.torch._step)
+        self._step_kernel = None  # the last inference step's kernel (lstmcy.torch._step)
 
     def __getstate__(self):
         # The numpy views are of this instance's tensors: a copy (deepcopy, pickle) makes
         # its own.
         state = dict(super().__getstate__())
-        state["_views"] = None
+        state["_views"] = state["_step_views"] = state["_step_last"] = None
+        state["_step_kernel"] = None
         return state
 
     @property
@@ -204,6 +210,12 @@ class LSTMCell(nn.LSTMCell):
 
     def forward(self, input, hx=None):
         """One step; same arguments and results as :meth:`torch.nn.LSTMCell.forward`."""
+        if not torch.is_grad_enabled() and type(input) is torch.Tensor and input.dim() == 2:
+            # Inference on the step kernel object, which checks the arrays' dtypes and
+            # shapes (None: the call is not its case).
+            out = _step_infer.cell_step(self, input, hx)
+            if out is not None:
+                return out
         fast = self._fast_step(input, hx)
         if fast is not None:
             return fast
@@ -241,15 +253,15 @@ class LSTMCell(nn.LSTMCell):
                 or torch._C._len_torch_dispatch_stack() or torch._C._len_torch_function_stack()):
             return None
         arrays = self._weight_views(weights)
+        needs_grad = torch.is_grad_enabled() and (
+            input.requires_grad or any(w.requires_grad for w in weights)
+            or (h0 is not None and (h0.requires_grad or c0.requires_grad)))
         wia, wha = arrays[0], arrays[1]
         bias = arrays[2] + arrays[3] if self.bias else _step._zeros(1, 4 * H, wia.dtype)[0]
         shape = _step.step_shape(B, self.input_size, H, wia.dtype)
         if h0 is None:
             h0 = c0 = torch.zeros(B, H, dtype=dtype)
         xa, ha, ca = _np(input), _np(h0), _np(c0)
-        needs_grad = torch.is_grad_enabled() and (
-            input.requires_grad or h0.requires_grad or c0.requires_grad
-            or any(w.requires_grad for w in weights))
         if needs_grad:
             b_ih, b_hh = (weights[2], weights[3]) if self.bias else (None, None)
             return _CellStep.apply(shape, (xa, ha, ca, wia, wha, bias), input, h0, c0,
@@ -275,6 +287,8 @@ class LSTMCell(nn.LSTMCell):
                 if value.dim() not in (1, 2):
                     raise ValueError(f"LSTMCell: Expected hx[{idx}] to be 1D or 2D, got "
                                      f"{value.dim()}D instead")
+            if len(hx) != 2:
+                raise RuntimeError("lstm_cell expects two hidden states")  # as nn.LSTMCell
         given = hx
         is_batched = input.dim() == 2
         data = input if is_batched else input.unsqueeze(0)

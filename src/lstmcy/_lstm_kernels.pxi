@@ -24,6 +24,7 @@
 #   _units.pxi                      the units split's worker loop (forward and backward)
 #   _layer_call.pxi                 the entry points: ForwardLayer / BackwardLayer, one object
 #                                   per kind of layer call (struct, buffers, tasks, checks)
+#   _step_call.pxi                  StepForward: one cell step in the calling thread
 #   this file                       the helpers of the entry points, sizes, probes for tests
 
 from cython cimport floating
@@ -43,7 +44,8 @@ from lstmcy._layer cimport (
 from lstmcy._packed_gemm cimport (gemm_tn, pack, packed_gemm, packed_gemm2, packed_len,
                                   panel_width, pg_d_packed_len, pg_s_packed_len)
 from lstmcy._sync cimport (claim, compare_exchange, event_add, event_get, event_set,
-                           load_acquire, lstmcy_event, store_release, take_next)
+                           flush_denormals_mode, load_acquire, lstmcy_event,
+                           restore_fp_mode, store_release, take_next)
 from lstmcy._threadpool cimport job_fn, job_wait, run_job, wait_spin_ns
 
 include "_forward.pxi"
@@ -292,6 +294,7 @@ def packed_elements(Py_ssize_t n, Py_ssize_t k, bint is_double):
 
 
 include "_layer_call.pxi"
+include "_step_call.pxi"
 
 
 def _packed_matmul(const floating[:, ::1] a, const floating[:, ::1] w, bint trans,

@@ -75,6 +75,74 @@ static inline PG_VD lstmcy_pg_loadd(const double *p) { PG_VD v; memcpy(&v, p, si
 #define PG_MULADDD(acc, a, b) ((acc) + (a) * (b))
 #endif
 
+/* Columns [0, width) of one panel of op(W) = W^T (K rows, panel width nr): column j is
+   row j of W (leading dimension ldw), read contiguously. With SSE (every x86-64 build)
+   blocks of 4 x 4 floats (2 x 2 doubles) are transposed in registers, so that the panel
+   is written a vector at a time: the packing of W_hh is most of a small call's time. */
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+static inline void
+pg_s_transpose(const float *w, ptrdiff_t ldw, ptrdiff_t K, int width, int nr,
+                      float *dst)
+{
+    int j = 0;
+#if defined(__SSE2__)
+    for (; j + 4 <= width; j += 4) {
+        const float *r0 = w + j * ldw, *r1 = r0 + ldw, *r2 = r1 + ldw, *r3 = r2 + ldw;
+        ptrdiff_t k = 0;
+        for (; k + 4 <= K; k += 4) {
+            __m128 a = _mm_loadu_ps(r0 + k), b = _mm_loadu_ps(r1 + k);
+            __m128 c = _mm_loadu_ps(r2 + k), d = _mm_loadu_ps(r3 + k);
+            _MM_TRANSPOSE4_PS(a, b, c, d);
+            _mm_storeu_ps(dst + k * nr + j, a);
+            _mm_storeu_ps(dst + (k + 1) * nr + j, b);
+            _mm_storeu_ps(dst + (k + 2) * nr + j, c);
+            _mm_storeu_ps(dst + (k + 3) * nr + j, d);
+        }
+        for (; k < K; k++) {
+            dst[k * nr + j] = r0[k];
+            dst[k * nr + j + 1] = r1[k];
+            dst[k * nr + j + 2] = r2[k];
+            dst[k * nr + j + 3] = r3[k];
+        }
+    }
+#endif
+    for (; j < width; j++) {
+        const float *src = w + j * ldw;
+        for (ptrdiff_t k = 0; k < K; k++)
+            dst[k * nr + j] = src[k];
+    }
+}
+
+static inline void
+pg_d_transpose(const double *w, ptrdiff_t ldw, ptrdiff_t K, int width, int nr,
+                      double *dst)
+{
+    int j = 0;
+#if defined(__SSE2__)
+    for (; j + 2 <= width; j += 2) {
+        const double *r0 = w + j * ldw, *r1 = r0 + ldw;
+        ptrdiff_t k = 0;
+        for (; k + 2 <= K; k += 2) {
+            __m128d a = _mm_loadu_pd(r0 + k), b = _mm_loadu_pd(r1 + k);
+            _mm_storeu_pd(dst + k * nr + j, _mm_unpacklo_pd(a, b));
+            _mm_storeu_pd(dst + (k + 1) * nr + j, _mm_unpackhi_pd(a, b));
+        }
+        for (; k < K; k++) {
+            dst[k * nr + j] = r0[k];
+            dst[k * nr + j + 1] = r1[k];
+        }
+    }
+#endif
+    for (; j < width; j++) {
+        const double *src = w + j * ldw;
+        for (ptrdiff_t k = 0; k < K; k++)
+            dst[k * nr + j] = src[k];
+    }
+}
+
 #define PG_T float
 #define PG_NAME(x) pg_s_##x
 #define PG_MR PG_MR_

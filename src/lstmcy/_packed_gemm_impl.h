@@ -193,12 +193,7 @@ PG_NAME(pack)(const PG_T *w, ptrdiff_t ldw, int trans, ptrdiff_t K, ptrdiff_t n0
         PG_T *dst = out + p * K * PG_NR;
         int width = (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
         if (trans) {  /* column j of the panel is row n0 + col of W: read it contiguously */
-            for (int j = 0; j < width; j++) {
-                ptrdiff_t col = n0 + p * PG_NR + j;
-                const PG_T *src = w + col * ldw;
-                for (ptrdiff_t k = 0; k < K; k++)
-                    dst[k * PG_NR + j] = src[k];
-            }
+            PG_NAME(transpose)(w + (n0 + p * PG_NR) * ldw, ldw, K, width, PG_NR, dst);
             for (int j = width; j < PG_NR; j++)
                 for (ptrdiff_t k = 0; k < K; k++)
                     dst[k * PG_NR + j] = 0;

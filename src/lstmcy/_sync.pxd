@@ -14,3 +14,5 @@ cdef extern from "_sync.h" nogil:
     bint claim "lstmcy_claim"(int *flag)
     long long now_ns "lstmcy_now_ns"()
     void prefetch "lstmcy_prefetch"(const void *p)
+    unsigned flush_denormals_mode "lstmcy_flush_denormals"()
+    void restore_fp_mode "lstmcy_restore_fp_mode"(unsigned mode)
