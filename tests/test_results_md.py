@@ -41,6 +41,8 @@ def test_the_other_runs_are_sections_of_the_headline_scaling_and_estimators_file
     headline = re.search(r"`(benchmarks/results/[^`]+\.json)`, measured with", text).group(1)
     assert f"From `{headline}`, section `dp_sgd`." in text
     assert "results" in _load(headline)["dp_sgd"]
+    assert f"From `{headline}`, section `step`." in text
+    assert "results" in _load(headline)["step"]
 
 
 def test_every_cited_result_file_exists_and_is_not_ignored():
