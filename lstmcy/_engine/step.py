@@ -248,7 +248,7 @@ def plan_step(plan, x, hx, params, has_bias):
                     plan._step_kernel = kernel  # LSTMPlan.step's first try
                     return out
             bias = params[2] + params[3] if has_bias else _zeros(1, 4 * H, dtype)[0]
-            h, c, _ = forward(plan, step_shape(B, I, H, dtype), to_compute(x, dtype),
+            h, c, _ = forward(plan, shape, to_compute(x, dtype),
                               to_compute(h0, dtype), to_compute(c0, dtype),
                               to_compute(params[0], dtype), to_compute(w_hh, dtype),
                               to_compute(bias, dtype), False)

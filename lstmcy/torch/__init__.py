@@ -617,12 +617,6 @@ class LSTM(nn.LSTM):
         H = self.hidden_size
         if T != 1 or B == 0 or input.shape[2] != self.input_size:
             return None
-        if hx is not None:
-            if type(hx) is not tuple or len(hx) != 2:
-                return None
-            for state in hx:
-                if type(state) is not torch.Tensor or state.shape != (1, B, H):
-                    return None
         if not _step.plain_eager():
             return None
         views = _step.weight_views(self, self._weights())
