@@ -326,6 +326,163 @@ def test_step_kernel_objects_serve_threads_one_at_a_time():
     assert not failures
 
 
+# Step backward kernel objects (StepBackward): the shapes take every choice of the
+# backward's schedule for one step (dW by BLAS or in panels, dx by BLAS or packed), the
+# largest fits fits_step_backward.
+BACKWARD_SHAPES = [(1, 16, 32), (3, 5, 7), (1, 1, 1), (32, 16, 32), (1, 192, 64),
+                   (1, 64, 128), (2, 200, 100)]
+
+
+def _layer_call_backward(plan, shape, args, want_dx, want_dparams):
+    """``_step.backward`` as the layer call (a traced plan takes no kernel object)."""
+    plan.trace = []
+    try:
+        return _step.backward(plan, shape, *args, want_dx, want_dparams)
+    finally:
+        assert plan.trace, "the layer call ran"
+        plan.trace = None
+
+
+@pytest.mark.parametrize("B, I, H", BACKWARD_SHAPES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_step_backward_kernel_is_bitwise_the_layer_call(B, I, H, dtype):
+    from lstmcy._engine.schedule import packed_dx, panel_weights
+    assert _step.fits_step_backward(B, I, H)
+    x, h, c, params = _arrays(B, I, H, dtype, seed=9)
+    plan = lstmcy.LSTMPlan()
+    shape = _step.step_shape(B, I, H, np.dtype(dtype))
+    _, _, saved = _step.forward(plan, shape, x, h, c, params[0], params[1],
+                                params[2] + params[3], True)
+    rng = np.random.default_rng(10)
+    dh = rng.standard_normal((B, H)).astype(dtype)
+    dc = rng.standard_normal((B, H)).astype(dtype)
+    before = [a.copy() for a in (x, h, c, params[0], params[1], saved, dh, dc)]
+    for want_dx in (False, True):
+        for want_dparams in (False, True):
+            kernel = _step.step_backward_kernel(
+                plan, shape.backward_kernel_keys[want_dx, want_dparams])
+            assert kernel.schedule.panel_weights == panel_weights(I, H)
+            assert kernel.schedule.packed_dx == (want_dx and packed_dx(I, H))
+            for grads in ((dh, dc), (None, dc), (dh, None), (None, None)):
+                args = (x, h, c, params[0], params[1], saved) + grads
+                ours = kernel.step(*args)
+                assert ours is not None
+                layer = _layer_call_backward(plan, shape, args, want_dx, want_dparams)
+                for a, b in zip(ours, layer):
+                    if b is None:
+                        assert a is None
+                        continue
+                    # The same bytes: signed zeros too.
+                    assert a.dtype == b.dtype and a.shape == b.shape
+                    assert a.tobytes() == b.tobytes()
+                    assert a.flags.c_contiguous and a.flags.writeable
+                through = _step.backward(plan, shape, *args, want_dx, want_dparams)
+                for a, b in zip(ours, through):  # _step.backward takes the kernel object
+                    assert (a is None and b is None) or a.tobytes() == b.tobytes()
+                second = kernel.step(*args)
+                for a, b in zip(ours, second):  # new arrays on every call
+                    assert a is None or not np.shares_memory(a, b)
+    for a, b in zip(before, (x, h, c, params[0], params[1], saved, dh, dc)):
+        assert np.array_equal(a, b)  # inputs untouched
+
+
+def test_step_backward_kernel_falls_back_for_other_layouts():
+    """Arrays the kernel object does not take (other dtypes, shapes, types, Fortran order,
+    strided, unaligned) give None, for its caller to run the layer call; read-only ones
+    are taken."""
+    B, I, H = 3, 4, 5
+    x, h, c, params = _arrays(B, I, H, np.float32, seed=11)
+    plan = lstmcy.LSTMPlan()
+    shape = _step.step_shape(B, I, H, np.dtype(np.float32))
+    _, _, saved = _step.forward(plan, shape, x, h, c, params[0], params[1],
+                                params[2] + params[3], True)
+    dh = np.ones((B, H), np.float32)
+    kernel = _step.step_backward_kernel(plan, shape.backward_kernel_keys[True, True])
+    arrays = [x, h, c, params[0], params[1], saved, dh, dh.copy()]
+    expected = kernel.step(*arrays)
+    for k in range(len(arrays)):
+        for spelled in _spellings(arrays[k]):
+            args = list(arrays)
+            args[k] = spelled
+            out = kernel.step(*args)
+            if (type(spelled) is np.ndarray and spelled.flags.c_contiguous
+                    and spelled.flags.aligned):  # read-only: taken
+                assert all(np.array_equal(a, b) for a, b in zip(out, expected))
+            else:
+                assert out is None
+        for wrong in (arrays[k].astype(np.float64), arrays[k][..., :-1], None, [1.0]):
+            args = list(arrays)
+            args[k] = wrong
+            if wrong is None and k >= 6:
+                continue  # dh, dc None: zeros
+            assert kernel.step(*args) is None
+
+
+def test_step_backward_kernel_limits():
+    assert not _step.fits_step_backward(0, 3, 4) and not _step.fits_step_backward(2, 0, 4)
+    assert not _step.fits_step_backward(2, 3, 0)
+    assert _step.fits_step_backward(32, 16, 32)
+    assert not _step.fits_step_backward(64, 16, 32)  # beyond one thread's work
+    from lstmcy._engine.schedule import SINGLE_THREADED_GEMM
+    for B, I, H in [(B, I, H) for B in (1, 8, 64) for I in (1, 64, 512) for H in (1, 32, 256)]:
+        if _step.fits_step_backward(B, I, H):
+            assert _step.fits_step_kernel(B, I, H)  # a step's forward fits too
+            assert 4 * B * H * (I + H) <= SINGLE_THREADED_GEMM  # BLAS on one thread
+    shape = _step.step_shape(64, 16, 32, np.dtype(np.float32))
+    assert shape.kernel_key is not None and shape.backward_kernel_keys is None
+    x, h, c, params = _arrays(64, 16, 32, np.float32)
+    plan = lstmcy.LSTMPlan()
+    _, _, saved = _step.forward(plan, shape, x, h, c, params[0], params[1],
+                                params[2] + params[3], True)
+    _step.backward(plan, shape, x, h, c, params[0], params[1], saved, h, c, True, True)
+    assert not any(len(key) == 6 for key in plan._step_kernels)
+    StepBackward = lstmcy._engine.dispatch.kernels.StepBackward
+    kernel = _step.step_backward_kernel(plan, (1, 2, 3, np.dtype(np.float32), True, True))
+    for sizes in [(2, 1, 2, 1, 2, 3, 3), (1, 1, 1, 2, 2, 3, 3), (1, 1, 1, 1, 2, 3, 2),
+                  (1, 0, 0, 1, 2, 3, 3)]:
+        with pytest.raises(ValueError, match="one step of one direction"):
+            StepBackward(sizes, True, True, True, kernel.schedule, kernel.workspace, 1)
+    with pytest.raises(ValueError, match="one step of one direction"):
+        StepBackward((1, 1, 1, 1, 2, 3, 3), True, True, True, kernel.schedule,
+                     kernel.workspace, 2)
+
+
+def test_step_backward_kernel_objects_serve_threads():
+    """Threads stepping backward at once, each on its own plan's objects and all on one
+    shared object (the torch cell's kernels are shared: the GIL serialises their calls),
+    get the single-threaded results."""
+    import threading
+    B, I, H = 2, 8, 16
+    x, h, c, params = _arrays(B, I, H, np.float32, seed=12)
+    shape = _step.step_shape(B, I, H, np.dtype(np.float32))
+    plan = lstmcy.LSTMPlan()
+    _, _, saved = _step.forward(plan, shape, x, h, c, params[0], params[1],
+                                params[2] + params[3], True)
+    args = (x, h, c, params[0], params[1], saved, h, c)
+    shared = _step.step_backward_kernel(plan, shape.backward_kernel_keys[True, True])
+    expected = shared.step(*args)
+    failures = []
+
+    def work(own):
+        kernel = shared
+        if own:
+            kernel = _step.step_backward_kernel(lstmcy.LSTMPlan(),
+                                                shape.backward_kernel_keys[True, True])
+        for _ in range(200):
+            out = kernel.step(*args)
+            if not all(np.array_equal(a, b) for a, b in zip(out, expected)):
+                failures.append("differs")
+                return
+
+    threads = [threading.Thread(target=work, args=(k % 2 == 0,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a stepping thread did not finish"
+    assert not failures
+
+
 @pytest.mark.parametrize("B, I, H", KERNEL_SHAPES[:4])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("batch_first", [False, True])

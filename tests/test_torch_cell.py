@@ -7,6 +7,7 @@ those of the general route (a one-step ``lstmcy.torch.LSTM`` call); errors must 
 ``nn.LSTMCell``'s; and it must work under ``torch.compile``, ``torch.func`` and second
 derivatives as the LSTM module does.
 """
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -97,6 +98,10 @@ def test_fast_step_is_bitwise_the_general_route(dtype, batch, bias):
     fast, general = results
     for a, b in zip(fast, general):
         assert torch.equal(a, b)
+    # The small steps ran on the kernel objects (the largest on the layer calls).
+    plan = ours._step_kernel[3]
+    key = (batch, 16, 32, np.dtype(str(dtype).split(".")[1]), True, True)
+    assert (key in plan._step_kernels) == (batch < 64)
 
 
 def test_state_dict_parameters_and_type():
@@ -127,6 +132,25 @@ def test_weights_changed_between_steps_are_read():
         ref.weight_hh.data = ours.weight_hh.data.clone()
         for a, b in zip(ours(x), ref(x)):
             assert_close(a, b)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_non_contiguous_weights_changed_in_place_are_read(grad):
+    """A parameter over strided memory (a transposed tensor) is read as it is at each
+    step, in place changes included."""
+    ours, ref = cell_pair()
+    ours.weight_hh = nn.Parameter(ours.weight_hh.detach().t().contiguous().t())
+    ref.weight_hh = nn.Parameter(ours.weight_hh.detach().clone())
+    assert not ours.weight_hh.is_contiguous()
+    x = torch.randn(2, 5, dtype=F64)
+    with torch.set_grad_enabled(grad):
+        for scale in (1.0, 0.5, 2.0):
+            with torch.no_grad():
+                ours.weight_hh.mul_(scale)
+                ref.weight_hh.mul_(scale)
+            hx = (torch.full((2, 7), 0.3, dtype=F64), torch.full((2, 7), -0.2, dtype=F64))
+            for a, b in zip(ours(x, hx), ref(x, hx)):
+                assert_close(a, b)
 
 
 def test_copies_compute_with_their_own_weights():
@@ -242,6 +266,11 @@ def test_torch_func_per_sample_gradients_and_jvp():
     ours_t = jvp(lambda x: ours(x)[0], (xs,), (tangent,))[1]
     ref_t = jvp(lambda x: ref(x)[0], (xs,), (tangent,))[1]
     assert_close(ours_t, ref_t)
+    with torch.no_grad():  # an inference step under a transform: not on the step kernel
+        ours_t = jvp(lambda x: ours(x)[0], (xs,), (tangent,))[1]
+        assert_close(ours_t, ref_t)
+        per_row = vmap(lambda x: ours(x[None])[0])(xs)
+        assert_close(per_row[:, 0], ref(xs)[0])
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])

@@ -7,9 +7,10 @@ keys of a :class:`~lstmcy.LSTMPlan`), so that :func:`forward` and :func:`backwar
 hand the kernels their arguments without rebuilding any of it. They run the kernels with
 the plan's layer setups, schedules and thread counts, so their results are bitwise those
 of :func:`~lstmcy._engine.layer_loops.run_forward` / ``run_backward`` on the same arrays.
-A forward step small enough for one thread (:func:`fits_step_kernel`) runs on the plan's
-``StepForward`` kernel object for its shape instead of a layer call: the same arithmetic,
-in the calling thread, with its arguments checked in C (``src/lstmcy/_step_call.pxi``).
+A step small enough for one thread (:func:`fits_step_kernel`, :func:`fits_step_backward`)
+runs on the plan's kernel object for its shape (``StepForward``, ``StepBackward``) instead
+of a layer call: the same arithmetic, in the calling thread, with its arguments checked in
+C (``src/lstmcy/_step_call.pxi``).
 
 Arrays are C-contiguous and of the shape's compute dtype (the callers check them): ``x``
 ``[B, I]``, ``h0`` and ``c0`` ``[B, H]``, ``w_ih [4H, I]``, ``w_hh [4H, H]``, ``bias
@@ -20,21 +21,23 @@ import numpy as np
 from lstmcy._engine import fpmode as _fpmode
 from lstmcy._engine.dispatch import kernels as _lstm
 from lstmcy._engine.layer_loops import blas_cap, one_call_at_a_time
-from lstmcy._engine.layers import _NO_PROJECTION
+from lstmcy._engine.layers import _NO_PROJECTION, _packed_weights_len, layer_workspace
 from lstmcy._engine.saved import no_cache, saved_arrays, saved_size
 from lstmcy._engine.schedule import FLOPS_PER_THREAD, SINGLE_THREADED_GEMM
+from lstmcy._engine.threads import blas_small_gemms
 from lstmcy._engine.validation import _NATIVE_FLOATS as _FLOATS
 from lstmcy._engine.validation import _cached, check_problem, to_compute
 
-__all__ = ["StepShape", "step_shape", "fits_step_kernel", "step_kernel", "forward",
-           "backward", "plan_step", "one_step_inference"]
+__all__ = ["StepShape", "step_shape", "fits_step_kernel", "fits_step_backward", "step_kernel",
+           "step_backward_kernel", "forward", "backward", "plan_step", "one_step_inference"]
 
 
 class StepShape:
     """The size-derived arguments of the step calls of one ``(B, I, H, dtype)``."""
 
     __slots__ = ("problem", "B", "H", "I", "dtype", "w_hr", "rows", "forward_keys",
-                 "backward_keys", "saved_size", "state_shape", "kernel_key")
+                 "backward_keys", "saved_size", "state_shape", "kernel_key",
+                 "backward_kernel_keys")
 
     def __init__(self, B, I, H, dtype):
         dtype = np.dtype(dtype)
@@ -62,6 +65,10 @@ class StepShape:
         self.state_shape = (1, B, H)
         # The plan's StepForward of this shape, for steps that fit it (else None).
         self.kernel_key = (B, I, H, dtype) if fits_step_kernel(B, I, H) else None
+        # The plan's StepBackward per (dx, dparams), for steps that fit it (else None).
+        self.backward_kernel_keys = (
+            {(dx, dparams): (B, I, H, dtype, dx, dparams) for dx in (False, True)
+             for dparams in (False, True)} if fits_step_backward(B, I, H) else None)
 
 
 def fits_step_kernel(B, I, H):
@@ -71,6 +78,16 @@ def fits_step_kernel(B, I, H):
     OpenBLAS runs on one thread (SINGLE_THREADED_GEMM; no cap on BLAS threads needed)."""
     return (B >= 1 and I >= 1 and H >= 1 and 8 * B * H * (I + H) <= FLOPS_PER_THREAD
             and 4 * B * H * I <= SINGLE_THREADED_GEMM)
+
+
+def fits_step_backward(B, I, H):
+    """Whether the backward of a step of these sizes runs on a ``StepBackward`` kernel
+    object: its products (dh, dx and the weight gradients, at most ``16 B H (I + H)``
+    FLOPs) at most one thread's worth, and every product it may leave to BLAS (dx,
+    ``B x 4H x I``; a block of dW, at most ``4H x (I + H) x B``) one that OpenBLAS runs on
+    one thread."""
+    return (B >= 1 and I >= 1 and H >= 1 and 16 * B * H * (I + H) <= FLOPS_PER_THREAD
+            and 4 * B * H * (I + H) <= SINGLE_THREADED_GEMM)
 
 
 def step_kernel(plan, key):
@@ -83,6 +100,29 @@ def step_kernel(plan, key):
         fused = plan.schedules.forward(1, B, I, H, 1, 1, False,
                                        itemsize=dtype.itemsize).fused_input
         kernel = plan._step_kernels[key] = _lstm.StepForward(B, I, H, dtype, fused)
+    return kernel
+
+
+def step_backward_kernel(plan, key):
+    """``plan``'s ``StepBackward`` for ``key = (B, I, H, dtype, want_dx, want_dparams)``
+    (made on first use): the plan's backward schedule of that step on one thread, on work
+    buffers of its own (``layer_workspace``'s, owned by the object)."""
+    kernel = plan._step_kernels.get(key)
+    if kernel is None:
+        B, I, H, dtype, want_dx, want_dparams = key
+        small = blas_small_gemms()
+        schedule = plan.schedules.backward(1, B, I, H, 1, 1, False, small_gemms=small)
+        if not want_dx:  # as the layer call's: no dx, no packed w_ih
+            schedule = schedule._replace(packed_dx=False)
+        workspace = tuple(
+            np.zeros(size, buffer_dtype) for _, size, buffer_dtype in layer_workspace(
+                "backward", 1, B, B, 1, I, H, H, dtype, in_packed=True, want_dx=want_dx,
+                want_dparams=want_dparams, small_gemms=small, policy=plan.schedules))
+        w_packed = np.zeros(_packed_weights_len("backward", H, H, I, False, schedule, dtype),
+                            dtype)
+        kernel = plan._step_kernels[key] = _lstm.StepBackward(
+            (1, B, B, 1, I, H, H), want_dx, want_dparams, True, schedule,
+            workspace + (w_packed,), 1)
     return kernel
 
 
@@ -161,6 +201,11 @@ def backward(plan, shape, x, h0, c0, w_ih, w_hh, saved_block, dh, dc, want_dx, w
         None unless ``want_dparams`` (``db`` is the gradient of either bias).
     """
     p, B, H, I, dtype = shape.problem, shape.B, shape.H, shape.I, shape.dtype
+    if shape.backward_kernel_keys is not None and plan.trace is None:
+        kernel = step_backward_kernel(plan, shape.backward_kernel_keys[want_dx, want_dparams])
+        out = kernel.step(x, h0, c0, w_ih, w_hh, saved_block, dh, dc, _fpmode._flush)
+        if out is not None:
+            return out
     key = shape.backward_keys[want_dx, want_dparams]
     setup = plan._setups.get(key)
     if setup is None:

@@ -10,10 +10,12 @@ AD, tensor subclasses, float16/bfloat16) it is a one-step call of
 """
 import sys
 
+import numpy as np
 import torch
 from torch import nn
 
 from lstmcy import _threadpool
+from lstmcy._engine import fpmode as _fpmode
 from lstmcy._engine import step as _step
 from lstmcy.torch import _ops
 from lstmcy.torch import _reference as reference
@@ -24,7 +26,7 @@ from lstmcy._engine.validation import to_compute
 
 __all__ = ["LSTMCell"]
 
-_KERNEL_DTYPES = (torch.float32, torch.float64)
+_is_legacy_batched = torch._C._functorch.is_legacy_batchedtensor
 
 
 def _lstm_module():
@@ -39,82 +41,105 @@ def _np(tensor):
 
 class _CellStep(torch.autograd.Function):
     """``(x, h0, c0, w_ih, w_hh, b_ih, b_hh) -> (h1, c1)``: one step of lstmcy's forward,
-    its backward from the saved activations. ``arrays``: numpy views of the tensors."""
+    its backward from the saved activations.
+
+    ``step`` is ``(shape, x, h0, c0, weights, kernel, plan)``: the step's
+    :class:`~lstmcy._engine.step.StepShape`, numpy views of the tensors (``weights``: the
+    module's two or four), the plan's ``StepForward`` of the shape (None where the step
+    does not fit one) and that plan, whose ``StepBackward`` takes the backward where the
+    step fits one. Elsewhere the step runs as the calling thread's plan's layer call
+    (``lstmcy._engine.step.forward`` / ``backward``), with the same bits."""
 
     @staticmethod
-    def forward(ctx, shape, arrays, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
-        xa, ha, ca, wia, wha, bias = arrays
-        plan = _thread_plan()
-        previous = _threadpool.use_omp(True)
-        try:
-            h1, c1, saved = _step.forward(plan, shape, xa, ha, ca, wia, wha, bias, True)
-        finally:
-            _threadpool.use_omp(previous)
+    def forward(ctx, step, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
+        shape, xa, ha, ca, views, kernel, plan = step
+        out = None
+        if kernel is not None:
+            saved = np.empty(shape.saved_size, shape.dtype)
+            out = kernel.run(xa, (ha, ca), views, len(views), saved, _fpmode._flush)
+        if out is None:  # the layer call
+            bias = (views[2] + views[3] if len(views) == 4
+                    else _step._zeros(1, 4 * shape.H, shape.dtype)[0])
+            previous = _threadpool.use_omp(True)
+            try:
+                out = _step.forward(_thread_plan(), shape, xa, ha, ca, views[0], views[1],
+                                    bias, True)
+            finally:
+                _threadpool.use_omp(previous)
+            saved = out[2]
         ctx.set_materialize_grads(False)
-        saved_tensor = torch.from_numpy(saved)
-        # As tensors too, so that autograd refuses a backward after an in-place change.
-        ctx.save_for_backward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, saved_tensor)
-        ctx.shape, ctx.arrays, ctx.saved = shape, (xa, ha, ca, wia, wha), saved
-        return torch.from_numpy(h1), torch.from_numpy(c1)
+        # Saved so that autograd refuses a backward after an in-place change.
+        ctx.save_for_backward(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+        ctx.step, ctx.saved = step, saved
+        return torch.from_numpy(out[0]), torch.from_numpy(out[1])
 
     @staticmethod
     def backward(ctx, dh, dc):
-        x, h0, c0, w_ih, w_hh, b_ih, b_hh, saved = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        want_dx, want_dparams = needs[2], any(needs[5:])
-        if not (any(needs[2:5]) or want_dparams):
+        x, h0, c0, w_ih, w_hh, b_ih, b_hh = ctx.saved_tensors
+        needs = ctx.needs_input_grad  # step, x, h0, c0, w_ih, w_hh, b_ih, b_hh
+        want_dx, want_dparams = needs[1], any(needs[4:])
+        if not (any(needs[1:4]) or want_dparams):
             return (None,) * len(needs)
-        if (torch.is_grad_enabled() or torch._C._functorch.peek_interpreter_stack() is not None
-                or _lstm_module()._legacy_batched(dh, dc)):
-            return (None, None) + _differentiable_backward(ctx, x, h0, c0, w_ih, w_hh, b_ih,
-                                                           b_hh, saved, dh, dc)
-        plan = _thread_plan()
-        previous = _threadpool.use_omp(True)
-        try:
-            dx, dh0, dc0, dw_ih, dw_hh, db = _step.backward(
-                plan, ctx.shape, *ctx.arrays, ctx.saved,
-                None if dh is None else _np(dh), None if dc is None else _np(dc),
-                want_dx, want_dparams)
-        finally:
-            _threadpool.use_omp(previous)
-        grads = [None, None, None if dx is None else torch.from_numpy(dx),
-                 torch.from_numpy(dh0) if needs[3] else None,
-                 torch.from_numpy(dc0) if needs[4] else None,
-                 torch.from_numpy(dw_ih) if needs[5] else None,
-                 torch.from_numpy(dw_hh) if needs[6] else None]
+        if (torch.is_grad_enabled() or _step_infer._transforms() is not None
+                or (dh is not None and _is_legacy_batched(dh))
+                or (dc is not None and _is_legacy_batched(dc))):
+            return (None,) + _differentiable_backward(
+                ctx.step[0].H, needs[1:], x, h0, c0, w_ih, w_hh, b_ih, b_hh,
+                torch.from_numpy(ctx.saved), dh, dc)
+        shape, xa, ha, ca, views, _, plan = ctx.step
+        dh, dc = None if dh is None else _np(dh), None if dc is None else _np(dc)
+        out = None
+        if shape.backward_kernel_keys is not None and plan.trace is None:
+            kernel = _step.step_backward_kernel(plan, shape.backward_kernel_keys[want_dx,
+                                                                                 want_dparams])
+            out = kernel.step(xa, ha, ca, views[0], views[1], ctx.saved, dh, dc,
+                              _fpmode._flush)
+        if out is None:
+            previous = _threadpool.use_omp(True)
+            try:
+                out = _step.backward(_thread_plan(), shape, xa, ha, ca, views[0], views[1],
+                                     ctx.saved, dh, dc, want_dx, want_dparams)
+            finally:
+                _threadpool.use_omp(previous)
+        dx, dh0, dc0, dw_ih, dw_hh, db = out
+        grads = (None, None if dx is None else torch.from_numpy(dx),
+                 torch.from_numpy(dh0) if needs[2] else None,
+                 torch.from_numpy(dc0) if needs[3] else None,
+                 torch.from_numpy(dw_ih) if needs[4] else None,
+                 torch.from_numpy(dw_hh) if needs[5] else None)
         if b_ih is None:
-            return tuple(grads) + (None, None)
+            return grads + (None, None)
         db_tensor = torch.from_numpy(db) if want_dparams else None
-        return tuple(grads) + (db_tensor if needs[7] else None,
-                               db_tensor.clone() if needs[8] else None)
+        return grads + (db_tensor if needs[6] else None,
+                        db_tensor.clone() if needs[7] else None)
 
 
-def _differentiable_backward(ctx, x, h0, c0, w_ih, w_hh, b_ih, b_hh, saved, dh, dc):
-    """The step's gradients as the LSTM module's eager backward gives them where they must
-    be differentiable or vmapped: the custom operator's backward (second derivatives,
-    ``torch.func``), or the reference for the legacy vmap."""
-    needs = ctx.needs_input_grad
+def _differentiable_backward(H, needs, x, h0, c0, w_ih, w_hh, b_ih, b_hh, saved, dh, dc):
+    """The step's gradients ``(dx, dh0, dc0, dw_ih, dw_hh, db_ih, db_hh)`` as the LSTM
+    module's eager backward gives them where they must be differentiable or vmapped: the
+    custom operator's backward (second derivatives, ``torch.func``), or the reference for
+    the legacy vmap. ``needs``: whether each of those is wanted."""
     weights = [w_ih, w_hh] if b_ih is None else [w_ih, w_hh, b_ih, b_hh]
     cfg = config_of(None, has_bias=b_ih is not None)  # one layer, one direction
     x3, h3, c3 = x.unsqueeze(0), h0.unsqueeze(0), c0.unsqueeze(0)
     # h1 is both the step's output y and h_n: its gradient goes in as dy.
     dy = None if dh is None else dh.unsqueeze(0)
     dc3 = None if dc is None else dc.unsqueeze(0)
-    output_mask = [needs[2], needs[3], needs[4], any(needs[5:])]
+    output_mask = [needs[0], needs[1], needs[2], any(needs[3:])]
     if _lstm_module()._legacy_batched(dh, dc):
-        dx, dh0, dc0, dweights = reference.gradients(cfg, ctx.shape.H, x3, None, h3, c3,
+        dx, dh0, dc0, dweights = reference.gradients(cfg, H, x3, None, h3, c3,
                                                      weights, (), dy, None, dc3)
     else:
         dx, dh0, dc0, dweights = _ops.lstm_backward(
             x3, None, h3, c3, weights, [], saved, dy, None, dc3,
-            *_ops.layout_arguments(cfg, ctx.shape.H), output_mask)
-    grads = (None if dx is None or not needs[2] else dx[0],
-             None if dh0 is None or not needs[3] else dh0[0],
-             None if dc0 is None or not needs[4] else dc0[0])
+            *_ops.layout_arguments(cfg, H), output_mask)
+    grads = (None if dx is None or not needs[0] else dx[0],
+             None if dh0 is None or not needs[1] else dh0[0],
+             None if dc0 is None or not needs[2] else dc0[0])
     if dweights is None:
         return grads + (None,) * 4
     dweights = list(dweights) + [None] * (4 - len(dweights))
-    return grads + tuple(g if need else None for g, need in zip(dweights, needs[5:]))
+    return grads + tuple(g if need else None for g, need in zip(dweights, needs[3:]))
 
 
 class LSTMCell(nn.LSTMCell):
@@ -166,8 +191,7 @@ class LSTMCell(nn.LSTMCell):
 
     def __init__(self, input_size, hidden_size, bias=True, device=None, dtype=None):
         super().__init__(input_size, hidden_size, bias=bias, device=device, dtype=dtype)
-        self._views = None  # per weight: (tensor, data pointer, shape, numpy view)
-        self._step_views = None  # the same for the step kernel (lstmcy.torch._step)
+        self._step_views = None  # numpy views of the weights (lstmcy.torch._step)
         self._step_last = None  # the last inference step's states (lstmcy.torch._step)
         self._step_kernel = None  # the last inference step's kernel (lstmcy.torch._step)
 
@@ -175,7 +199,7 @@ class LSTMCell(nn.LSTMCell):
         # The numpy views are of this instance's tensors: a copy (deepcopy, pickle) makes
         # its own.
         state = dict(super().__getstate__())
-        state["_views"] = state["_step_views"] = state["_step_last"] = None
+        state["_step_views"] = state["_step_last"] = None
         state["_step_kernel"] = None
         return state
 
@@ -195,19 +219,6 @@ class LSTMCell(nn.LSTMCell):
             weights += [params["bias_ih"], params["bias_hh"]]
         return weights
 
-    def _weight_views(self, weights):
-        """Numpy views of ``weights``, kept while they are the same tensors over the same
-        memory (a weight's values may change in place: the views read them)."""
-        views = self._views
-        if views is not None and len(views) == len(weights):
-            for w, (tensor, ptr, size, _) in zip(weights, views):
-                if w is not tensor or w.data_ptr() != ptr or w.shape != size:
-                    break
-            else:
-                return [view[3] for view in views]
-        self._views = [(w, w.data_ptr(), w.shape, _np(w)) for w in weights]
-        return [view[3] for view in self._views]
-
     def forward(self, input, hx=None):
         """One step; same arguments and results as :meth:`torch.nn.LSTMCell.forward`."""
         if not torch.is_grad_enabled() and type(input) is torch.Tensor and input.dim() == 2:
@@ -225,14 +236,18 @@ class LSTMCell(nn.LSTMCell):
         """The step on :class:`_CellStep` when the call is the plain case (eager mode,
         plain CPU tensors of the weights' float32/float64 dtype and the expected shapes),
         else None."""
-        if type(input) is not torch.Tensor or input.dim() != 2:
+        if type(input) is not torch.Tensor or input.dim() != 2 or not _step_infer.plain_eager():
             return None
         weights = self._weights()
+        # Views of plain contiguous CPU parameters of one kernel dtype (checked once).
+        views = _step_infer.weight_views(self, weights)
+        if views is None:
+            return None
         dtype = weights[0].dtype
         B = input.shape[0]
         H = self.hidden_size
-        if (input.dtype is not dtype or dtype not in _KERNEL_DTYPES or not input.is_cpu
-                or input.shape[1] != self.input_size or B == 0):
+        if (input.dtype is not dtype or not input.is_cpu or input.shape[1] != self.input_size
+                or B == 0):
             return None
         if hx is None:
             h0 = c0 = None
@@ -244,28 +259,24 @@ class LSTMCell(nn.LSTMCell):
                 if (type(state) is not torch.Tensor or state.dtype is not dtype
                         or not state.is_cpu or state.shape != (B, H)):
                     return None
-        for w in weights:
-            if type(w) is not nn.Parameter or w.dtype is not dtype or not w.is_cpu:
-                return None
-        if (torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None
-                or torch._C._functorch.peek_interpreter_stack() is not None
-                or torch.autograd.forward_ad._current_level >= 0
-                or torch._C._len_torch_dispatch_stack() or torch._C._len_torch_function_stack()):
-            return None
-        arrays = self._weight_views(weights)
-        needs_grad = torch.is_grad_enabled() and (
-            input.requires_grad or any(w.requires_grad for w in weights)
-            or (h0 is not None and (h0.requires_grad or c0.requires_grad)))
-        wia, wha = arrays[0], arrays[1]
-        bias = arrays[2] + arrays[3] if self.bias else _step._zeros(1, 4 * H, wia.dtype)[0]
-        shape = _step.step_shape(B, self.input_size, H, wia.dtype)
+        shape = _step.step_shape(B, self.input_size, H, views[0].dtype)
         if h0 is None:
             h0 = c0 = torch.zeros(B, H, dtype=dtype)
         xa, ha, ca = _np(input), _np(h0), _np(c0)
-        if needs_grad:
+        if torch.is_grad_enabled() and (
+                input.requires_grad or h0.requires_grad or c0.requires_grad
+                or weights[0].requires_grad or weights[1].requires_grad
+                or (self.bias and (weights[2].requires_grad or weights[3].requires_grad))):
+            if shape.kernel_key is not None:
+                kernel = _step_infer._kernel(self, B, self.input_size, H, views[0].dtype)
+                plan = self._step_kernel[3]
+            else:
+                kernel, plan = None, _thread_plan()
             b_ih, b_hh = (weights[2], weights[3]) if self.bias else (None, None)
-            return _CellStep.apply(shape, (xa, ha, ca, wia, wha, bias), input, h0, c0,
+            return _CellStep.apply((shape, xa, ha, ca, views, kernel, plan), input, h0, c0,
                                    weights[0], weights[1], b_ih, b_hh)
+        wia, wha = views[0], views[1]
+        bias = views[2] + views[3] if self.bias else _step._zeros(1, 4 * H, wia.dtype)[0]
         previous = _threadpool.use_omp(True)
         try:
             h1, c1, _ = _step.forward(_thread_plan(), shape, xa, ha, ca, wia, wha, bias, False)

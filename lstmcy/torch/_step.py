@@ -41,7 +41,8 @@ def weight_views(module, weights):
     """Numpy views of ``weights`` (CPU parameters of one dtype), kept on
     ``module._step_views`` while they are the same tensors over the same memory, of the
     same shapes (a weight's values may change in place: the views read them). None where
-    a weight is not a plain strided CPU parameter of a kernel dtype."""
+    a weight is not a plain contiguous CPU parameter of a kernel dtype (so the views are
+    C-contiguous and aligned, as the kernels take them)."""
     kept = getattr(module, "_step_views", None)  # modules pickled before it had them
     if kept is not None:
         tensors, pointers, shapes, views = kept
@@ -54,7 +55,7 @@ def weight_views(module, weights):
     dtype = weights[0].dtype
     for w in weights:
         if (type(w) is not nn.Parameter or w.dtype is not dtype or dtype not in _KERNEL_DTYPES
-                or not w.is_cpu or w.layout is not torch.strided):
+                or not w.is_cpu or w.layout is not torch.strided or not w.is_contiguous()):
             return None
     module._step_views = (list(weights), [w.data_ptr() for w in weights],
                           [w.shape for w in weights], [w.detach().numpy() for w in weights])
@@ -146,8 +147,10 @@ def cell_step(cell, x, hx):
     """:class:`~lstmcy.torch.LSTMCell`'s inference step ``(h1, c1)`` as tensors, or None:
     :func:`infer` for a cell, its lookups folded into one function (a step of the usual
     sizes costs a few microseconds: each lookup is a part of it)."""
+    if not plain_eager():  # first: under a transform the weights are not read as arrays
+        return None
     views = weight_views(cell, cell._weights())
-    if views is None or not plain_eager():
+    if views is None:
         return None
     kernel = _kernel(cell, x.shape[0], cell.input_size, cell.hidden_size, views[0].dtype)
     xa = _array(x)

@@ -1,22 +1,31 @@
-# The entry point of one cell step: one layer, one direction, T = 1, no projection
-# (LSTMPlan.step, lstmcy.torch.LSTMCell, the LSTM module's one-step inference).
+# The entry points of one cell step: one layer, one direction, T = 1, no projection
+# (LSTMPlan.step, lstmcy.torch.LSTMCell, the LSTM module's one-step inference; the cell's
+# training steps).
 #
 # Design
 # ------
 # The arithmetic of a small step (B = 1, I = 16, H = 32: 6k multiply-adds) takes less time
-# than binding a typed memoryview, and much less than starting a job on the pool. So
-# StepForward binds nothing: it reads each argument's type, dtype, shape and flags through
-# numpy's C API (a few loads when they fit; None when one does not, and the caller runs
-# the full path, whose checks raise), runs in the calling thread holding the GIL, and
-# returns new arrays. It computes what ForwardLayer computes for one step, with the same
-# functions in the same order (pack w_hh^T, the input product by BLAS or, with
-# fused_input, packed with w_ih^T, then the cells), so its results are bitwise the layer
-# call's. The callers give it only steps small enough for one thread and for a BLAS call
-# that OpenBLAS runs on one thread (lstmcy._engine.step.fits_step_kernel).
+# than binding a typed memoryview, and much less than starting a job on the pool. So the
+# step objects bind nothing: they read each argument's type, dtype, shape and flags
+# through numpy's C API (a few loads when they fit; None when one does not, and the caller
+# runs the full path, whose checks raise), run in the calling thread holding the GIL, and
+# return new arrays. The callers give them only steps small enough for one thread and for
+# BLAS calls that OpenBLAS runs on one thread (lstmcy._engine.step.fits_step_kernel,
+# fits_step_backward).
 #
-# The object owns its scratch (gates, packed weights, bias, a zero state), allocated once
-# for its shape and freed in __dealloc__; it keeps no pointer to a caller's array past a
-# call. Holding the GIL, a call never overlaps another on the same object.
+# StepForward computes what ForwardLayer computes for one step, with the same functions in
+# the same order (pack w_hh^T, the input product by BLAS or, with fused_input, packed with
+# w_ih^T, then the cells), so its results are bitwise the layer call's. It owns its
+# scratch (gates, packed weights, bias, a zero state), allocated once for its shape and
+# freed in __dealloc__.
+#
+# StepBackward is a BackwardLayer of one step on one thread, on work buffers of its own:
+# its step() binds the arrays into the call struct and runs the layer call's worker
+# directly, so its results are the layer call's by construction (the backward's bits do
+# not depend on its thread count).
+#
+# Neither keeps a pointer to a caller's array past a call. Holding the GIL, a call never
+# overlaps another on the same object.
 
 cimport numpy as cnp
 
@@ -300,3 +309,158 @@ cdef void _step_rows(StepForward k, floating *like, const char *x_data, const ch
                          sv + 6 * BH + r)
             for j in range(H):
                 h[r + j] = sv[4 * BH + r + j]
+
+
+cdef class StepBackward(BackwardLayer):
+    """The backward of one cell step of shape ``(B, I, H)``: a :class:`BackwardLayer` of
+    one step (``T = 1``, ``D = 1``, rows packed) whose :meth:`step` takes its arrays
+    through numpy's C API and runs the layer call's worker in the calling thread.
+
+    Built as a :class:`BackwardLayer` (same arguments, ``sizes = (1, B, B, 1, I, H, H)``,
+    ``x_rows_packed`` true, ``n_threads`` 1), on work buffers of its own: its results are
+    the layer call's, bitwise (the backward's bits do not depend on its thread count).
+    """
+
+    cdef Py_ssize_t one_step[3]  # batch_sizes [1] = B, packed_start [1] = 0, step_row [1] = 0
+    cdef char *zeros             # [B, H]: the zero gradient of dh=None or dc=None
+
+    def __init__(self, tuple sizes, bint want_dx, bint want_dparams, bint x_rows_packed,
+                 schedule, tuple workspace, int n_threads):
+        _need(len(sizes) == 7 and sizes[0] == 1 and sizes[3] == 1 and sizes[1] >= 1
+              and sizes[2] == sizes[1] and sizes[5] >= 1 and sizes[6] == sizes[5]
+              and x_rows_packed and n_threads == 1,
+              "a StepBackward is one step of one direction: sizes (1, B, B, 1, I, H, H), "
+              "B and H at least 1, rows packed, one thread")
+        BackwardLayer.__init__(self, sizes, want_dx, want_dparams, x_rows_packed, schedule,
+                               workspace, n_threads)
+        self.one_step[0] = self.bc.steps.B
+        self.one_step[1] = 0
+        self.one_step[2] = 0
+        self.zeros = <char *>calloc(self.bc.steps.B * self.bc.H, 8 if self.is_double else 4)
+        if self.zeros == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        free(self.zeros)  # then BackwardLayer's __dealloc__
+
+    def step(self, x, h0, c0, w_ih, w_hh, saved, dh, dc, bint flush_denormals=True):
+        """The gradients of one step, or None where an argument is not what this object
+        takes.
+
+        Parameters
+        ----------
+        x : ndarray [B, I]
+        h0, c0 : ndarray [B, H]
+            The step's input and initial states.
+        w_ih, w_hh : ndarray [4H, I], [4H, H]
+        saved : ndarray [7 * B * H]
+            The step's activations ``[7, B, H]`` in SAVED_ORDER (the forward's ``saved``).
+        dh, dc : ndarray [B, H] or None
+            The gradients of the new states ``h`` (also the step's output) and ``c``; None
+            for zeros.
+        flush_denormals : bool
+            As for :meth:`StepForward.run`.
+
+        Every array must be an exact ndarray of this object's dtype, C-contiguous and
+        aligned.
+
+        Returns
+        -------
+        (dx, dh0, dc0, dw_ih, dw_hh, db) or None
+            New arrays: ``dx [B, I]`` (None unless ``want_dx``), ``dh0``, ``dc0 [B, H]``,
+            ``dw_ih [4H, I]``, ``dw_hh [4H, H]``, ``db [4H]`` (the gradient of either
+            bias; the three None unless ``want_dparams``).
+        """
+        cdef BackwardCall *bc = &self.bc
+        cdef Py_ssize_t B = bc.steps.B, I = bc.I, H = bc.H, BH = bc.steps.B * bc.H
+        cdef int typenum = cnp.NPY_DOUBLE if self.is_double else cnp.NPY_FLOAT
+        cdef size_t item = 8 if self.is_double else 4
+        cdef char *x_data = _step_array(x, typenum, 2, B, I, 0, False)
+        cdef char *h0_data = _step_array(h0, typenum, 2, B, H, 0, False)
+        cdef char *c0_data = _step_array(c0, typenum, 2, B, H, 0, False)
+        cdef char *w_ih_data = _step_array(w_ih, typenum, 2, 4 * H, I, 0, False)
+        cdef char *w_hh_data = _step_array(w_hh, typenum, 2, 4 * H, H, 0, False)
+        cdef char *saved_data = _step_array(saved, typenum, 1, 7 * BH, 0, 0, False)
+        cdef char *dh_data = self.zeros
+        cdef char *dc_data = self.zeros
+        cdef cnp.npy_intp dims[2]
+        cdef object dx_out = None, dw_ih_out = None, dw_hh_out = None, db_out = None
+        cdef cnp.ndarray dh0_out, dc0_out
+        cdef unsigned mode = 0
+        if (x_data == NULL or h0_data == NULL or c0_data == NULL or w_ih_data == NULL
+                or w_hh_data == NULL or saved_data == NULL):
+            return None
+        if dh is not None:
+            dh_data = _step_array(dh, typenum, 2, B, H, 0, False)
+            if dh_data == NULL:
+                return None
+        if dc is not None:
+            dc_data = _step_array(dc, typenum, 2, B, H, 0, False)
+            if dc_data == NULL:
+                return None
+        dims[0], dims[1] = B, H
+        dh0_out = cnp.PyArray_EMPTY(2, dims, typenum, 0)
+        dc0_out = cnp.PyArray_EMPTY(2, dims, typenum, 0)
+        # In: the gradients of h_n (zero: h's arrives as the output's, dy) and of c_n.
+        memset(cnp.PyArray_BYTES(dh0_out), 0, BH * item)
+        memcpy(cnp.PyArray_BYTES(dc0_out), dc_data, BH * item)
+        bc.x.data, bc.x.ld, bc.x.col = x_data, I, 0
+        bc.dy.data, bc.dy.ld, bc.dy.col = dh_data, H, 0
+        bc.x.step_row = bc.dy.step_row = bc.dx.step_row = &self.one_step[2]
+        bc.x.batch_stride = bc.dy.batch_stride = bc.dx.batch_stride = 1
+        bc.dx.data, bc.dx.ld, bc.dx.col = NULL, I, 0
+        if bc.want_dx:
+            dims[1] = I
+            dx_out = cnp.PyArray_EMPTY(2, dims, typenum, 0)
+            bc.dx.data = cnp.PyArray_BYTES(<cnp.ndarray>dx_out)
+        if bc.want_dparams:
+            dims[0], dims[1] = 4 * H, I
+            dw_ih_out = cnp.PyArray_EMPTY(2, dims, typenum, 0)
+            dims[1] = H
+            dw_hh_out = cnp.PyArray_EMPTY(2, dims, typenum, 0)
+            db_out = cnp.PyArray_EMPTY(1, dims, typenum, 0)
+            bc.dw_ih[0] = cnp.PyArray_BYTES(<cnp.ndarray>dw_ih_out)
+            bc.dw_hh[0] = cnp.PyArray_BYTES(<cnp.ndarray>dw_hh_out)
+            bc.db[0] = cnp.PyArray_BYTES(<cnp.ndarray>db_out)
+        bc.steps.sizes = &self.one_step[0]
+        bc.steps.start = &self.one_step[1]
+        bc.w_ih[0] = w_ih_data
+        bc.w_hh[0] = w_hh_data
+        bc.w_hr[0] = NULL
+        bc.h0[0] = h0_data
+        bc.c0[0] = c0_data
+        bc.dh_state[0] = cnp.PyArray_BYTES(dh0_out)
+        bc.dc_state[0] = cnp.PyArray_BYTES(dc0_out)
+        bc.saved[0].i = saved_data
+        bc.saved[0].g = saved_data + BH * item
+        bc.saved[0].f = saved_data + 2 * BH * item
+        bc.saved[0].o = saved_data + 3 * BH * item
+        bc.saved[0].h = saved_data + 4 * BH * item
+        bc.saved[0].c = saved_data + 5 * BH * item
+        bc.saved[0].tanhc = saved_data + 6 * BH * item
+        _row_blocks(bc.steps.sizes, 1, B, bc.groups, self.row_start)
+        memset(self.sync, 0, sizeof(BackwardSync))
+        memset(self.progress, 0, self.n_progress * sizeof(lstmcy_event))
+        memset(self.gathered, 0, max(self.n_gathers, 1) * sizeof(lstmcy_event))
+        memset(self.gather_claims, 0, max(self.n_gathers, 1) * sizeof(int))
+        memset(self.block_next, 0, max(self.n_chains, 1) * sizeof(int))
+        memset(self.block_busy, 0, max(self.n_chains, 1) * sizeof(int))
+        memset(self.lanes_done, 0, max(self.n_lane_blocks, 1) * sizeof(int))
+        memset(self.unit_claims, 0, max(self.n_unit_claims, 1) * sizeof(int))
+        bc.trace.entries = NULL
+        bc.trace.capacity = 0
+        bc.trace.count = &self.sync.trace_count
+        if flush_denormals:
+            mode = flush_denormals_mode()
+        if self.is_double:
+            _backward_worker(bc, <double *>NULL, 0)
+        else:
+            _backward_worker(bc, <float *>NULL, 0)
+        if flush_denormals:
+            restore_fp_mode(mode)
+        # Nothing of the caller's is kept past the call.
+        bc.x.data = bc.dy.data = bc.dx.data = NULL
+        bc.w_ih[0] = bc.w_hh[0] = bc.h0[0] = bc.c0[0] = NULL
+        bc.dh_state[0] = bc.dc_state[0] = bc.dw_ih[0] = bc.dw_hh[0] = bc.db[0] = NULL
+        memset(&bc.saved[0], 0, sizeof(Saved))
+        return dx_out, dh0_out, dc0_out, dw_ih_out, dw_hh_out, db_out
