@@ -163,11 +163,13 @@ def cell_step(cell, x, hx):
     if out is None:
         return None
     h1, c1 = torch.from_numpy(out[0]), torch.from_numpy(out[1])
-    cell._step_last = (h1, out[0], c1, out[1])
+    remember(cell, h1, out[0], c1, out[1])
     return h1, c1
 
 
 def remember(module, h, h_array, c, c_array):
     """Keep the tensors ``h`` and ``c`` a step returned with the arrays their memory is
     (the next step's states, when they come back as they are)."""
-    module._step_last = (h, h_array, c, c_array)
+    # In the instance's dict: Module.__setattr__'s checks (parameter, buffer, submodule)
+    # cost more than a small step's arithmetic, and a tuple is none of those.
+    module.__dict__["_step_last"] = (h, h_array, c, c_array)
