@@ -302,6 +302,15 @@ def test_step_kernel_limits():
         lstmcy._engine.dispatch.kernels.StepForward(1, 1, 1, np.float16, False)
 
 
+def _run_threads(threads, deadline=60):
+    """Start ``threads`` and wait for them, failing (not hanging) past ``deadline`` s."""
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=deadline)
+    assert not any(t.is_alive() for t in threads), "a stepping thread did not finish"
+
+
 def test_step_kernel_objects_serve_threads_one_at_a_time():
     """Threads with their own plans step at once; results are each thread's own."""
     import threading
@@ -317,12 +326,7 @@ def test_step_kernel_objects_serve_threads_one_at_a_time():
                 failures.append("differs")
                 return
 
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(t.is_alive() for t in threads), "a stepping thread did not finish"
+    _run_threads([threading.Thread(target=work) for _ in range(4)])
     assert not failures
 
 
@@ -474,12 +478,7 @@ def test_step_backward_kernel_objects_serve_threads():
                 failures.append("differs")
                 return
 
-    threads = [threading.Thread(target=work, args=(k % 2 == 0,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(t.is_alive() for t in threads), "a stepping thread did not finish"
+    _run_threads([threading.Thread(target=work, args=(k % 2 == 0,)) for k in range(4)])
     assert not failures
 
 

@@ -2,9 +2,11 @@
 
 A cell step is a one-step, one-layer LSTM call. In plain eager mode a step whose gradient
 nothing needs runs on the step kernel object (:mod:`lstmcy.torch._step`); one with
-gradients runs as one autograd node (:class:`_CellStep`) on :mod:`lstmcy._engine.step`,
-which hands the kernels their arguments from per-shape state (no per-call checks beyond
-the module's own, cached numpy views of the weights). Everywhere else (``torch.compile``, ``torch.func``, forward-mode
+gradients runs as one autograd node (:class:`_CellStep`) whose forward and backward run on
+the step kernel objects too (``StepForward``, ``StepBackward``: checks in C, no job on
+the pool) or, for steps larger than one thread's work, on :mod:`lstmcy._engine.step`'s
+layer calls; the weights are read through the numpy views :mod:`lstmcy.torch._step`
+keeps on the module. Everywhere else (``torch.compile``, ``torch.func``, forward-mode
 AD, tensor subclasses, float16/bfloat16) it is a one-step call of
 :meth:`lstmcy.torch.LSTM._run`, which picks the route as it does for the LSTM module.
 """
@@ -19,7 +21,7 @@ from lstmcy._engine import fpmode as _fpmode
 from lstmcy._engine import step as _step
 from lstmcy.torch import _ops
 from lstmcy.torch import _reference as reference
-from lstmcy.torch import _step as _step_infer
+from lstmcy.torch import _step as _torch_step
 from lstmcy._engine.config import config_of
 from lstmcy._engine.plan import _thread_plan
 from lstmcy._engine.validation import to_compute
@@ -80,7 +82,7 @@ class _CellStep(torch.autograd.Function):
         want_dx, want_dparams = needs[1], any(needs[4:])
         if not (any(needs[1:4]) or want_dparams):
             return (None,) * len(needs)
-        if (torch.is_grad_enabled() or _step_infer._transforms() is not None
+        if (torch.is_grad_enabled() or _torch_step._transforms() is not None
                 or (dh is not None and _is_legacy_batched(dh))
                 or (dc is not None and _is_legacy_batched(dc))):
             return (None,) + _differentiable_backward(
@@ -224,7 +226,7 @@ class LSTMCell(nn.LSTMCell):
         if not torch.is_grad_enabled() and type(input) is torch.Tensor and input.dim() == 2:
             # Inference on the step kernel object, which checks the arrays' dtypes and
             # shapes (None: the call is not its case).
-            out = _step_infer.cell_step(self, input, hx)
+            out = _torch_step.cell_step(self, input, hx)
             if out is not None:
                 return out
         fast = self._fast_step(input, hx)
@@ -236,11 +238,11 @@ class LSTMCell(nn.LSTMCell):
         """The step on :class:`_CellStep` when the call is the plain case (eager mode,
         plain CPU tensors of the weights' float32/float64 dtype and the expected shapes),
         else None."""
-        if type(input) is not torch.Tensor or input.dim() != 2 or not _step_infer.plain_eager():
+        if type(input) is not torch.Tensor or input.dim() != 2 or not _torch_step.plain_eager():
             return None
         weights = self._weights()
         # Views of plain contiguous CPU parameters of one kernel dtype (checked once).
-        views = _step_infer.weight_views(self, weights)
+        views = _torch_step.weight_views(self, weights)
         if views is None:
             return None
         dtype = weights[0].dtype
@@ -268,7 +270,7 @@ class LSTMCell(nn.LSTMCell):
                 or weights[0].requires_grad or weights[1].requires_grad
                 or (self.bias and (weights[2].requires_grad or weights[3].requires_grad))):
             if shape.kernel_key is not None:
-                kernel = _step_infer._kernel(self, B, self.input_size, H, views[0].dtype)
+                kernel = _torch_step._kernel(self, B, self.input_size, H, views[0].dtype)
                 plan = self._step_kernel[3]
             else:
                 kernel, plan = None, _thread_plan()

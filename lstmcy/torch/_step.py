@@ -7,6 +7,8 @@ the thread's plan's ``StepForward`` for the shape (``lstmcy._engine.step``), who
 are in C, and its new arrays come back as tensors. The results are bitwise those of the
 module's other routes. Any call it does not take (other dtypes, layouts, devices, sizes
 beyond one thread's step) returns None and runs the module's full path, with its checks.
+The cell's training step (``lstmcy.torch._cell``) uses the same pieces: the eager check,
+the weights' views and the module's kernel object.
 """
 import torch
 from torch import nn
