@@ -288,6 +288,21 @@ def test_opacus_hooks_equal_per_sample_loop(head, embed, reduction):
         assert_close(param.grad_sample, expected, what=name)
 
 
+@pytest.mark.parametrize("head", ["output", "h_n"])
+def test_opacus_hooks_on_one_step_calls(head):
+    """A one-layer LSTM called on one time step (which plain training runs as the cell's
+    autograd node) still gives Opacus every sample's gradients."""
+    opacus = _opacus()
+    model, reference = _classifiers(head, False)
+    wrapped = opacus.GradSampleModule(model, loss_reduction="sum")
+    x, target = _data()
+    x = x[:, :1]
+    nn.functional.cross_entropy(wrapped(x), target, reduction="sum").backward()
+    want = _loop_model_gradients(reference, x, target)
+    for (name, param), expected in zip(model.named_parameters(), want):
+        assert_close(param.grad_sample, expected, what=name)
+
+
 @pytest.mark.parametrize("max_grad_norm", [1e6, 0.05], ids=["unclipped", "clipped"])
 @pytest.mark.parametrize("mode", ["hooks", "ew", "ghost"])
 def test_make_private_step_is_the_clipped_mean(mode, max_grad_norm):

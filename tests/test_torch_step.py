@@ -119,7 +119,7 @@ def test_one_step_inference_reads_weights_changed_in_place():
 
 
 @pytest.mark.parametrize("case", ["bidirectional", "two layers", "projection", "two steps",
-                                  "float16", "unbatched", "grad", "requires-grad state",
+                                  "float16", "unbatched", "requires-grad state",
                                   "strided input", "big"])
 def test_other_calls_take_the_full_path(case):
     """Calls the step kernel does not take give the full path's results."""
@@ -148,14 +148,77 @@ def test_other_calls_take_the_full_path(case):
     if case == "requires-grad state":
         state = (torch.randn(1, B, H, requires_grad=True), torch.randn(1, B, H))
     before = _kernel_runs()
-    with torch.set_grad_enabled(case == "grad"):
+    with torch.no_grad():
         y, (h_n, c_n) = lstm(x, state)
         with lt.force_route("operator"):
             y_ref, (h_ref, c_ref) = lstm(x, state)
     assert torch.equal(y, y_ref) and torch.equal(h_n, h_ref) and torch.equal(c_n, c_ref)
     if case in ("bidirectional", "two layers", "projection", "two steps", "float16",
-                "unbatched", "grad", "big"):
+                "unbatched", "big"):
         assert _kernel_runs() == before
+
+
+def _one_step_training(lstm, x, hx, grads_out, inputs):
+    """Outputs and every gradient of one step of ``lstm`` (``grads_out``: the outputs'
+    gradients, None for an output the loss does not use)."""
+    y, (h_n, c_n) = lstm(x, hx)
+    outputs = [(o, g) for o, g in zip((y, h_n, c_n), grads_out) if g is not None]
+    grads = torch.autograd.grad([o for o, _ in outputs], inputs, [g for _, g in outputs])
+    return (y, h_n, c_n) + grads
+
+
+@pytest.mark.parametrize("B, I, H", SIZES + [(64, 16, 32)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("bias", [True, False])
+def test_lstm_one_step_training_is_the_eager_route(B, I, H, dtype, batch_first, bias):
+    """A one-step call with gradients runs as the cell's autograd node, with the eager
+    route's values and gradients, bitwise (B = 64: its backward on the layer call)."""
+    torch.manual_seed(4)
+    lstm = lt.LSTM(I, H, bias=bias, batch_first=batch_first, dtype=dtype)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn((B, 1, I) if batch_first else (1, B, I), generator=gen, dtype=dtype,
+                    requires_grad=True)
+    hx = tuple(torch.randn(1, B, H, generator=gen, dtype=dtype, requires_grad=True)
+               for _ in range(2))
+    dy = torch.randn(x.shape[:2] + (H,), generator=gen, dtype=dtype)
+    dh, dc = (torch.randn(1, B, H, generator=gen, dtype=dtype) for _ in range(2))
+    for state in (hx, None):
+        inputs = [x] + (list(hx) if state else []) + list(lstm.parameters())
+        for grads_out in ((dy, dh, dc), (dy, None, None), (None, dh, None), (None, None, dc)):
+            ours = _one_step_training(lstm, x, state, grads_out, inputs)
+            with lt.force_route("eager"):
+                full = _one_step_training(lstm, x, state, grads_out, inputs)
+            for a, b in zip(ours, full):
+                assert a.shape == b.shape and torch.equal(a, b)
+    y, (h_n, c_n) = lstm(x, hx)
+    assert type(h_n.grad_fn.next_functions[0][0]).__name__ == "_CellStepBackward"
+    assert y.data_ptr() != h_n.data_ptr()  # two tensors, as aten::lstm's
+    with torch.no_grad():
+        y.mul_(2)
+    assert not torch.equal(y.reshape(B, H), h_n[0])
+    if dtype == torch.float64:  # nn.LSTM's values and gradients
+        ref = torch.nn.LSTM(I, H, bias=bias, batch_first=batch_first, dtype=dtype)
+        ref.load_state_dict(lstm.state_dict())
+        inputs = [x, *hx]
+        ours = _one_step_training(lstm, x, hx, (dy, dh, dc), inputs + list(lstm.parameters()))
+        theirs = _one_step_training(ref, x, hx, (dy, dh, dc), inputs + list(ref.parameters()))
+        for a, b in zip(ours, theirs):
+            assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_lstm_one_step_training_leaves_per_sample_gradients_to_the_full_path():
+    """ExpandedWeights' per-sample gradients of one step: those of each sample's own call."""
+    from torch.nn.utils._per_sample_grad import call_for_per_sample_grads
+    torch.manual_seed(6)
+    lstm = lt.LSTM(3, 4, dtype=torch.float64)
+    x = torch.randn(1, 5, 3, dtype=torch.float64)
+    out, _ = call_for_per_sample_grads(lstm, batch_size=5, loss_reduction="sum",
+                                      batch_first=False)(x)
+    out.sum().backward()
+    for k in range(5):
+        expected = torch.autograd.grad(lstm(x[:, k:k + 1])[0].sum(), lstm.weight_hh_l0)[0]
+        assert torch.allclose(lstm.weight_hh_l0.grad_sample[k], expected, rtol=1e-12)
 
 
 @pytest.mark.parametrize("case", ["input size", "state batch", "state dtype", "hx length"])

@@ -56,7 +56,7 @@ from lstmcy.torch import _engine as engine
 from lstmcy.torch import _func, _ops, _privacy
 from lstmcy.torch import _reference as reference
 from lstmcy.torch import _step
-from lstmcy.torch._cell import LSTMCell
+from lstmcy.torch._cell import LSTMCell, training_step
 from lstmcy.torch._state_dict import (config_from_state_dict, params_from_state_dict,
                                       params_to_state_dict)
 
@@ -604,12 +604,13 @@ class LSTM(nn.LSTM):
         return tracer.create_proxy("call_module", tracer.path_of_module(self), args, {})
 
     def _one_step(self, input, hx):
-        """A one-step inference call of a one-layer, one-direction LSTM without projection
-        on the step kernel object (:mod:`lstmcy.torch._step`): ``(output, (h_n, c_n))``,
-        or None for any other call (which runs the full path, with its checks)."""
-        if (torch.is_grad_enabled() or type(input) is not torch.Tensor or input.dim() != 3
-                or self.num_layers != 1 or self.bidirectional or self.proj_size
-                or _forced_route is not None):
+        """A one-step call of a one-layer, one-direction LSTM without projection on the
+        step kernel objects: ``(output, (h_n, c_n))``, or None for any other call (which
+        runs the full path, with its checks). Inference runs on :mod:`lstmcy.torch._step`,
+        a step with gradients as the cell's autograd node
+        (:func:`lstmcy.torch._cell.training_step`)."""
+        if (type(input) is not torch.Tensor or input.dim() != 3 or self.num_layers != 1
+                or self.bidirectional or self.proj_size or _forced_route is not None):
             return None
         batch_first = self.batch_first
         B, T = (input.shape[0], input.shape[1]) if batch_first else (input.shape[1],
@@ -619,6 +620,8 @@ class LSTM(nn.LSTM):
             return None
         if not _step.plain_eager():
             return None
+        if torch.is_grad_enabled():
+            return self._training_step(input, hx, B, H)
         views = _step.weight_views(self, self._weights())
         if views is None:
             return None
@@ -629,6 +632,26 @@ class LSTM(nn.LSTM):
         h_n, c_n = torch.from_numpy(h1), torch.from_numpy(c1)
         _step.remember(self, h_n, h1, c_n, c1)
         return torch.from_numpy(y), (h_n, c_n)
+
+    def _training_step(self, input, hx, B, H):
+        """:meth:`_one_step` with gradients (``input`` one step of ``B`` rows): the cell's
+        autograd node on the step of ``input[0]`` (``input[:, 0]`` batch first), or None
+        where the call is not the plain case."""
+        if self._backward_hooks:  # Opacus's per-sample hooks, among others: the full path
+            return None
+        weights = self._weights()
+        views = _step.weight_views(self, weights)  # None for ExpandedWeights, among others
+        if views is None or input.dtype is not weights[0].dtype or not input.is_cpu:
+            return None
+        states = _step.plain_states(hx, input.dtype, (1, B, H))
+        if states is None:
+            return None
+        h0, c0 = (None, None) if hx is None else (states[0][0], states[1][0])
+        h1, c1 = training_step(self, input[:, 0] if self.batch_first else input[0], h0, c0,
+                               weights, views)
+        # The output is a tensor of its own, as aten::lstm's (h_n is not a view of it).
+        output = h1.unsqueeze(1 if self.batch_first else 0).clone()
+        return output, (h1.unsqueeze(0), c1.unsqueeze(0))
 
     def _run(self, data, batch_sizes, hx, weights, per_sample=None):
         cfg = _call_config(self, batch_sizes is None)

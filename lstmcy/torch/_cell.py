@@ -26,7 +26,7 @@ from lstmcy._engine.config import config_of
 from lstmcy._engine.plan import _thread_plan
 from lstmcy._engine.validation import to_compute
 
-__all__ = ["LSTMCell"]
+__all__ = ["LSTMCell", "training_step"]
 
 _is_legacy_batched = torch._C._functorch.is_legacy_batchedtensor
 
@@ -37,8 +37,10 @@ def _lstm_module():
 
 
 def _np(tensor):
-    """C-contiguous numpy view of a plain CPU tensor (a copy where it is strided)."""
-    return to_compute((tensor.detach() if tensor.requires_grad else tensor).numpy(), None)
+    """C-contiguous numpy view of a plain CPU tensor (a copy where it is strided;
+    ``numpy(force=True)`` detaches in one call)."""
+    return to_compute(tensor.numpy(force=True) if tensor.requires_grad else tensor.numpy(),
+                      None)
 
 
 class _CellStep(torch.autograd.Function):
@@ -114,6 +116,29 @@ class _CellStep(torch.autograd.Function):
         db_tensor = torch.from_numpy(db) if want_dparams else None
         return grads + (db_tensor if needs[6] else None,
                         db_tensor.clone() if needs[7] else None)
+
+
+def training_step(module, x, h0, c0, weights, views):
+    """One step with gradients as one :class:`_CellStep` node: ``(h1, c1)`` ``[B, H]``.
+
+    ``module`` is the cell, or a one-layer, one-direction LSTM module without projection
+    stepped at ``T = 1`` (its kernel object is kept on it); ``x [B, I]``, ``h0``, ``c0``
+    ``[B, H]`` (None: zeros) plain CPU tensors of the weights' dtype, ``weights`` the
+    module's two or four parameters and ``views`` their arrays
+    (:func:`lstmcy.torch._step.weight_views`): the caller has checked them all, in plain
+    eager mode."""
+    B, I, H = x.shape[0], module.input_size, module.hidden_size
+    shape = _step.step_shape(B, I, H, views[0].dtype)
+    if h0 is None:
+        h0 = c0 = torch.zeros(B, H, dtype=x.dtype)
+    if shape.kernel_key is not None:
+        kernel = _torch_step._kernel(module, B, I, H, views[0].dtype)
+        plan = module._step_kernel[3]
+    else:
+        kernel, plan = None, _thread_plan()
+    b_ih, b_hh = (weights[2], weights[3]) if len(weights) == 4 else (None, None)
+    return _CellStep.apply((shape, _np(x), _np(h0), _np(c0), views, kernel, plan), x, h0, c0,
+                           weights[0], weights[1], b_ih, b_hh)
 
 
 def _differentiable_backward(H, needs, x, h0, c0, w_ih, w_hh, b_ih, b_hh, saved, dh, dc):
@@ -251,32 +276,19 @@ class LSTMCell(nn.LSTMCell):
         if (input.dtype is not dtype or not input.is_cpu or input.shape[1] != self.input_size
                 or B == 0):
             return None
-        if hx is None:
-            h0 = c0 = None
-        else:
-            if type(hx) is not tuple or len(hx) != 2:
-                return None
-            h0, c0 = hx
-            for state in hx:
-                if (type(state) is not torch.Tensor or state.dtype is not dtype
-                        or not state.is_cpu or state.shape != (B, H)):
-                    return None
+        states = _torch_step.plain_states(hx, dtype, (B, H))
+        if states is None:
+            return None
+        h0, c0 = states
+        if torch.is_grad_enabled() and (
+                input.requires_grad or (h0 is not None and (h0.requires_grad or c0.requires_grad))
+                or weights[0].requires_grad or weights[1].requires_grad
+                or (self.bias and (weights[2].requires_grad or weights[3].requires_grad))):
+            return training_step(self, input, h0, c0, weights, views)
         shape = _step.step_shape(B, self.input_size, H, views[0].dtype)
         if h0 is None:
             h0 = c0 = torch.zeros(B, H, dtype=dtype)
         xa, ha, ca = _np(input), _np(h0), _np(c0)
-        if torch.is_grad_enabled() and (
-                input.requires_grad or h0.requires_grad or c0.requires_grad
-                or weights[0].requires_grad or weights[1].requires_grad
-                or (self.bias and (weights[2].requires_grad or weights[3].requires_grad))):
-            if shape.kernel_key is not None:
-                kernel = _torch_step._kernel(self, B, self.input_size, H, views[0].dtype)
-                plan = self._step_kernel[3]
-            else:
-                kernel, plan = None, _thread_plan()
-            b_ih, b_hh = (weights[2], weights[3]) if self.bias else (None, None)
-            return _CellStep.apply((shape, xa, ha, ca, views, kernel, plan), input, h0, c0,
-                                   weights[0], weights[1], b_ih, b_hh)
         wia, wha = views[0], views[1]
         bias = views[2] + views[3] if self.bias else _step._zeros(1, 4 * H, wia.dtype)[0]
         previous = _threadpool.use_omp(True)

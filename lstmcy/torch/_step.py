@@ -18,7 +18,7 @@ from lstmcy._engine import step as _step
 from lstmcy._engine.dispatch import kernels as _lstm
 from lstmcy._engine.plan import _thread_plan
 
-__all__ = ["plain_eager", "weight_views", "infer", "cell_step", "remember"]
+__all__ = ["plain_eager", "weight_views", "plain_states", "infer", "cell_step", "remember"]
 
 _KERNEL_DTYPES = (torch.float32, torch.float64)
 
@@ -62,6 +62,21 @@ def weight_views(module, weights):
     module._step_views = (list(weights), [w.data_ptr() for w in weights],
                           [w.shape for w in weights], [w.detach().numpy() for w in weights])
     return module._step_views[3]
+
+
+def plain_states(hx, dtype, shape):
+    """``hx = (h0, c0)`` when it is a tuple of two plain CPU tensors of ``dtype`` and
+    ``shape``, ``(None, None)`` for None (zeros), else None (the call takes the full
+    path, with its checks)."""
+    if hx is None:
+        return None, None
+    if type(hx) is not tuple or len(hx) != 2:
+        return None
+    for state in hx:
+        if (type(state) is not torch.Tensor or state.dtype is not dtype or not state.is_cpu
+                or state.shape != shape):
+            return None
+    return hx
 
 
 def _array(tensor):
