@@ -29,7 +29,8 @@ from lstmcy._engine.validation import _NATIVE_FLOATS as _FLOATS
 from lstmcy._engine.validation import _cached, check_problem, to_compute
 
 __all__ = ["StepShape", "step_shape", "fits_step_kernel", "fits_step_backward", "step_kernel",
-           "step_backward_kernel", "forward", "backward", "plan_step", "one_step_inference"]
+           "step_backward_kernel", "forward", "backward", "backward_on_kernel", "plan_step",
+           "one_step_inference"]
 
 
 class StepShape:
@@ -187,6 +188,17 @@ def forward(plan, shape, x, h0, c0, w_ih, w_hh, bias, train):
     return h_n[0], c_n[0], saved_block
 
 
+def backward_on_kernel(plan, shape, x, h0, c0, w_ih, w_hh, saved_block, dh, dc, want_dx,
+                       want_dparams):
+    """:func:`backward`'s results from ``plan``'s ``StepBackward`` of the step (which uses
+    none of the plan's buffers: no call lock), or None where the step does not fit one,
+    the plan traces its calls or an array is not what the object takes."""
+    if shape.backward_kernel_keys is None or plan.trace is not None:
+        return None
+    kernel = step_backward_kernel(plan, shape.backward_kernel_keys[want_dx, want_dparams])
+    return kernel.step(x, h0, c0, w_ih, w_hh, saved_block, dh, dc, _fpmode._flush)
+
+
 @one_call_at_a_time
 def backward(plan, shape, x, h0, c0, w_ih, w_hh, saved_block, dh, dc, want_dx, want_dparams):
     """Gradients of one :func:`forward` step (its arguments and its ``saved`` block) from
@@ -200,12 +212,11 @@ def backward(plan, shape, x, h0, c0, w_ih, w_hh, saved_block, dh, dc, want_dx, w
     dw_ih, dw_hh, db : ndarray [4H, I], [4H, H], [4H] or None
         None unless ``want_dparams`` (``db`` is the gradient of either bias).
     """
+    out = backward_on_kernel(plan, shape, x, h0, c0, w_ih, w_hh, saved_block, dh, dc,
+                             want_dx, want_dparams)
+    if out is not None:
+        return out
     p, B, H, I, dtype = shape.problem, shape.B, shape.H, shape.I, shape.dtype
-    if shape.backward_kernel_keys is not None and plan.trace is None:
-        kernel = step_backward_kernel(plan, shape.backward_kernel_keys[want_dx, want_dparams])
-        out = kernel.step(x, h0, c0, w_ih, w_hh, saved_block, dh, dc, _fpmode._flush)
-        if out is not None:
-            return out
     key = shape.backward_keys[want_dx, want_dparams]
     setup = plan._setups.get(key)
     if setup is None:

@@ -92,12 +92,9 @@ class _CellStep(torch.autograd.Function):
                 torch.from_numpy(ctx.saved), dh, dc)
         shape, xa, ha, ca, views, _, plan = ctx.step
         dh, dc = None if dh is None else _np(dh), None if dc is None else _np(dc)
-        out = None
-        if shape.backward_kernel_keys is not None and plan.trace is None:
-            kernel = _step.step_backward_kernel(plan, shape.backward_kernel_keys[want_dx,
-                                                                                 want_dparams])
-            out = kernel.step(xa, ha, ca, views[0], views[1], ctx.saved, dh, dc,
-                              _fpmode._flush)
+        # The module's plan's kernel object, else the calling thread's plan.
+        out = _step.backward_on_kernel(plan, shape, xa, ha, ca, views[0], views[1], ctx.saved,
+                                       dh, dc, want_dx, want_dparams)
         if out is None:
             previous = _threadpool.use_omp(True)
             try:

@@ -666,6 +666,18 @@ cdef int _backward_setup(BackwardLayer layer, tuple sizes, bint want_dx, bint wa
     return 0
 
 
+cdef void _zero_backward_sync(BackwardLayer layer) noexcept:
+    """Zero ``layer``'s synchronisation (counters, events, claims) before a call."""
+    memset(layer.sync, 0, sizeof(BackwardSync))
+    memset(layer.progress, 0, layer.n_progress * sizeof(lstmcy_event))
+    memset(layer.gathered, 0, max(layer.n_gathers, 1) * sizeof(lstmcy_event))
+    memset(layer.gather_claims, 0, max(layer.n_gathers, 1) * sizeof(int))
+    memset(layer.block_next, 0, max(layer.n_chains, 1) * sizeof(int))
+    memset(layer.block_busy, 0, max(layer.n_chains, 1) * sizeof(int))
+    memset(layer.lanes_done, 0, max(layer.n_lane_blocks, 1) * sizeof(int))
+    memset(layer.unit_claims, 0, max(layer.n_unit_claims, 1) * sizeof(int))
+
+
 cdef int _backward_run(BackwardLayer layer,
                        const floating[:, ::1] x, const Py_ssize_t[::1] x_step_row,
                        Py_ssize_t x_batch_stride,
@@ -737,14 +749,7 @@ cdef int _backward_run(BackwardLayer layer,
             bc.db[d] = <char *>&db[d, 0]
             bc.dw_hr[d] = _data3(dw_hr, d) if bc.projected else NULL
     _row_blocks(bc.steps.sizes, T, B, bc.groups, layer.row_start)
-    memset(layer.sync, 0, sizeof(BackwardSync))
-    memset(layer.progress, 0, layer.n_progress * sizeof(lstmcy_event))
-    memset(layer.gathered, 0, max(layer.n_gathers, 1) * sizeof(lstmcy_event))
-    memset(layer.gather_claims, 0, max(layer.n_gathers, 1) * sizeof(int))
-    memset(layer.block_next, 0, max(layer.n_chains, 1) * sizeof(int))
-    memset(layer.block_busy, 0, max(layer.n_chains, 1) * sizeof(int))
-    memset(layer.lanes_done, 0, max(layer.n_lane_blocks, 1) * sizeof(int))
-    memset(layer.unit_claims, 0, max(layer.n_unit_claims, 1) * sizeof(int))
+    _zero_backward_sync(layer)
     bc.trace = _trace_of(trace, &layer.sync.trace_count)
     with nogil:
         layer.n_workers = run_job(layer.n_threads,

@@ -439,17 +439,8 @@ cdef class StepBackward(BackwardLayer):
         bc.saved[0].c = saved_data + 5 * BH * item
         bc.saved[0].tanhc = saved_data + 6 * BH * item
         _row_blocks(bc.steps.sizes, 1, B, bc.groups, self.row_start)
-        memset(self.sync, 0, sizeof(BackwardSync))
-        memset(self.progress, 0, self.n_progress * sizeof(lstmcy_event))
-        memset(self.gathered, 0, max(self.n_gathers, 1) * sizeof(lstmcy_event))
-        memset(self.gather_claims, 0, max(self.n_gathers, 1) * sizeof(int))
-        memset(self.block_next, 0, max(self.n_chains, 1) * sizeof(int))
-        memset(self.block_busy, 0, max(self.n_chains, 1) * sizeof(int))
-        memset(self.lanes_done, 0, max(self.n_lane_blocks, 1) * sizeof(int))
-        memset(self.unit_claims, 0, max(self.n_unit_claims, 1) * sizeof(int))
-        bc.trace.entries = NULL
-        bc.trace.capacity = 0
-        bc.trace.count = &self.sync.trace_count
+        _zero_backward_sync(self)
+        bc.trace = _trace_of(None, &self.sync.trace_count)
         if flush_denormals:
             mode = flush_denormals_mode()
         if self.is_double:
