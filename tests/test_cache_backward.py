@@ -355,6 +355,162 @@ def test_arrays_from_elsewhere_are_used_as_given():
 
 
 # ---------------------------------------------------------------------------
+# A backward handed its forward's own objects
+# ---------------------------------------------------------------------------
+
+@pytest.fixture
+def full_checks(monkeypatch):
+    """The number of backwards that ran the full argument checks (``_check_backward``)."""
+    from lstmcy._engine import plan as plan_module
+    calls = []
+    real = plan_module._check_backward
+
+    def counted(*args):
+        calls.append(args)
+        return real(*args)
+    monkeypatch.setattr(plan_module, "_check_backward", counted)
+    return calls
+
+
+def _grads(result):
+    return list(result[:3]) + list(result.dparams)
+
+
+def _assert_same_bits(got, want):
+    for a, b in zip(_grads(got), _grads(want), strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("num_layers, bidirectional, layout, proj, states", [
+    (1, False, "time_major", 0, True), (1, False, "batch_first", 0, False),
+    (2, True, "time_major", 0, True), (2, False, "batch_first", 3, True),
+    (1, True, "time_major", 0, "list")])
+def test_forwards_own_objects_run_on_its_checked_problem(full_checks, dtype, num_layers,
+                                                         bidirectional, layout, proj, states):
+    """A backward handed the forward's own input, states, parameters and saved lists runs
+    on the forward's checked problem (no full checks), with the bits of the same call
+    checked in full (copies of the parameters: compared by value)."""
+    case = make_case(95, T=4, B=3, I=5, H=6, num_layers=num_layers,
+                     bidirectional=bidirectional, layout=layout, dtype=dtype)
+    if proj:
+        case = with_projection(case, proj)
+    hx = {True: (case.h0, case.c0), False: None, "list": [case.h0, case.c0]}[states]
+    dh = None if hx is None else case.dh
+    kw = dict(num_layers=num_layers, bidirectional=bidirectional,
+              batch_first=layout == "batch_first", proj_size=proj)
+    *_, cache = lstmcy.lstm_forward(case.x, hx, case.params, **kw)
+    fast = lstmcy.lstm_backward(case.x, hx, case.params, case.dy, dh, case.dc, *cache.saved(),
+                                **kw)
+    short = cache.backward(case.dy, dh, case.dc)
+    assert not full_checks
+    checked = lstmcy.lstm_backward(case.x, hx, [p.copy() for p in case.params], case.dy, dh,
+                                   case.dc, *cache.saved(), **kw)
+    assert len(full_checks) == 1
+    _assert_same_bits(fast, checked)
+    _assert_same_bits(short, checked)
+    if proj == 0 and states is True:
+        assert_matches_oracle(fast, case, cache, tol=1e-10 if dtype == np.float64 else 1e-4)
+
+
+def test_forwards_arrays_changed_in_place_are_read(full_checks):
+    """The forward's problem reads the caller's arrays: a weight and the input changed in
+    place between forward and backward give the gradients of the changed values, as a
+    call checked in full does."""
+    case = make_case(96, T=4, B=2, I=3, H=4)
+    *_, cache = lstmcy.lstm_forward(case.x, case.hx, case.params)
+    case.params[1] *= 0.5
+    case.x[1] += 1.0
+    got = lstmcy.lstm_backward(case.x, case.hx, case.params, case.dy, case.dh, case.dc,
+                               *cache.saved())
+    assert not full_checks
+    want = lstmcy.lstm_backward(case.x.copy(), case.hx, [p.copy() for p in case.params],
+                                case.dy, case.dh, case.dc, *cache.saved())
+    assert len(full_checks) == 1
+    _assert_same_bits(got, want)
+
+
+@pytest.mark.parametrize("made", ["float16", "non-contiguous input", "unaligned weight"])
+def test_forwards_converted_arrays_are_checked_in_full(full_checks, made):
+    """A forward that computed on converted copies (float16, a non-contiguous or
+    unaligned array) keeps no problem: its backward is checked in full and reads the
+    caller's arrays as they are then."""
+    case = make_case(97, T=4, B=2, I=3, H=4, dtype=np.float32)
+    x, params = case.x, case.params
+    if made == "float16":
+        x, params = x.astype(np.float16), [p.astype(np.float16) for p in params]
+        dy = case.dy.astype(np.float16)
+    else:
+        dy = case.dy
+    if made == "non-contiguous input":
+        x = np.asfortranarray(x)
+    if made == "unaligned weight":
+        raw = np.empty(params[1].nbytes + 1, np.uint8)
+        params[1] = raw[1:].view(np.float32).reshape(params[1].shape)
+        params[1][...] = case.params[1]
+    *_, cache = lstmcy.lstm_forward(x, None, params)
+    x[0] *= 2.0
+    got = lstmcy.lstm_backward(x, None, params, dy, None, None, *cache.saved())
+    assert len(full_checks) == 1
+    want = lstmcy.lstm_backward(np.ascontiguousarray(x), None, [p.copy() for p in params],
+                                dy, None, None, *cache.saved())
+    _assert_same_bits(got, want)
+
+
+def test_forwards_own_objects_with_dropout_still_need_the_masks(full_checks):
+    """Masks left out of a backward on a dropout forward's own objects are refused (not
+    the gradients of a network without dropout)."""
+    case = make_case(98, T=3, B=2, I=3, H=4, num_layers=2)
+    kw = dict(num_layers=2, dropout=0.5)
+    *_, cache = lstmcy.lstm_forward(case.x, case.hx, case.params, seed=1, **kw)
+    with pytest.raises(ValueError, match=r"dropout_masks is not the forward's masks"):
+        lstmcy.lstm_backward(case.x, case.hx, case.params, case.dy, None, None, *cache.saved(),
+                             **kw)
+    got = lstmcy.lstm_backward(case.x, case.hx, case.params, case.dy, None, None,
+                               *cache.saved(), dropout_masks=cache.dropout_masks, **kw)
+    _assert_same_bits(got, cache.backward(case.dy))
+
+
+@pytest.mark.parametrize("argument, bad, message", [
+    ("dy", lambda a: a[:-1], r"dy must have shape \(4, 2, 4\) \(like the output y\)"),
+    ("dh", lambda a: a.astype(np.float32), r"all arrays must share one dtype.* dh is float32"),
+    ("dc", lambda a: list(a), r"dc must be"),
+])
+def test_forwards_own_objects_check_the_gradients_as_before(full_checks, argument, bad,
+                                                             message):
+    """The output gradients of a backward on the forward's own objects get the errors of
+    a backward checked in full."""
+    case = make_case(99, T=4, B=2, I=3, H=4)
+    *_, cache = lstmcy.lstm_forward(case.x, case.hx, case.params)
+    grads = {"dy": case.dy, "dh": case.dh, "dc": case.dc}
+    grads[argument] = bad(grads[argument])
+    errors = []
+    for params in (case.params, [p.copy() for p in case.params]):
+        with pytest.raises((ValueError, TypeError), match=message) as info:
+            lstmcy.lstm_backward(case.x, case.hx, params, grads["dy"], grads["dh"],
+                                 grads["dc"], *cache.saved())
+        errors.append((type(info.value), str(info.value)))
+    assert errors[0] == errors[1]
+    assert len(full_checks) == 1
+
+
+def test_a_replaced_piece_of_a_cache_list_is_checked_and_read(full_checks):
+    """A cache list whose piece was replaced is not the forward's own any more: the
+    backward checks it in full and reads the new piece (the same bits as copies of all
+    seven)."""
+    case = make_case(100, T=3, B=2, I=3, H=4)
+    *_, cache = lstmcy.lstm_forward(case.x, case.hx, case.params)
+    cache.f[0] = cache.f[0] * 0.5
+    got = lstmcy.lstm_backward(case.x, case.hx, case.params, case.dy, None, None,
+                               *cache.saved())
+    assert len(full_checks) == 1
+    copies = [[a.copy() for a in arrays] for arrays in cache.saved()]
+    want = lstmcy.lstm_backward(case.x, case.hx, case.params, case.dy, None, None, *copies)
+    _assert_same_bits(got, want)
+
+
+# ---------------------------------------------------------------------------
 # No copies
 # ---------------------------------------------------------------------------
 

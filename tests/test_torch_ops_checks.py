@@ -124,7 +124,7 @@ def test_engine_backward_checks_the_gradients_a_trusted_problem_is_given():
     _, _, _, saved, problem = torch_engine.forward(x, None, None, None, weights, None, cfg, H,
                                                     True)
     block = saved.numpy()
-    with pytest.raises(ValueError, match=r"dy must have shape \(5, 3, 6\), got \(1, 3, 6\)"):
+    with pytest.raises(ValueError, match=r"dy must have shape \(5, 3, 6\) \(like the output y\), got \(1, 3, 6\)"):
         _engine.backward(problem, block, np.ones((1, B, H)))
     with pytest.raises(ValueError, match=r"dh must have shape \(1, 3, 6\)"):
         _engine.backward(problem, block, np.ones((T, B, H)), dh=np.ones((1, 2, H)))

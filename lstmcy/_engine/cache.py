@@ -58,14 +58,17 @@ class ForwardCall:
     ``"batch_first"``, ``"packed"`` or ``"padded_2d"``) those of the input;
     ``run_backward`` a function with :func:`lstmcy.lstm_backward`'s arguments that
     computes the backward (the forward's plan's, the calling thread's plan's or the
-    reference's).
+    reference's); ``problem`` the forward's checked
+    :class:`~lstmcy._engine.validation.Problem` when it reads the caller's arrays
+    themselves (no converted copy), else None: a backward handed these very objects runs
+    on it (:func:`lstmcy._engine.saved.forward_problem`).
     """
 
     __slots__ = ("config", "input", "hx", "params", "batch_sizes", "masks", "dtype", "layout",
-                 "run_backward")
+                 "run_backward", "problem")
 
     def __init__(self, config, input, hx, params, batch_sizes, masks, dtype, layout,
-                 run_backward):
+                 run_backward, problem=None):
         self.config = config
         self.input = input
         self.hx = None if hx is None else tuple(hx)
@@ -75,6 +78,7 @@ class ForwardCall:
         self.dtype = dtype
         self.layout = layout
         self.run_backward = run_backward
+        self.problem = problem
 
 
 def _recorded(name, doc):

@@ -33,11 +33,14 @@ from lstmcy._engine.layers import layer_weights
 from lstmcy._engine.saved import block_reader, no_cache, saved_arrays, saved_size
 from lstmcy._engine.schedule import SINGLE_THREADED_GEMM
 from lstmcy._engine.threads import blas_single_threaded
-from lstmcy._engine.validation import (SAVED_NAMES, check_array, check_problem, to_compute,
-                                trusted_problem)
+from lstmcy._engine.validation import (SAVED_NAMES, check_array, check_output_gradients,
+                                check_problem, to_compute, trusted_problem)
 
 __all__ = ["forward", "backward", "run_forward", "run_backward", "saved_size", "saved_views",
            "check_problem", "trusted_problem", "SAVED_NAMES"]
+
+
+_H = SAVED_NAMES.index("h")  # the layer output's place among the saved activations
 
 
 def _calling_threads_plan():
@@ -108,11 +111,7 @@ def backward(problem, saved, dy, dh=None, dc=None, masks=None,
     # The kernels index these by the problem's sizes: their shapes are checked even for a
     # trusted problem.
     shapes, dtype = problem.shapes, problem.dtype
-    arrays = {"dy": check_array("dy", dy, problem.output_shape(), dtype, ndim=None)}
-    if dh is not None:
-        arrays["dh"] = check_array("dh", dh, shapes.h_state, dtype)
-    if dc is not None:
-        arrays["dc"] = check_array("dc", dc, shapes.c_state, dtype)
+    arrays = check_output_gradients(problem, dy, dh, dc)
     if masks is not None:
         if len(masks) != problem.L - 1:
             raise ValueError(f"masks must be {problem.L - 1} arrays, got {len(masks)}")
@@ -248,10 +247,10 @@ def run_forward(plan, p, train, masks):
 def run_backward(plan, p, saved_of, arrays, output_mask):
     """The backward of checked arguments on ``plan``'s buffers: ``p`` and ``arrays`` as
     :func:`~lstmcy._engine.validation.check_backward` returns them (only ``dy``, ``dh``,
-    ``dc`` and ``dropout_masks`` are read from ``arrays``), ``saved_of(name, layer)``
-    the saved activation ``name`` of ``layer``'s directions as a C-contiguous
-    ``[D, T*B, F]`` compute-dtype array (F = H, for h P), ``output_mask`` a tuple of four
-    bools."""
+    ``dc`` and ``dropout_masks`` are read from ``arrays``), ``saved_of(layer)`` the seven
+    saved activations of ``layer``'s directions in ``SAVED_NAMES`` order, each a
+    C-contiguous ``[D, T*B, F]`` compute-dtype array (F = H, for h P), ``output_mask`` a
+    tuple of four bools."""
     want_dx, want_dh, want_dc, want_dparams = output_mask
     if not any(output_mask):
         return None, None, None, None
@@ -279,12 +278,12 @@ def run_backward(plan, p, saved_of, arrays, output_mask):
     with blas_cap(p):
         for layer in reversed(range(L)):
             ks = slice(layer * D, (layer + 1) * D)
-            saved = tuple([saved_of(name, layer) for name in SAVED_NAMES])
+            saved = saved_of(layer)
             if layer == 0:
                 layer_in, in_step_row, in_stride, in_packed = p.x_rows, p.step_row, p.batch_stride, p.rows_packed
                 layer_dx_needed = want_dx
             else:
-                below = list(saved_of("h", layer - 1))
+                below = list(saved_of(layer - 1)[_H])
                 layer_in = plan._results.empty((T * B, D * P), cdt)
                 np.concatenate(below, axis=-1, out=layer_in)
                 if masks is not None:
@@ -348,9 +347,12 @@ def run_backward(plan, p, saved_of, arrays, output_mask):
             elif want_dx:
                 dx = layer_dx.reshape(p.input_shape)
 
+    dh_prev = dh_state if want_dh else None
+    dc_prev = dc_state if want_dc else None
+    dparams = dparams if want_dparams else None
     dtype = p.dtype
-    dx = _out_dtype(dx, dtype) if want_dx else None
-    dh_prev = _out_dtype(dh_state, dtype) if want_dh else None
-    dc_prev = _out_dtype(dc_state, dtype) if want_dc else None
-    dparams = [_out_dtype(a, dtype) for a in dparams] if want_dparams else None
+    if dtype != cdt:  # float16/bfloat16 callers
+        dx, dh_prev, dc_prev = (None if a is None else _out_dtype(a, dtype)
+                                for a in (dx, dh_prev, dc_prev))
+        dparams = None if dparams is None else [_out_dtype(a, dtype) for a in dparams]
     return dx, dh_prev, dc_prev, dparams

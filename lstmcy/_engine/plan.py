@@ -21,14 +21,15 @@ from lstmcy._engine.dispatch import kernels as _lstm
 from lstmcy._engine.layer_loops import _out_dtype, run_backward, run_forward
 from lstmcy._engine.layers import LayerSetups, layer_workspace
 from lstmcy._engine.results import ALIGN, ResultMemory
-from lstmcy._engine.saved import cache_lists, saved_arrays, stacked
+from lstmcy._engine.saved import cache_lists, forward_problem, saved_arrays, stacked
 from lstmcy._engine.schedule import DEFAULT_POLICY, SchedulePolicy
 from lstmcy._engine.step import one_step_inference, plan_step
 from lstmcy._engine.threads import ThreadChoice, _check_count
 from lstmcy._engine.validation import (SAVED_NAMES, _check_batch_sizes, check_backward,
-                                check_blas_limits, check_bool, check_int, check_output_mask,
-                                check_problem, check_proj_size, check_seed,
-                                is_supported_float)
+                                check_blas_limits, check_bool, check_int,
+                                check_output_gradients, check_output_mask, check_problem,
+                                check_proj_size, check_seed, is_supported_float,
+                                reads_callers_arrays)
 from lstmcy._engine.work_buffers import WorkBuffers
 
 __all__ = ["lstm_forward", "lstm_backward", "lstm_vjp", "LSTMPlan", "release_workspaces"]
@@ -215,7 +216,8 @@ class LSTMPlan:
                 pieces.extend(a)
         # The caller's arrays, not copies; the checked lengths (the caller's may change).
         call = ForwardCall(cfg, input, hx, params, None if batch_sizes is None else p.batch_sizes,
-                           masks, p.dtype, p.layout, run_backward)
+                           masks, p.dtype, p.layout, run_backward,
+                           p if reads_callers_arrays(p, input, hx, params) else None)
         return y, h_n, c_n, LSTMCache(*cache_lists(pieces, saved_rows, LD, call),
                                       dropout_masks=masks, call=call)
 
@@ -265,15 +267,23 @@ class LSTMPlan:
         """Same as :func:`lstm_backward`, reusing this plan's buffers."""
         cfg = config_of(config, num_layers, bidirectional, batch_first, has_bias, dropout,
                         train, proj_size)
-        p, arrays = _check_backward(cfg, input, hx, params, dy, dh, dc,
-                                    (i, g, f, o, h, c, tanhc), batch_sizes, dropout_masks)
+        saved = (i, g, f, o, h, c, tanhc)
+        own = forward_problem(saved, cfg, input, hx, params, batch_sizes, dropout_masks)
+        if own is not None:
+            # The forward's own objects: its checks hold; only the gradients are new.
+            p, saved_of = own
+            arrays = check_output_gradients(p, dy, dh, dc)
+            return LSTMGradients(*run_backward(self, p, saved_of, arrays,
+                                               check_output_mask(output_mask)))
+        p, arrays = _check_backward(cfg, input, hx, params, dy, dh, dc, saved, batch_sizes,
+                                    dropout_masks)
         output_mask = check_output_mask(output_mask)
-        given = dict(zip(SAVED_NAMES, (i, g, f, o, h, c, tanhc)))
         cdt = p.compute_dtype
 
-        def saved_of(name, layer):
-            rows = (p.T * p.B, p.P if name == "h" else p.H)
-            return stacked(given[name], arrays[name], layer, p.D, rows, cdt)
+        def saved_of(layer):
+            return tuple([stacked(given, arrays[name], layer, p.D,
+                                  (p.T * p.B, p.P if name == "h" else p.H), cdt)
+                          for name, given in zip(SAVED_NAMES, saved)])
 
         return LSTMGradients(*run_backward(self, p, saved_of, arrays, output_mask))
 

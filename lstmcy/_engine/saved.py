@@ -15,7 +15,7 @@ from lstmcy._engine.cache import SavedList
 from lstmcy._engine.validation import SAVED_NAMES, _cached, _read_only
 
 __all__ = ["saved_size", "saved_arrays", "block_reader", "cache_lists", "stacked",
-           "no_cache"]
+           "forward_problem", "rows_reader", "no_cache"]
 
 
 class _BlockViews(SavedList):
@@ -73,7 +73,65 @@ def stacked(given, arrays, layer, D, shape, dtype):
     return out
 
 
-_SAVED_INDEX = {name: k for k, name in enumerate(SAVED_NAMES)}
+def forward_problem(saved, config, input, hx, params, batch_sizes, dropout_masks):
+    """The checked problem of a backward handed its forward's own objects, and the reader
+    of its saved activations; None for any other backward (which is checked in full).
+
+    That is: the seven ``saved`` lists are one forward's cache lists with every piece in
+    place, the forward kept its :class:`~lstmcy._engine.validation.Problem` (it reads the
+    caller's arrays), and ``config``, ``input``, ``hx`` and ``params`` are that forward's
+    (the arrays by identity), without lengths or dropout masks. Such a backward's only
+    new arrays are its output gradients.
+
+    Returns
+    -------
+    (problem, saved_of) or None
+        ``saved_of`` as :func:`rows_reader` gives it.
+    """
+    first = saved[0]
+    if type(first) is not _BlockViews or batch_sizes is not None or dropout_masks is not None:
+        return None
+    call = first.call
+    p = call.problem
+    if (p is None or call.masks is not None or input is not call.input
+            or (config is not call.config and config != call.config)):
+        return None
+    recorded = call.hx
+    if hx is None:
+        if recorded is not None:
+            return None
+    elif (recorded is None or type(hx) not in (tuple, list) or len(hx) != 2
+          or hx[0] is not recorded[0] or hx[1] is not recorded[1]):
+        return None
+    if (type(params) not in (tuple, list) or len(params) != len(call.params)
+            or not all(map(operator.is_, params, call.params))):
+        return None
+    rows = []
+    for items in saved:
+        if type(items) is not _BlockViews or items.call is not call:
+            return None
+        block = items.rows(items, p.compute_dtype)
+        if block is None:
+            return None
+        rows.append(block)
+    return p, rows_reader(rows, p)
+
+
+def rows_reader(rows, p):
+    """``saved_of`` for :func:`lstmcy._engine.layer_loops.run_backward`: ``saved_of(layer)``
+    is the seven ``[D, T*B, F]`` saved activations of ``layer``'s directions, views of
+    ``rows`` (the seven ``[L*D, T*B, F]`` arrays, in ``SAVED_NAMES`` order)."""
+    if p.L == 1:
+        whole = tuple(rows)  # the one layer's: the same tuple for every request
+
+        def saved_of(layer):
+            return whole
+        return saved_of
+    D = p.D
+
+    def saved_of(layer):
+        return tuple([r[layer * D:(layer + 1) * D] for r in rows])
+    return saved_of
 
 
 def saved_size(p):
@@ -102,12 +160,7 @@ def block_reader(block, p):
     """``saved_of`` for :func:`lstmcy._engine.layer_loops.run_backward` from the block
     :func:`~lstmcy._engine.layer_loops.run_forward` returns: views, no copies or checks (for callers
     that hand back the forward's own block, as ``lstmcy.torch`` does)."""
-    views = saved_arrays(block, p)
-    D = p.D
-
-    def saved_of(name, layer):
-        return views[_SAVED_INDEX[name]][layer * D:(layer + 1) * D]
-    return saved_of
+    return rows_reader(saved_arrays(block, p), p)
 
 
 _NO_CACHE = {}

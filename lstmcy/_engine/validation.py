@@ -625,6 +625,23 @@ def _make_problem(x, h0, c0, params, shapes, layout, sizes):
     return problem
 
 
+def reads_callers_arrays(p, input, hx, params):
+    """Whether the :class:`Problem` ``p`` of ``input``, ``hx`` and ``params`` reads those
+    very arrays (its input rows a view of ``input``), so that a later call handed the same
+    objects sees their values as they are then, as a fresh check of them would."""
+    cdt = p.compute_dtype
+    if p.dtype != cdt or type(input) is not np.ndarray or to_compute(input, cdt) is not input:
+        return False
+    if hx is not None and (p.h0 is not hx[0] or p.c0 is not hx[1]):
+        return False
+    per_dir = len(p.shapes.param_names)
+    for k, (w_ih, w_hh, _) in enumerate(p.weights):
+        if w_ih is not params[k * per_dir] or w_hh is not params[k * per_dir + 1]:
+            return False
+    return p.projections is None or all(
+        w_hr is params[(k + 1) * per_dir - 1] for k, w_hr in enumerate(p.projections))
+
+
 # The fields of a Problem that its sizes, layout and dtype fix (all but the arrays): one
 # dict per kind of padded call, copied into each of its Problems.
 _fields_cache = {}
@@ -753,14 +770,7 @@ def check_backward(input, hx, params, dy, dh, dc, saved, *, batch_sizes, has_bia
                       bidirectional=bidirectional, batch_first=batch_first,
                       batch_sizes=batch_sizes, proj_size=proj_size, names=names)
     shapes, dtype, L, D = p.shapes, p.dtype, p.L, p.D
-    arrays = {"dy": check_array(names.dy, dy, p.output_shape(), dtype, "like the output y",
-                                ndim=None, input_name=names.input)}
-    if dh is not None:
-        arrays["dh"] = check_array(names.dh, dh, shapes.h_state, dtype, "like h_n",
-                                   input_name=names.input)
-    if dc is not None:
-        arrays["dc"] = check_array(names.dc, dc, shapes.c_state, dtype, "like c_n",
-                                   input_name=names.input)
+    arrays = check_output_gradients(p, dy, dh, dc, names)
     n_states = L * D
     for name, items in zip(SAVED_NAMES, saved):
         if not isinstance(items, (list, tuple)) or len(items) != n_states:
@@ -797,6 +807,27 @@ def check_backward(input, hx, params, dy, dh, dc, saved, *, batch_sizes, has_bia
         check_array(f"dropout_masks[{k}]", m, shapes.mask, dtype, f"[T, B, {mask_features}]",
                     input_name=names.input) for k, m in enumerate(items)]
     return p, arrays
+
+
+def check_output_gradients(p, dy, dh, dc, names=None):
+    """Check a backward's output gradients against its :class:`Problem` ``p``.
+
+    Returns
+    -------
+    dict
+        ``dy``, and ``dh`` and ``dc`` unless None: the caller's arrays, unconverted.
+    """
+    names = NUMPY_NAMES if names is None else names
+    shapes, dtype = p.shapes, p.dtype
+    arrays = {"dy": check_array(names.dy, dy, p.output_shape(), dtype, "like the output y",
+                                ndim=None, input_name=names.input)}
+    if dh is not None:
+        arrays["dh"] = check_array(names.dh, dh, shapes.h_state, dtype, "like h_n",
+                                   input_name=names.input)
+    if dc is not None:
+        arrays["dc"] = check_array(names.dc, dc, shapes.c_state, dtype, "like c_n",
+                                   input_name=names.input)
+    return arrays
 
 
 def check_array(name, value, shape, dtype, meaning=None, *, ndim=3, input_name="input"):
