@@ -303,6 +303,54 @@ def test_opacus_hooks_on_one_step_calls(head):
         assert_close(param.grad_sample, expected, what=name)
 
 
+class TwoCalls(nn.Module):
+    """One LSTM called on both halves of the sequence: each on its own (``fed`` False) or
+    the second on its half plus the first's last output (its input then needs a
+    gradient: Opacus's hook runs after that call's backward); the head reads the sum of
+    both calls' outputs (``head="output"``) or of their ``h_n``."""
+
+    def __init__(self, lstm, head, embed, fed):
+        super().__init__()
+        self.embed = nn.Linear(I, I, dtype=F64) if embed else None
+        self.lstm = lstm
+        self.fc = nn.Linear(H, 2, dtype=F64)
+        self.head, self.fed = head, fed
+
+    def forward(self, x):
+        if self.embed is not None:
+            x = torch.tanh(self.embed(x))
+        y1, (h1, _) = self.lstm(x[:, :3])
+        x2 = x[:, 3:] + y1[:, -1:, :I] if self.fed else x[:, 3:]
+        y2, (h2, _) = self.lstm(x2)
+        if self.head == "output":
+            return self.fc(y1[:, -1] + y2[:, -1])
+        return self.fc(h1[-1] + h2[-1])
+
+
+@pytest.mark.parametrize("fed", [False, True], ids=["apart", "fed"])
+@pytest.mark.parametrize("head,embed", [("output", False), ("h_n", False), ("h_n", True)])
+def test_opacus_hooks_on_a_module_called_twice(head, embed, fed):
+    """A module called twice in one forward (Opacus adds both calls' per-sample
+    gradients, then moves them to ``grad_sample``), with Opacus's hook before each
+    backward, after it, or called by it: every ``grad_sample`` is the per-sample loop's,
+    also over two steps accumulated without an optimizer step (a list of two)."""
+    opacus = _opacus()
+    ours, ref = module_pair(I, H, batch_first=True)
+    torch.manual_seed(5)
+    model = TwoCalls(ours, head, embed, fed)
+    reference = TwoCalls(ref, head, embed, fed)
+    reference.load_state_dict(model.state_dict())
+    wrapped = opacus.GradSampleModule(model, loss_reduction="sum")
+    x, target = _data()
+    want = _loop_model_gradients(reference, x, target)
+    for step in range(2):
+        nn.functional.cross_entropy(wrapped(x), target, reduction="sum").backward()
+    for (name, param), expected in zip(model.named_parameters(), want):
+        assert isinstance(param.grad_sample, list) and len(param.grad_sample) == 2, name
+        for stored in param.grad_sample:
+            assert_close(stored, expected, what=name)
+
+
 @pytest.mark.parametrize("max_grad_norm", [1e6, 0.05], ids=["unclipped", "clipped"])
 @pytest.mark.parametrize("mode", ["hooks", "ew", "ghost"])
 def test_make_private_step_is_the_clipped_mean(mode, max_grad_norm):

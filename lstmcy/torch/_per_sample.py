@@ -78,14 +78,24 @@ def _previous_states(h, h0, reverse, active):
     return torch.where(has_next, following, h0[None].expand_as(following))
 
 
-def _sum_over_steps(grads, values, scale, add_to=None):
+def _result_memory(shape, dtype):
+    """An uninitialised ``shape`` tensor of ``dtype`` (a numpy dtype) on the calling
+    thread's result memory (:class:`~lstmcy._engine.results.ResultMemory`): per-sample
+    gradients are megabytes a step, which fresh pages would fault in every step; these
+    are reused once the caller has dropped them."""
+    return torch.from_numpy(_core._thread_plan()._results.empty(shape, dtype=dtype))
+
+
+def _sum_over_steps(grads, values, scale):
     """``[B, G, F]``: ``scale * sum_t grads[t, b]^T values[t, b]`` (``[T, B, G]``,
-    ``[T, B, F]``), added to ``add_to`` if given. One batched product over the batch, the
-    steps its inner dimension (the strided views are read in place)."""
+    ``[T, B, F]``), on the result memory. One batched product over the batch, the steps
+    its inner dimension (the strided views are read in place)."""
     a, b = grads.permute(1, 2, 0), values.transpose(0, 1)
-    if add_to is not None:
-        return add_to.baddbmm_(a, b, alpha=scale)
-    return torch.baddbmm(a.new_zeros(()), a, b, beta=0, alpha=scale)
+    out = _result_memory((a.shape[0], a.shape[1], b.shape[2]), _NUMPY_DTYPES[grads.dtype])
+    return torch.baddbmm(a.new_zeros(()), a, b, beta=0, alpha=scale, out=out)
+
+
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def _gram(rows):

@@ -9,7 +9,8 @@ Two consumers ask a module for each sample's weight gradients:
   ``.grad``).
 - Opacus's ``GradSampleModule`` with hooks (``make_private``'s default): the grad sampler
   registered here for the class (when ``opacus.grad_sample`` is imported, before or after
-  ``lstmcy.torch``) hands Opacus the gradients the module's backward computed. Opacus's
+  ``lstmcy.torch``) has the gradients the module's backward computed put where Opacus
+  accumulates a batch's (``_current_grad_sample``), without copies. Opacus's
   hook sees only the gradient of ``output``, not those of ``h_n`` and ``c_n``, so the
   module computes them itself, in its backward, from every output's gradient.
 
@@ -51,7 +52,8 @@ class PerSample:
     scale : float
         Multiplier of the gradients (the batch size for a mean-reduced loss).
     module : Module or None
-        Opacus's: the module whose grad sampler returns ``module._lstmcy_grad_samples``.
+        Opacus's: the module whose parameters receive the gradients where Opacus
+        accumulates them (see :func:`_grad_sampler`).
     summed : bool
         Also return the summed weight gradients to autograd (``.grad``).
     batch_size : int or None
@@ -93,27 +95,24 @@ class PerSample:
                 return
             if module.__dict__.get("_lstmcy_deferred", 0) > 0:
                 # Opacus's hook ran first (no input needed a gradient: it fires with the
-                # output's) and stored zeros for _grad_sampler's placeholders.
+                # output's) and took _grad_sampler's placeholders.
                 module._lstmcy_deferred -= 1
+                placeholders = module.__dict__.get("_lstmcy_placeholders", {})
                 for param, grad in pairs:
-                    stored = param.grad_sample
-                    if isinstance(stored, list):  # accumulated over steps: this step's is last
-                        stored[-1] = stored[-1] + grad
-                    elif stored.shape == grad.shape and not stored.any():
-                        param.grad_sample = grad  # the zeros: replaced, not added to
-                    else:
-                        param.grad_sample = stored + grad
+                    _put_deferred(param, grad, placeholders.pop(param, None))
                 return
-            stored = module.__dict__.get("_lstmcy_grad_samples") or {}
+            # Opacus's hook follows: the gradients go where it accumulates this batch's
+            # (added to a call's before, for a module called twice), and its grad sampler
+            # returns no rows to add (a copy of them into fresh zeros otherwise).
             for param, grad in pairs:
-                # A module called twice in one step (tied weights): Opacus adds them.
-                stored[param] = stored[param] + grad if param in stored else grad
-            module._lstmcy_grad_samples = stored
+                current = getattr(param, "_current_grad_sample", None)
+                param._current_grad_sample = grad if current is None else current + grad
+            module._lstmcy_delivered = module.__dict__.get("_lstmcy_delivered", 0) + 1
             if not hook_follows:
                 # Opacus's hook sees only tensors among the module's inputs and outputs,
                 # and runs with their gradients: with neither (packed input and output,
                 # or an unused output and an input without gradient), it is called here.
-                self.hook(module, (), (stored[next(iter(stored))].new_zeros(1),))
+                self.hook(module, (), (pairs[0][1].new_zeros(1),))
             return
         for target, grad in zip(self.targets, per_sample):
             if target is None or not target.requires_grad:
@@ -134,6 +133,23 @@ class PerSample:
         module._lstmcy_norm_samples = dict(pairs)
         if not hook_follows:
             self.hook(module, (), (pairs[0][1].new_zeros(1),))
+
+
+def _put_deferred(param, grad, placeholder):
+    """Put ``grad`` (``param``'s per-sample gradients) where Opacus's hook, run before the
+    backward, left ``param``'s: in place of ``placeholder`` (the broadcast zeros
+    :func:`_grad_sampler` started the accumulation with, None if it did not), else added
+    to it. The hook's accumulation is promoted to ``grad_sample`` once the module's last
+    call has been through it; until then it is ``_current_grad_sample``."""
+    current = getattr(param, "_current_grad_sample", None)
+    if current is not None:
+        param._current_grad_sample = grad if current is placeholder else current + grad
+        return
+    stored = param.grad_sample
+    if isinstance(stored, list):  # accumulated over steps: this step's is last
+        stored[-1] = grad if stored[-1] is placeholder else stored[-1] + grad
+    else:
+        param.grad_sample = grad if stored is None or stored is placeholder else stored + grad
 
 
 class PerSampleFunction(torch.autograd.Function):
@@ -185,14 +201,21 @@ class PerSampleFunction(torch.autograd.Function):
         # Opacus's hook runs only once the output's gradient has reached it.
         sink.deliver(per_sample, sink.tensor_input and dy is not None)
         if sink.summed and not sink.norms:
-            # numpy's single-threaded sum: torch's reduction spends more in its threads'
-            # start-up than in the additions here.
-            dweights = [torch.from_numpy(g.numpy().sum(0) / sink.scale) if need else None
+            dweights = [_batch_sum(g, 1.0 / sink.scale) if need else None
                         for g, need in zip(per_sample, needs[8:])]
         else:
             dweights = [None] * len(weights)
         return (None, None, None, None, None, dx if want[0] else None,
                 dh0 if want[1] else None, dc0 if want[2] else None, *dweights)
+
+
+def _batch_sum(per_sample, factor):
+    """``factor * per_sample.sum(0)``, as one matrix-vector product: a pass over the
+    per-sample gradients at memory speed (a reduction over the first axis, torch's or
+    numpy's, takes twice as long)."""
+    rows = per_sample.reshape(per_sample.shape[0], -1)
+    weights = rows.new_full((rows.shape[0],), factor)
+    return torch.mv(rows.t(), weights).view(per_sample.shape[1:])
 
 
 def _rescaled(ctx, x, batch_sizes, weights, dy, dh, dc, want):
@@ -299,20 +322,31 @@ def per_sample_mode(module, weights, input):
 # ---------------------------------------------------------------------------
 
 def _grad_sampler(layer, activations, backprops):
-    """Opacus grad sampler: the per-sample gradients the layer's backward computed.
+    """Opacus grad sampler of the per-sample gradients the layer's backward computes.
 
-    Opacus calls it from a module backward hook, which runs after the module's backward
-    when an input needs a gradient, else as soon as ``output``'s gradient is known,
-    before it: then it returns empty placeholders, and the backward puts its gradients
-    where Opacus stored zeros for them.
+    Opacus calls it from a module backward hook and adds what it returns (``[rows,
+    *param.shape]`` per parameter) into the parameter's ``_current_grad_sample``, which
+    it makes as zeros of the batch's size when absent and moves to ``grad_sample`` after
+    the module's last call. The hook runs after the module's backward when an input
+    needs a gradient, else as soon as ``output``'s gradient is known, before it. Either
+    way the backward's gradients are put in place of Opacus's accumulation, and this
+    returns no rows: no fill of zeros the size of the per-sample gradients, and no copy.
     """
-    stored = layer.__dict__.pop("_lstmcy_grad_samples", None)
-    if stored:
-        return stored
+    params = [param for param in layer.parameters(recurse=False) if param.requires_grad]
+    delivered = layer.__dict__.get("_lstmcy_delivered", 0)
+    if delivered > 0:  # the backward ran first and put its gradients in place
+        layer._lstmcy_delivered = delivered - 1
+        return {param: param.new_zeros((0,) + tuple(param.shape)) for param in params}
     layer._lstmcy_deferred = layer.__dict__.get("_lstmcy_deferred", 0) + 1
-    # No rows: Opacus makes zeros of the batch's size and copies nothing into them.
-    return {param: param.new_zeros((0,) + tuple(param.shape))
-            for param in layer.parameters(recurse=False) if param.requires_grad}
+    # Broadcast zeros start the accumulation (they cost nothing); the backward replaces
+    # them, known by identity (_put_deferred).
+    placeholders = layer.__dict__.setdefault("_lstmcy_placeholders", {})
+    batch = (layer.max_batch_len,)
+    for param in params:
+        if getattr(param, "_current_grad_sample", None) is None:
+            zeros = param.new_zeros(()).expand(batch + tuple(param.shape))
+            param._current_grad_sample = placeholders[param] = zeros
+    return {param: param.new_zeros((0,) + tuple(param.shape)) for param in params}
 
 
 def _norm_sampler(layer, activations, backprops):
