@@ -544,10 +544,21 @@ def step_section(doc):
                     heading=f"## {TITLE} (`benchmarks/bench_step.py`)").rstrip("\n")
 
 
+def small_calls_section(doc):
+    """Markdown of the ``small_calls`` section of a headline run's file: a run of
+    ``run.py`` on the small shapes (``--section small_calls``), newer than the headline."""
+    argv = " ".join(doc["meta"].get("argv") or ["benchmarks/run.py"])
+    return "\n".join(["## Small calls (`benchmarks/run.py`, small shapes)", "",
+                      f"Measured with `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python "
+                      f"{argv}`, after the headline run.", ""]
+                     + _machine_lines(doc["meta"]) + ["", markdown_report(doc).rstrip("\n")])
+
+
 #: The sections of RESULTS.md after the headline run: (result file, its section or None
 #: for the file's own run, the Markdown of it).
 SECTIONS = [("scaling", None, scaling_section), ("scaling", "contention", contention_section),
             ("estimators", None, estimators_section), ("estimators", "ragged", ragged_section),
+            ("headline", "small_calls", small_calls_section),
             ("headline", "dp_sgd", dp_sgd_section), ("headline", "step", step_section)]
 
 

@@ -60,6 +60,10 @@ def parse_args(argv=None):
                              "default: the libraries' defaults")
     parser.add_argument("--json", default=None, help="write the JSON results here "
                         "(default benchmarks/results/<timestamp>.json)")
+    parser.add_argument("--section", default=None, metavar="NAME",
+                        help="write the run as section NAME of the --json file (its other "
+                             "sections kept; RESULTS.md shows section small_calls) instead "
+                             "of the whole file")
     parser.add_argument("--chart", default=None, help="PNG chart path (default: beside the JSON)")
     parser.add_argument("--no-chart", action="store_true", help="do not draw the PNG chart")
     parser.add_argument("--ref-budget", type=float, default=None,
@@ -431,9 +435,14 @@ def main(argv=None):
 
     json_path = args.json or os.path.join(RESULTS_DIR, f"{stamp}.json")
     os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-    with open(json_path, "w") as fh:
-        json.dump(doc, fh, indent=1, default=lambda obj: obj.tolist())  # numpy scalars, arrays
-    print(f"\nresults: {json_path}")
+    text = json.dumps(doc, indent=1, default=lambda obj: obj.tolist())  # numpy scalars, arrays
+    if args.section:
+        machine.update_result_file(json_path, **{args.section: json.loads(text)})
+        print(f"\nresults: {json_path}, section {args.section}")
+    else:
+        with open(json_path, "w") as fh:
+            fh.write(text)
+        print(f"\nresults: {json_path}")
     if not args.no_chart:
         chart_path = args.chart or os.path.splitext(json_path)[0] + ".png"
         if report.chart(doc, chart_path):
