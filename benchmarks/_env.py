@@ -12,7 +12,28 @@ import sys
 UNSET = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 _MARK = "LSTMCY_BENCH_REEXEC"
 
-__all__ = ["reexec_without_openblas_overrides", "UNSET"]
+#: What ``--avx2-proxy`` sets: lstmcy's AVX2 kernels, OpenBLAS's Haswell kernels and
+#: PyTorch's AVX2 code (ATen, MKL, oneDNN). On an AVX-512 CPU this runs the code an
+#: AVX2-only CPU runs, on cores that are not an AVX2-only CPU's (their caches and, on
+#: Zen 4, their 256-bit units serve both): a check of the AVX2 code paths, not a
+#: measurement of such a machine.
+AVX2_PROXY = {"LSTMCY_KERNELS": "avx2", "OPENBLAS_CORETYPE": "Haswell",
+              "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+              "DNNL_MAX_CPU_ISA": "AVX2"}
+
+__all__ = ["reexec_without_openblas_overrides", "use_avx2_proxy", "UNSET", "AVX2_PROXY"]
+
+
+def use_avx2_proxy(argv, module="__main__"):
+    """With ``--avx2-proxy`` in ``argv``, set :data:`AVX2_PROXY` in this process's
+    environment (call it after :func:`reexec_without_openblas_overrides`, before numpy,
+    scipy, torch or lstmcy is imported: each reads its variable when it loads)."""
+    if module != "__main__" or "--avx2-proxy" not in argv:
+        return
+    loaded = [m for m in ("numpy", "scipy", "torch", "lstmcy") if m in sys.modules]
+    if loaded:
+        raise SystemExit(f"{', '.join(loaded)} imported before the AVX2 proxy's variables were set")
+    os.environ.update(AVX2_PROXY)
 
 
 def reexec_without_openblas_overrides(module="__main__"):

@@ -324,7 +324,10 @@ def _run_line(meta, n_cases):
     git = meta.get("git") or {}
     commit = (git.get("commit") or "?")[:7] + (" + uncommitted kernel changes"
                                                  if git.get("kernel_changes_uncommitted") else "")
-    return (f"run {meta['timestamp']} (lstmcy {commit}): {n_cases} cases, {meta['repeats']} rounds, "
+    proxy = (", AVX2 proxy: OpenBLAS Haswell, PyTorch AVX2" if meta.get("avx2_proxy") else "")
+    if meta.get("lstmcy_kernels"):
+        proxy = f", kernels {meta['lstmcy_kernels']}" + proxy
+    return (f"run {meta['timestamp']} (lstmcy {commit}{proxy}): {n_cases} cases, {meta['repeats']} rounds, "
             f"threads={meta['threads'] or 'default'}, load average "
             f"{meta['loadavg_start'][0]:.2f} -> {meta['loadavg_end'][0]:.2f}, {meta['wall_s']:.0f} s")
 
@@ -544,14 +547,40 @@ def step_section(doc):
                     heading=f"## {TITLE} (`benchmarks/bench_step.py`)").rstrip("\n")
 
 
-def small_calls_section(doc):
-    """Markdown of the ``small_calls`` section of a headline run's file: a run of
-    ``run.py`` on the small shapes (``--section small_calls``), newer than the headline."""
+def _later_run(doc, title, about):
+    """Markdown of a run of ``run.py`` kept as a section of the headline file."""
     argv = " ".join(doc["meta"].get("argv") or ["benchmarks/run.py"])
-    return "\n".join(["## Small calls (`benchmarks/run.py`, small shapes)", "",
+    return "\n".join([f"## {title}", "", about, "",
                       f"Measured with `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python "
                       f"{argv}`, after the headline run.", ""]
                      + _machine_lines(doc["meta"]) + ["", markdown_report(doc).rstrip("\n")])
+
+
+def small_calls_section(doc):
+    """Markdown of the ``small_calls`` section of a headline run's file: a run of
+    ``run.py`` on the small shapes (``--section small_calls``), newer than the headline."""
+    return _later_run(doc, "Small calls (`benchmarks/run.py`, small shapes)",
+                      "The suite's small shapes, measured again on the current code.")
+
+
+def large_shapes_section(doc):
+    """Markdown of the ``large_shapes`` section of a headline run's file (``run.py --shapes
+    braun,large-256,deepbench-512 --section large_shapes``, run beside the AVX2 proxy)."""
+    return _later_run(doc, "Large shapes, measured again (`benchmarks/run.py`)",
+                      "The large float32 shapes on this machine's own code paths, measured "
+                      "within minutes of the AVX2 proxy below.")
+
+
+def avx2_proxy_section(doc):
+    """Markdown of the ``avx2_proxy`` section of a headline run's file (``run.py
+    --avx2-proxy --section avx2_proxy``)."""
+    return _later_run(
+        doc, "Large shapes on the AVX2 code paths (`benchmarks/run.py --avx2-proxy`)",
+        "lstmcy's AVX2 kernels, OpenBLAS's Haswell kernels and PyTorch's AVX2 code (ATen, "
+        "MKL, oneDNN) on this AVX-512 machine, the GEMM peak measured the same way: the "
+        "code an AVX2-only CPU runs, on cores that are not such a CPU's (their caches, and "
+        "on Zen 4 the 256-bit units that also run AVX-512). A check of the AVX2 paths' "
+        "efficiency, not a measurement of an AVX2 machine.")
 
 
 #: The sections of RESULTS.md after the headline run: (result file, its section or None
@@ -559,6 +588,8 @@ def small_calls_section(doc):
 SECTIONS = [("scaling", None, scaling_section), ("scaling", "contention", contention_section),
             ("estimators", None, estimators_section), ("estimators", "ragged", ragged_section),
             ("headline", "small_calls", small_calls_section),
+            ("headline", "large_shapes", large_shapes_section),
+            ("headline", "avx2_proxy", avx2_proxy_section),
             ("headline", "dp_sgd", dp_sgd_section), ("headline", "step", step_section)]
 
 

@@ -8,6 +8,7 @@ Usage::
     python benchmarks/run.py --shapes 'tiny,small-*' --repeats 11 --threads 1
     python benchmarks/run.py --peers torch,jax,tf                # also JAX and TensorFlow/Keras
     python benchmarks/run.py --list
+    python benchmarks/run.py --shapes braun,large-256,deepbench-512 --avx2-proxy
 
 (The script re-executes itself without ``OPENBLAS_CORETYPE`` / ``OPENBLAS_L2_SIZE``:
 OpenBLAS reads them when it is loaded, and they select older kernels.)
@@ -25,9 +26,10 @@ and, when matplotlib is importable, a PNG chart beside it.
 import os
 import sys
 
-from _env import reexec_without_openblas_overrides  # (no numpy import)
+from _env import reexec_without_openblas_overrides, use_avx2_proxy  # (no numpy import)
 
 reexec_without_openblas_overrides(__name__)
+use_avx2_proxy(sys.argv, __name__)
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
@@ -60,9 +62,15 @@ def parse_args(argv=None):
                              "default: the libraries' defaults")
     parser.add_argument("--json", default=None, help="write the JSON results here "
                         "(default benchmarks/results/<timestamp>.json)")
+    parser.add_argument("--avx2-proxy", action="store_true",
+                        help="run lstmcy's AVX2 kernels, OpenBLAS's Haswell kernels and "
+                             "PyTorch's AVX2 code (on an AVX-512 CPU: the AVX2 code paths, "
+                             "on other cores than an AVX2-only CPU's; RESULTS.md shows "
+                             "section avx2_proxy)")
     parser.add_argument("--section", default=None, metavar="NAME",
                         help="write the run as section NAME of the --json file (its other "
-                             "sections kept; RESULTS.md shows section small_calls) instead "
+                             "sections kept; RESULTS.md shows sections small_calls, large_shapes "
+                             "and avx2_proxy) instead "
                              "of the whole file")
     parser.add_argument("--chart", default=None, help="PNG chart path (default: beside the JSON)")
     parser.add_argument("--no-chart", action="store_true", help="do not draw the PNG chart")
@@ -383,7 +391,8 @@ def main(argv=None):
             "threads": args.threads, "min_time": args.min_time, "warm_time": args.warm_time,
             "ref_budget": args.ref_budget, "cpu": machine.lscpu_summary(), "blas": machine.blas_info(),
             "versions": machine.versions(), "git": machine.git_state(machine.ROOT),
-            "lstmcy_threads": lstmcy.get_num_threads(), "loadavg_start": os.getloadavg()}
+            "lstmcy_threads": lstmcy.get_num_threads(), "loadavg_start": os.getloadavg(),
+            "avx2_proxy": args.avx2_proxy, "lstmcy_kernels": _kernels_module()}
     print(f"lstmcy benchmark {stamp}: {len(cases)} cases, {args.repeats} rounds, "
           f"threads={args.threads or 'default'}, load average {meta['loadavg_start'][0]:.2f}")
     for line in machine.describe_pools(meta["blas"]):
@@ -444,7 +453,9 @@ def main(argv=None):
             fh.write(text)
         print(f"\nresults: {json_path}")
     if not args.no_chart:
-        chart_path = args.chart or os.path.splitext(json_path)[0] + ".png"
+        # (A section's run beside the file's own chart, not over it.)
+        stem = os.path.splitext(json_path)[0] + (f"-{args.section}" if args.section else "")
+        chart_path = args.chart or stem + ".png"
         if report.chart(doc, chart_path):
             print(f"chart:   {chart_path}")
         else:
@@ -456,6 +467,12 @@ def main(argv=None):
         print("peers not timed (their results disagree with lstmcy's, or they failed): " + "; ".join(failed))
         return 1
     return 0
+
+
+def _kernels_module():
+    """The name of the build of lstmcy's kernels this process runs."""
+    from lstmcy._engine.dispatch import kernels
+    return kernels.__name__
 
 
 def load_peers_for_run(args, meta, torch):

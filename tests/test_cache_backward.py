@@ -495,6 +495,29 @@ def test_forwards_own_objects_check_the_gradients_as_before(full_checks, argumen
     assert len(full_checks) == 1
 
 
+@pytest.mark.parametrize("change", ["input shape", "input dtype", "h0 shape", "w_hh dtype",
+                                    "b_ih shape"])
+def test_forwards_arrays_reshaped_in_place_are_checked_in_full(full_checks, change):
+    """The forward's own objects whose shape or dtype was set in place since: the backward
+    checks them in full and raises the full checks' error (not the forward's problem's
+    result, nor a kernel's message)."""
+    case = make_case(101, T=4, B=2, I=3, H=4)
+    x, hx, params = case.x, case.hx, case.params
+    *_, cache = lstmcy.lstm_forward(x, hx, params)
+    target, attribute, value, pattern = {
+        # (B is read from the input: 4 now, so the states' shapes no longer fit it.)
+        "input shape": (x, "shape", (2, 4, 3), r"hx\[0\] \(h0\) must have shape \(1, 4, 4\)"),
+        "input dtype": (x, "dtype", np.int64, r"input must have dtype float16, .* got int64"),
+        "h0 shape": (hx[0], "shape", (1, 4, 2), r"hx\[0\] \(h0\) must have shape \(1, 2, 4\)"),
+        "w_hh dtype": (params[1], "dtype", np.int64, r"params\[1\] .* must have dtype .* got int64"),
+        "b_ih shape": (params[2], "shape", (4, 4), r"params\[2\] .*must be 1-D"),
+    }[change]
+    setattr(target, attribute, value)
+    with pytest.raises((ValueError, TypeError), match=pattern):
+        lstmcy.lstm_backward(x, hx, params, case.dy, None, None, *cache.saved())
+    assert len(full_checks) == 1
+
+
 def test_a_replaced_piece_of_a_cache_list_is_checked_and_read(full_checks):
     """A cache list whose piece was replaced is not the forward's own any more: the
     backward checks it in full and reads the new piece (the same bits as copies of all

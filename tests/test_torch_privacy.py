@@ -200,6 +200,34 @@ def test_expanded_weights_with_dropout_sum_to_the_batch_gradient():
         assert_close(param.grad_sample.sum(0), expected, what=name)
 
 
+def test_per_sample_gradients_under_create_graph():
+    """A backward with ``create_graph=True`` (an input that needs a gradient, as under a
+    gradient penalty): ExpandedWeights and Opacus's hooks give the per-sample gradients of
+    the plain backward."""
+    opacus = _opacus()
+    x = torch.randn(T, B, I, dtype=F64)
+    got = []
+    for create_graph in (False, True):
+        ours, _ = module_pair(I, H, num_layers=2)
+        xx = x.clone().requires_grad_(True)
+        y, _ = call_for_per_sample_grads(ours, batch_size=B, loss_reduction="sum",
+                                         batch_first=False)(xx)
+        (y ** 2).sum().backward(create_graph=create_graph)
+        got.append([p.grad_sample.detach() for p in ours.parameters()])
+    for plain, graphed in zip(*got):
+        assert_close(graphed, plain)
+    got = []
+    for create_graph in (False, True):
+        model, _ = _classifiers("output", True)
+        wrapped = opacus.GradSampleModule(model, loss_reduction="sum")
+        data, target = _data()
+        loss = nn.functional.cross_entropy(wrapped(data), target, reduction="sum")
+        loss.backward(create_graph=create_graph)
+        got.append([p.grad_sample.detach() for p in model.lstm.parameters()])
+    for plain, graphed in zip(*got):
+        assert_close(graphed, plain)
+
+
 def test_expanded_weights_float32():
     ours, ref = module_pair(I, H, dtype=torch.float32, num_layers=2)
     x = torch.randn(T, B, I)
@@ -351,6 +379,38 @@ def test_opacus_hooks_on_a_module_called_twice(head, embed, fed):
             assert_close(stored, expected, what=name)
 
 
+@pytest.mark.parametrize("embed", [False, True])
+def test_opacus_hooks_on_a_second_call_on_fewer_sequences(embed):
+    """A second call on the batch's first sequences only: its per-sample gradients add to
+    those rows (as Opacus adds a call's), so each ``grad_sample`` still sums to the
+    batch's gradient."""
+    opacus = _opacus()
+
+    class FewerSecond(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Linear(I, I, dtype=F64) if embed else None
+            self.lstm = LSTM(I, H, batch_first=True, dtype=F64)
+            self.fc = nn.Linear(H, 2, dtype=F64)
+
+        def forward(self, x):
+            if self.embed is not None:
+                x = torch.tanh(self.embed(x))
+            y1, _ = self.lstm(x)
+            y2, _ = self.lstm(x[:2])
+            last = y1[:, -1] + nn.functional.pad(y2[:, -1], (0, 0, 0, x.shape[0] - 2))
+            return self.fc(last)
+
+    torch.manual_seed(6)
+    model = FewerSecond()
+    wrapped = opacus.GradSampleModule(model, loss_reduction="sum")
+    x, target = _data()
+    nn.functional.cross_entropy(wrapped(x), target, reduction="sum").backward()
+    for name, param in model.lstm.named_parameters():
+        assert param.grad_sample.shape == (B,) + param.shape, name
+        assert_close(param.grad_sample.sum(0), param.grad, what=name)
+
+
 @pytest.mark.parametrize("max_grad_norm", [1e6, 0.05], ids=["unclipped", "clipped"])
 @pytest.mark.parametrize("mode", ["hooks", "ew", "ghost"])
 def test_make_private_step_is_the_clipped_mean(mode, max_grad_norm):
@@ -383,6 +443,37 @@ def test_make_private_step_is_the_clipped_mean(mode, max_grad_norm):
         assert_close(old - param.detach(), step, rtol=1e-9, what=name)
     if max_grad_norm < 1:
         assert (factor < 1).all()  # the clipping was exercised
+
+
+@pytest.mark.parametrize("head", ["output", "h_n"])
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_make_private_step_on_an_empty_batch(mode, head):
+    """Poisson sampling draws empty batches now and then: a DP-SGD step on one runs as it
+    does for Opacus's own layers (per-sample gradients of no rows; no noise here, so the
+    parameters stay as they are), then a step on a full batch."""
+    opacus = _opacus()
+    model, _ = _classifiers(head, False, num_layers=2, bidirectional=True)
+    x, target = _data(8)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, target), batch_size=8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Opacus's warnings about secure RNG and accounting
+        made = opacus.PrivacyEngine().make_private(
+            module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=0.0,
+            max_grad_norm=1.0, poisson_sampling=False, grad_sample_mode=mode,
+            criterion=nn.CrossEntropyLoss())
+    private, optimizer = made[0], made[1]
+    criterion = made[2] if mode == "ghost" else nn.CrossEntropyLoss()
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer.zero_grad()
+    criterion(private(x[:0]), target[:0]).backward()
+    optimizer.step()
+    for (name, param), old in zip(model.named_parameters(), before):
+        assert torch.equal(param.detach(), old), name
+    optimizer.zero_grad()
+    criterion(private(x), target).backward()
+    optimizer.step()
+    assert any(not torch.equal(p.detach(), old) for p, old in zip(model.parameters(), before))
 
 
 GHOST_CONFIGS = [dict(num_layers=2, bidirectional=True), dict(proj_size=3),

@@ -40,9 +40,6 @@ __all__ = ["forward", "backward", "run_forward", "run_backward", "saved_size", "
            "check_problem", "trusted_problem", "SAVED_NAMES"]
 
 
-_H = SAVED_NAMES.index("h")  # the layer output's place among the saved activations
-
-
 def _calling_threads_plan():
     """The calling thread's plan (the one its plain numpy calls use)."""
     from lstmcy._engine.plan import _thread_plan  # plan builds on this module
@@ -249,8 +246,9 @@ def run_backward(plan, p, saved_of, arrays, output_mask):
     :func:`~lstmcy._engine.validation.check_backward` returns them (only ``dy``, ``dh``,
     ``dc`` and ``dropout_masks`` are read from ``arrays``), ``saved_of(layer)`` the seven
     saved activations of ``layer``'s directions in ``SAVED_NAMES`` order, each a
-    C-contiguous ``[D, T*B, F]`` compute-dtype array (F = H, for h P), ``output_mask`` a
-    tuple of four bools."""
+    C-contiguous ``[D, T*B, F]`` compute-dtype array (F = H, for h P), and
+    ``saved_of(layer, name)`` the one of ``name`` (:func:`~lstmcy._engine.saved.rows_reader`),
+    ``output_mask`` a tuple of four bools."""
     want_dx, want_dh, want_dc, want_dparams = output_mask
     if not any(output_mask):
         return None, None, None, None
@@ -283,7 +281,7 @@ def run_backward(plan, p, saved_of, arrays, output_mask):
                 layer_in, in_step_row, in_stride, in_packed = p.x_rows, p.step_row, p.batch_stride, p.rows_packed
                 layer_dx_needed = want_dx
             else:
-                below = list(saved_of(layer - 1)[_H])
+                below = list(saved_of(layer - 1, "h"))
                 layer_in = plan._results.empty((T * B, D * P), cdt)
                 np.concatenate(below, axis=-1, out=layer_in)
                 if masks is not None:

@@ -280,10 +280,14 @@ class LSTMPlan:
         output_mask = check_output_mask(output_mask)
         cdt = p.compute_dtype
 
-        def saved_of(layer):
-            return tuple([stacked(given, arrays[name], layer, p.D,
-                                  (p.T * p.B, p.P if name == "h" else p.H), cdt)
-                          for name, given in zip(SAVED_NAMES, saved)])
+        def one(name, given, layer):
+            return stacked(given, arrays[name], layer, p.D,
+                           (p.T * p.B, p.P if name == "h" else p.H), cdt)
+
+        def saved_of(layer, name=None):
+            if name is not None:
+                return one(name, saved[SAVED_NAMES.index(name)], layer)
+            return tuple([one(name, given, layer) for name, given in zip(SAVED_NAMES, saved)])
 
         return LSTMGradients(*run_backward(self, p, saved_of, arrays, output_mask))
 

@@ -12,7 +12,7 @@ import operator
 import numpy as np
 
 from lstmcy._engine.cache import SavedList
-from lstmcy._engine.validation import SAVED_NAMES, _cached, _read_only
+from lstmcy._engine.validation import SAVED_NAMES, _cached, _read_only, _ready_array
 
 __all__ = ["saved_size", "saved_arrays", "block_reader", "cache_lists", "stacked",
            "forward_problem", "rows_reader", "no_cache"]
@@ -106,6 +106,15 @@ def forward_problem(saved, config, input, hx, params, batch_sizes, dropout_masks
     if (type(params) not in (tuple, list) or len(params) != len(call.params)
             or not all(map(operator.is_, params, call.params))):
         return None
+    # The same objects, still as the forward checked them (a shape, dtype or strides set
+    # in place since is the full checks' to judge).
+    cdt, shapes = p.compute_dtype, p.shapes
+    if not _intact(input, p.input_shape, cdt) or (hx is not None and not (
+            _intact(hx[0], shapes.h_state, cdt) and _intact(hx[1], shapes.c_state, cdt))):
+        return None
+    for array, shape in zip(params, shapes.params):
+        if not _intact(array, shape, cdt):
+            return None
     rows = []
     for items in saved:
         if type(items) is not _BlockViews or items.call is not call:
@@ -117,21 +126,30 @@ def forward_problem(saved, config, input, hx, params, batch_sizes, dropout_masks
     return p, rows_reader(rows, p)
 
 
+def _intact(array, shape, dtype):
+    """Whether ``array`` still has ``shape`` and is a C-contiguous, aligned ndarray of
+    ``dtype`` (as the forward read it)."""
+    return array.shape == shape and _ready_array(array, dtype) is array
+
+
 def rows_reader(rows, p):
     """``saved_of`` for :func:`lstmcy._engine.layer_loops.run_backward`: ``saved_of(layer)``
-    is the seven ``[D, T*B, F]`` saved activations of ``layer``'s directions, views of
-    ``rows`` (the seven ``[L*D, T*B, F]`` arrays, in ``SAVED_NAMES`` order)."""
-    if p.L == 1:
-        whole = tuple(rows)  # the one layer's: the same tuple for every request
-
-        def saved_of(layer):
-            return whole
-        return saved_of
+    is the seven ``[D, T*B, F]`` saved activations of ``layer``'s directions,
+    ``saved_of(layer, name)`` the one of ``name``: views of ``rows`` (the seven ``[L*D,
+    T*B, F]`` arrays, in ``SAVED_NAMES`` order)."""
     D = p.D
+    whole = tuple(rows) if p.L == 1 else None  # the one layer's: the same tuple every time
 
-    def saved_of(layer):
+    def saved_of(layer, name=None):
+        if name is not None:
+            return rows[_SAVED_INDEX[name]][layer * D:(layer + 1) * D]
+        if whole is not None:
+            return whole
         return tuple([r[layer * D:(layer + 1) * D] for r in rows])
     return saved_of
+
+
+_SAVED_INDEX = {name: k for k, name in enumerate(SAVED_NAMES)}
 
 
 def saved_size(p):

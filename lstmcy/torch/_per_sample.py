@@ -51,10 +51,11 @@ def _padded(rows, problem, fill=None):
     padded positions); padded input is reshaped as it is."""
     T, B = problem.T, problem.B
     if problem.layout != "packed":
-        return rows.reshape(T, B, -1)
-    out = rows.new_zeros((T * B, rows.shape[-1])) if fill is None else fill.reshape(T * B, -1).clone()
+        return rows.reshape(T, B, rows.shape[-1])  # (the width given: B may be 0)
+    width = rows.shape[-1]
+    out = rows.new_zeros((T * B, width)) if fill is None else fill.reshape(T * B, width).clone()
     out[torch.from_numpy(engine._packed_rows(problem))] = rows
-    return out.view(T, B, -1)
+    return out.view(T, B, width)
 
 
 def _active(problem):
@@ -88,9 +89,12 @@ def _result_memory(shape, dtype):
 
 def _sum_over_steps(grads, values, scale):
     """``[B, G, F]``: ``scale * sum_t grads[t, b]^T values[t, b]`` (``[T, B, G]``,
-    ``[T, B, F]``), on the result memory. One batched product over the batch, the steps
-    its inner dimension (the strided views are read in place)."""
+    ``[T, B, F]``), on the result memory (in a fresh tensor when autograd records the
+    product: a backward with ``create_graph``). One batched product over the batch, the
+    steps its inner dimension (the strided views are read in place)."""
     a, b = grads.permute(1, 2, 0), values.transpose(0, 1)
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return torch.baddbmm(a.new_zeros(()), a, b, beta=0, alpha=scale)
     out = _result_memory((a.shape[0], a.shape[1], b.shape[2]), _NUMPY_DTYPES[grads.dtype])
     return torch.baddbmm(a.new_zeros(()), a, b, beta=0, alpha=scale, out=out)
 
@@ -130,7 +134,7 @@ def _norms_of_sums(grads, values, scale, grads_gram):
         step = max(1, _CHUNK_BYTES // (G * F * grads.element_size()))
         squares = torch.cat([torch.linalg.vector_norm(torch.bmm(a[i:i + step], v[i:i + step]),
                                                       dim=(1, 2)).square_()
-                             for i in range(0, B, step)])
+                             for i in range(0, B, step)] or [grads.new_zeros(0)])
     return squares.sqrt_().mul_(abs(scale))
 
 
@@ -213,7 +217,8 @@ def backward(cfg, hidden_size, x, batch_sizes, h0, c0, weights, masks, saved, dy
                 layer_x = layer_x * (_padded(masks[layer - 1], problem) if packed
                                      else masks[layer - 1])
             if packed:
-                layer_x = layer_x.reshape(T * B, -1)[torch.from_numpy(engine._packed_rows(problem))]
+                layer_x = layer_x.reshape(T * B, layer_x.shape[-1])[
+                    torch.from_numpy(engine._packed_rows(problem))]
         layer_x = layer_x.contiguous()
         layer_w = weights[layer * D * per_dir:(layer + 1) * D * per_dir]
         layer_saved = saved if L == 1 else torch.cat(
@@ -308,12 +313,15 @@ def _direction_norms(out, base, per_dir, grads, values_x, h, h0, reverse, active
         out[base + per_dir - 1] = _norms_of_sums(
             dh, r, scale, (lambda: _gram(dh)) if _use_gram(T, dh.shape[-1], r.shape[-1]) else None)
     if keep is not None:
+        # (Widths given: an empty batch has no rows to infer them from.)
         rows = grads.reshape(-1, G)
-        keep.append((base, rows, torch.cat([values_x, h_prev], dim=-1).reshape(rows.shape[0], -1),
-                     has_bias, values_x.shape[-1]))
+        n = rows.shape[0]
+        values = torch.cat([values_x, h_prev], dim=-1)
+        keep.append((base, rows, values.reshape(n, values.shape[-1]), has_bias,
+                     values_x.shape[-1]))
         if r is not None:
-            keep.append((base + per_dir - 1, dh.reshape(rows.shape[0], -1),
-                         r.reshape(rows.shape[0], -1), False, None))
+            keep.append((base + per_dir - 1, dh.reshape(n, dh.shape[-1]),
+                         r.reshape(n, r.shape[-1]), False, None))
 
 
 def weighted_sums(kept, factors, weights):
@@ -324,7 +332,8 @@ def weighted_sums(kept, factors, weights):
     out = [None] * len(weights)
     rows = kept[0][1].shape[0]
     dtype = kept[0][1].dtype
-    per_row = factors.to(dtype).repeat(rows // factors.shape[0])[:, None]  # row t*B + b
+    # Row t*B + b's factor (none for an empty batch).
+    per_row = factors.to(dtype).repeat(rows // factors.shape[0] if rows else 0)[:, None]
     for index, grads, values, bias, inputs in kept:
         width = values.shape[1]
         scaled = torch.empty((rows, width + bias), dtype=dtype)

@@ -29,6 +29,7 @@ sample's own steps (or those sums' norms).
 import functools
 import importlib.abc
 import importlib.util
+import math
 import sys
 
 import torch
@@ -106,7 +107,7 @@ class PerSample:
             # returns no rows to add (a copy of them into fresh zeros otherwise).
             for param, grad in pairs:
                 current = getattr(param, "_current_grad_sample", None)
-                param._current_grad_sample = grad if current is None else current + grad
+                param._current_grad_sample = grad if current is None else _added(current, grad)
             module._lstmcy_delivered = module.__dict__.get("_lstmcy_delivered", 0) + 1
             if not hook_follows:
                 # Opacus's hook sees only tensors among the module's inputs and outputs,
@@ -143,13 +144,26 @@ def _put_deferred(param, grad, placeholder):
     call has been through it; until then it is ``_current_grad_sample``."""
     current = getattr(param, "_current_grad_sample", None)
     if current is not None:
-        param._current_grad_sample = grad if current is placeholder else current + grad
+        param._current_grad_sample = grad if current is placeholder else _added(current, grad)
         return
     stored = param.grad_sample
     if isinstance(stored, list):  # accumulated over steps: this step's is last
-        stored[-1] = grad if stored[-1] is placeholder else stored[-1] + grad
+        stored[-1] = grad if stored[-1] is placeholder else _added(stored[-1], grad)
     else:
-        param.grad_sample = grad if stored is None or stored is placeholder else stored + grad
+        param.grad_sample = (grad if stored is None or stored is placeholder
+                             else _added(stored, grad))
+
+
+def _added(accumulated, grad):
+    """The sum of two calls' per-sample gradients as Opacus adds them
+    (``_current_grad_sample[:n] += grad_sample``: a call on fewer sequences adds to the
+    first ones); a new tensor."""
+    if accumulated.shape == grad.shape:
+        return accumulated + grad
+    more, fewer = (accumulated, grad) if accumulated.shape[0] > grad.shape[0] else (grad, accumulated)
+    total = more.clone()
+    total[:fewer.shape[0]] += fewer
+    return total
 
 
 class PerSampleFunction(torch.autograd.Function):
@@ -201,7 +215,10 @@ class PerSampleFunction(torch.autograd.Function):
         # Opacus's hook runs only once the output's gradient has reached it.
         sink.deliver(per_sample, sink.tensor_input and dy is not None)
         if sink.summed and not sink.norms:
-            dweights = [_batch_sum(g, 1.0 / sink.scale) if need else None
+            # (scale is the batch size for a mean loss: 0 for an empty batch, whose sum
+            # is zeros.)
+            factor = 1.0 / sink.scale if sink.scale else 0.0
+            dweights = [_batch_sum(g, factor) if need else None
                         for g, need in zip(per_sample, needs[8:])]
         else:
             dweights = [None] * len(weights)
@@ -213,7 +230,7 @@ def _batch_sum(per_sample, factor):
     """``factor * per_sample.sum(0)``, as one matrix-vector product: a pass over the
     per-sample gradients at memory speed (a reduction over the first axis, torch's or
     numpy's, takes twice as long)."""
-    rows = per_sample.reshape(per_sample.shape[0], -1)
+    rows = per_sample.reshape(per_sample.shape[0], math.prod(per_sample.shape[1:]))
     weights = rows.new_full((rows.shape[0],), factor)
     return torch.mv(rows.t(), weights).view(per_sample.shape[1:])
 
