@@ -411,15 +411,13 @@ def test_opacus_hooks_on_a_second_call_on_fewer_sequences(embed):
         assert_close(param.grad_sample.sum(0), param.grad, what=name)
 
 
-@pytest.mark.parametrize("max_grad_norm", [1e6, 0.05], ids=["unclipped", "clipped"])
-@pytest.mark.parametrize("mode", ["hooks", "ew", "ghost"])
-def test_make_private_step_is_the_clipped_mean(mode, max_grad_norm):
-    """One DP-SGD step without noise: Opacus's update is the mean of the per-sample
-    gradients (the loop's), each clipped to ``max_grad_norm`` (all parameters together)."""
+def _made_private(model, x, target, mode, max_grad_norm):
+    """``make_private`` of ``model`` for SGD (lr 1, no noise) on one batch of ``x``:
+    ``(module, optimizer, criterion, loader)``; ghost mode's criterion is Opacus's, whose
+    backward runs both passes."""
     opacus = _opacus()
-    model, reference = _classifiers("h_n", False, num_layers=2, bidirectional=True)
-    x, target = _data(8)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, target), batch_size=8)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, target),
+                                         batch_size=len(x))
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Opacus's warnings about secure RNG and accounting
@@ -427,9 +425,19 @@ def test_make_private_step_is_the_clipped_mean(mode, max_grad_norm):
             module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=0.0,
             max_grad_norm=max_grad_norm, poisson_sampling=False, grad_sample_mode=mode,
             criterion=nn.CrossEntropyLoss())
-    private, optimizer, loader = made[0], made[1], made[-1]
-    # ghost: Opacus's criterion, whose backward runs both passes (the others return none)
     criterion = made[2] if mode == "ghost" else nn.CrossEntropyLoss()
+    return made[0], made[1], criterion, made[-1]
+
+
+@pytest.mark.parametrize("max_grad_norm", [1e6, 0.05], ids=["unclipped", "clipped"])
+@pytest.mark.parametrize("mode", ["hooks", "ew", "ghost"])
+def test_make_private_step_is_the_clipped_mean(mode, max_grad_norm):
+    """One DP-SGD step without noise: Opacus's update is the mean of the per-sample
+    gradients (the loop's), each clipped to ``max_grad_norm`` (all parameters together)."""
+    model, reference = _classifiers("h_n", False, num_layers=2, bidirectional=True)
+    x, target = _data(8)
+    private, optimizer, criterion, loader = _made_private(model, x, target, mode,
+                                                          max_grad_norm)
     before = [p.detach().clone() for p in model.parameters()]
     for xb, yb in loader:
         optimizer.zero_grad()
@@ -451,19 +459,9 @@ def test_make_private_step_on_an_empty_batch(mode, head):
     """Poisson sampling draws empty batches now and then: a DP-SGD step on one runs as it
     does for Opacus's own layers (per-sample gradients of no rows; no noise here, so the
     parameters stay as they are), then a step on a full batch."""
-    opacus = _opacus()
     model, _ = _classifiers(head, False, num_layers=2, bidirectional=True)
     x, target = _data(8)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, target), batch_size=8)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Opacus's warnings about secure RNG and accounting
-        made = opacus.PrivacyEngine().make_private(
-            module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=0.0,
-            max_grad_norm=1.0, poisson_sampling=False, grad_sample_mode=mode,
-            criterion=nn.CrossEntropyLoss())
-    private, optimizer = made[0], made[1]
-    criterion = made[2] if mode == "ghost" else nn.CrossEntropyLoss()
+    private, optimizer, criterion, _ = _made_private(model, x, target, mode, 1.0)
     before = [p.detach().clone() for p in model.parameters()]
     optimizer.zero_grad()
     criterion(private(x[:0]), target[:0]).backward()
