@@ -688,3 +688,109 @@ def test_a_kernel_object_refuses_a_second_call_while_one_runs():
             break
     assert refused == 1
     assert not call.running
+
+
+def _per_sample_case(rng, dtype, K, B, G, F):
+    """Strided inputs as the grad samplers pass them: gradient rows padded to a wider
+    stride, values a step-shifted view, first terms with rows of their own stride."""
+    grads = rng.standard_normal((K, B, G + 3)).astype(dtype)[:, :, :G]
+    values = rng.standard_normal((K + 1, B, F)).astype(dtype)[1:]
+    first_grads = rng.standard_normal((B, G + 1)).astype(dtype)[:, :G]
+    first_values = rng.standard_normal((B, F)).astype(dtype)
+    return grads, values, first_grads, first_values
+
+
+PER_SAMPLE_SHAPES = [(50, 6, 512, 32), (7, 3, 20, 5), (1, 2, 8, 3), (0, 2, 8, 3), (5, 1, 4, 1),
+                     (9, 4, 33, 17), (3, 0, 8, 3), (3, 2, 8, 0)]
+
+
+@pytest.mark.parametrize("build", _dispatch.available_builds())
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_per_sample_products_match_numpy_on_any_thread_count(build, dtype):
+    """out[b] = scale * (first_grads[b]^T first_values[b] + sum_k grads[k, b]^T
+    values[k, b]) and bias[b] = scale * sum_k grads[k, b], on strided inputs: against a
+    float64 product (in units of eps of the sum of |terms|), and the same bits on 1, 2
+    and 5 threads (the pool told of 5 CPUs, so that all five run parts at once)."""
+    from lstmcy import _threadpool
+    kernels = _dispatch.load(build)
+    cpus = _threadpool.cpu_count()
+    _threadpool.set_cpu_count(5)
+    try:
+        _per_sample_sweep(kernels, dtype)
+    finally:
+        _threadpool.set_cpu_count(cpus)
+
+
+def _per_sample_sweep(kernels, dtype):
+    rng = np.random.default_rng(7)
+    eps = np.finfo(dtype).eps
+    for K, B, G, F in PER_SAMPLE_SHAPES:
+        grads, values, fg, fv = _per_sample_case(rng, dtype, K, B, G, F)
+        g64, v64 = grads.astype(np.float64), values.astype(np.float64)
+        for first in (False, True):
+            want = np.einsum("kbg,kbf->bgf", g64, v64)
+            bound = np.einsum("kbg,kbf->bgf", np.abs(g64), np.abs(v64))
+            if first:
+                want += np.einsum("bg,bf->bgf", fg.astype(np.float64), fv)
+                bound += np.einsum("bg,bf->bgf", np.abs(fg.astype(np.float64)), np.abs(fv))
+            results = []
+            for n_threads in (1, 2, 5):
+                out = np.full((B, G, F), np.nan, dtype)
+                bias = np.full((B, G), np.nan, dtype)
+                kernels.per_sample_products(grads, values, out, -2.5, n_threads,
+                                            fg if first else None, fv if first else None, bias)
+                err = np.abs(out - -2.5 * want) / (2.5 * bound + np.finfo(dtype).tiny)
+                assert float(err.max(initial=0)) < (K + 2) * 2 * eps, (K, B, G, F, first)
+                np.testing.assert_allclose(bias, -2.5 * g64.sum(0), rtol=(K + 1) * eps,
+                                           atol=(K + 1) * 4 * eps * np.abs(g64).sum(0).max(
+                                               initial=0))
+                results.append((out.tobytes(), bias.tobytes()))
+            assert results[1:] == results[:-1], ("bits differ between thread counts",
+                                                 K, B, G, F)
+
+
+def test_per_sample_products_same_bits_in_the_vector_builds():
+    """The AVX2 and AVX-512 builds give the same bits (as the layer calls do)."""
+    builds = [b for b in _dispatch.available_builds() if b != "baseline"]
+    if len(builds) < 2:
+        pytest.skip(f"one vector build runs on this CPU: {builds}")
+    outs = {}
+    for name in builds:
+        grads, values, fg, fv = _per_sample_case(np.random.default_rng(3), np.float32, 20, 4,
+                                                 40, 24)
+        out = np.empty((4, 40, 24), np.float32)
+        bias = np.empty((4, 40), np.float32)
+        _dispatch.load(name).per_sample_products(grads, values, out, 3.0, 2, fg, fv, bias)
+        outs[name] = out.tobytes() + bias.tobytes()
+    assert len(set(outs.values())) == 1, builds
+
+
+def test_per_sample_products_refuse_bad_arrays():
+    """Mismatched shapes, dtypes, layouts and read-only outputs are ValueErrors naming the
+    argument; nothing is written."""
+    kernels = _dispatch.load()
+    rng = np.random.default_rng(0)
+    grads, values, fg, fv = _per_sample_case(rng, np.float32, 4, 3, 8, 5)
+    out = np.zeros((3, 8, 5), np.float32)
+    cases = [
+        ((grads[:, :2], values, out), "values"),
+        ((grads, values[:, :, :4], out), "out"),
+        ((grads, values.astype(np.float64), out), "values"),
+        ((grads.astype(np.float16), values, out), "grads"),
+        ((grads[:, :, ::2], values[:, :, :4], np.zeros((3, 4, 4), np.float32)), "grads"),
+        ((grads, values, out.transpose(0, 2, 1).copy().transpose(0, 2, 1)), "out"),
+        ((grads, values, out[::-1]), "out"),
+        ((grads, values[::-1], out), "values"),
+        ((grads, values, out, 1.0, 1, fg, None), "first_grads and first_values"),
+        ((grads, values, out, 1.0, 1, fg, fv[:2]), "first_values"),
+        ((grads, values, out, 1.0, 1, None, None, np.zeros((3, 7), np.float32)), "bias"),
+        ((list(grads), values, out), "grads"),
+    ]
+    readonly = out.copy()
+    readonly.flags.writeable = False
+    cases.append(((grads, values, readonly), "out"))
+    for args, name in cases:
+        args = args + (1.0, 1)[len(args) - 3:] if len(args) < 5 else args
+        with pytest.raises(ValueError, match=name):
+            kernels.per_sample_products(*args)
+    assert not out.any()

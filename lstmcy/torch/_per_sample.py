@@ -15,8 +15,11 @@ the sum over its own steps only:
 :func:`backward` runs the kernel backward one layer at a time (each layer's gate
 gradients are read from the calling thread's plan before the next layer's call reuses
 its work buffer; the summed weight gradients are not computed) and forms the sums above
-as batched matrix products (``torch.bmm`` over the batch, the steps the inner dimension).
-Padded steps of a packed batch have zero gate gradients, so they add nothing.
+with the kernels' per-sample products (``per_sample_products``: one small product a
+sequence, the steps its inner dimension, on the thread pool, bias sums alongside); a
+backward with ``create_graph`` forms them with torch's batched products instead, which
+autograd records. Padded steps of a packed batch have zero gate gradients, so they add
+nothing.
 
 Ghost clipping needs only each sample's gradient norm. For ``dW[b] = sum_t g_t a_t^T``
 (``g_t`` a row of gradients, ``a_t`` of values),
@@ -29,9 +32,12 @@ import numpy as np
 import torch
 
 from lstmcy._engine import plan as _core
+from lstmcy._engine import fpmode as _fpmode
 from lstmcy._engine import layer_loops as kernel_engine
+from lstmcy._engine.dispatch import kernels as _kernels
 from lstmcy.torch import _engine as engine
 from lstmcy._engine.schedule import gate_row_stride
+from lstmcy._engine.threads import threads_for as _threads_for
 
 __all__ = ["backward"]
 
@@ -80,23 +86,52 @@ def _previous_states(h, h0, reverse, active):
 
 
 def _result_memory(shape, dtype):
-    """An uninitialised ``shape`` tensor of ``dtype`` (a numpy dtype) on the calling
+    """An uninitialised ``shape`` array of ``dtype`` on the calling
     thread's result memory (:class:`~lstmcy._engine.results.ResultMemory`): per-sample
     gradients are megabytes a step, which fresh pages would fault in every step; these
     are reused once the caller has dropped them."""
-    return torch.from_numpy(_core._thread_plan()._results.empty(shape, dtype=dtype))
+    return _core._thread_plan()._results.empty(shape, dtype=dtype)
 
 
-def _sum_over_steps(grads, values, scale):
+def _recorded(*tensors):
+    """Whether autograd records operations on ``tensors`` (a backward with
+    ``create_graph``)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _sum_over_steps(grads, values, scale, first=None, bias=None):
     """``[B, G, F]``: ``scale * sum_t grads[t, b]^T values[t, b]`` (``[T, B, G]``,
-    ``[T, B, F]``), on the result memory (in a fresh tensor when autograd records the
-    product: a backward with ``create_graph``). One batched product over the batch, the
-    steps its inner dimension (the strided views are read in place)."""
-    a, b = grads.permute(1, 2, 0), values.transpose(0, 1)
-    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        return torch.baddbmm(a.new_zeros(()), a, b, beta=0, alpha=scale)
-    out = _result_memory((a.shape[0], a.shape[1], b.shape[2]), _NUMPY_DTYPES[grads.dtype])
-    return torch.baddbmm(a.new_zeros(()), a, b, beta=0, alpha=scale, out=out)
+    ``[T, B, F]``), plus ``scale * first[0][b]^T first[1][b]`` (``[B, G]``, ``[B, F]``) if
+    ``first`` is given; with ``bias`` a list, appends ``scale * sum_t grads[t, b]``
+    (``[B, G]``) to it.
+
+    On lstmcy's kernels (one small product a sequence, on the thread pool), into the
+    result memory; where autograd records the products (a backward with
+    ``create_graph``), batched products of torch over the batch, the steps their inner
+    dimension, into fresh tensors. The strided views are read in place either way."""
+    if _recorded(grads, values, *(first or ())):
+        a, v = grads.permute(1, 2, 0), values.transpose(0, 1)
+        out = torch.baddbmm(a.new_zeros(()), a, v, beta=0, alpha=scale)
+        if first is not None:
+            out = out.baddbmm(first[0].unsqueeze(2), first[1].unsqueeze(1), alpha=scale)
+        if bias is not None:
+            bias.append(grads.sum(0) * scale)
+        return out
+    T, B, G = grads.shape
+    F = values.shape[-1]
+    dtype = _NUMPY_DTYPES[grads.dtype]
+    out = _result_memory((B, G, F), dtype)
+    bias_out = None if bias is None else np.empty((B, G), dtype=dtype)
+    flops = 2 * (T + (first is not None)) * B * G * F
+    first_grads, first_values = (None, None) if first is None else (
+        first[0].detach().numpy(), first[1].detach().contiguous().numpy())
+    with engine._on_torch_threads():
+        _kernels.per_sample_products(
+            grads.detach().numpy(), values.detach().numpy(), out, scale, _threads_for(flops),
+            first_grads, first_values, bias_out, _fpmode._flush)
+    if bias is not None:
+        bias.append(torch.from_numpy(bias_out))
+    return torch.from_numpy(out)
 
 
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
@@ -140,17 +175,16 @@ def _norms_of_sums(grads, values, scale, grads_gram):
 
 def _state_sums(grads, h, h0, reverse, active, scale):
     """``dW_hh`` per sequence: ``scale * sum_t grads[t, b]^T h_prev[t, b]``. Without
-    packing, ``h_prev`` is ``h`` shifted by one step (h0 at the first): two products on
-    views, no shifted copy."""
+    packing, ``h_prev`` is ``h`` shifted by one step (h0 at the first): a product on views,
+    the step that starts from h0 its first term, no shifted copy."""
     if active is not None:
         h_prev = _previous_states(h, h0, reverse, active) * active
         return _sum_over_steps(grads, h_prev, scale)
     inner, first = (slice(None, -1), -1) if reverse else (slice(1, None), 0)
     states = slice(1, None) if reverse else slice(None, -1)
-    out = _sum_over_steps(grads[inner], h[states], scale)
-    if h0 is not None:  # the step that starts from h0 (zeros otherwise: nothing to add)
-        out.baddbmm_(grads[first].unsqueeze(2), h0.unsqueeze(1), alpha=scale)
-    return out
+    # The step that starts from h0 (zeros otherwise: nothing to add).
+    return _sum_over_steps(grads[inner], h[states], scale,
+                           None if h0 is None else (grads[first], h0))
 
 
 def backward(cfg, hidden_size, x, batch_sizes, h0, c0, weights, masks, saved, dy, dh, dc, want,
@@ -252,11 +286,12 @@ def backward(cfg, hidden_size, x, batch_sizes, h0, c0, weights, masks, saved, dy
                 _direction_norms(per_sample, base, per_dir, grads, values_x, h_k, h0_k,
                                  d == 1, active, r, dh_k, cfg.has_bias, scale, keep)
                 continue
-            per_sample[base] = _sum_over_steps(grads, values_x, scale)
+            bias = [] if cfg.has_bias else None
+            per_sample[base] = _sum_over_steps(grads, values_x, scale, bias=bias)
             per_sample[base + 1] = _state_sums(grads, h_k, h0_k, d == 1, active, scale)
             if cfg.has_bias:
-                per_sample[base + 2] = grads.sum(0).mul_(scale)
-                per_sample[base + 3] = per_sample[base + 2].clone()
+                per_sample[base + 2] = bias[0]
+                per_sample[base + 3] = bias[0].clone()
             if problem.projected:
                 per_sample[base + per_dir - 1] = _sum_over_steps(dh_k, r, scale)
         if want[1]:

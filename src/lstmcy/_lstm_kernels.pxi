@@ -25,6 +25,7 @@
 #   _layer_call.pxi                 the entry points: ForwardLayer / BackwardLayer, one object
 #                                   per kind of layer call (struct, buffers, tasks, checks)
 #   _step_call.pxi                  StepForward: one cell step in the calling thread
+#   _per_sample.pxi                 per-sample weight gradients (sums over a sequence's steps)
 #   this file                       the helpers of the entry points, sizes, probes for tests
 
 from cython cimport floating
@@ -295,6 +296,7 @@ def packed_elements(Py_ssize_t n, Py_ssize_t k, bint is_double):
 
 include "_layer_call.pxi"
 include "_step_call.pxi"
+include "_per_sample.pxi"
 
 
 def _packed_matmul(const floating[:, ::1] a, const floating[:, ::1] w, bint trans,
