@@ -20,10 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from _env import reexec_without_openblas_overrides, use_avx2_proxy  # noqa: E402
 
-if __name__ == "__main__":
-    if "--avx2-proxy" in sys.argv:
-        use_avx2_proxy()
-    reexec_without_openblas_overrides()
+reexec_without_openblas_overrides(__name__)
+use_avx2_proxy(sys.argv, __name__)
 
 import argparse  # noqa: E402
 import collections  # noqa: E402
