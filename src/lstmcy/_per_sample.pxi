@@ -15,8 +15,8 @@
 # product of a library spends more on each call's set-up and its packing than on the
 # arithmetic at such sizes. Here a task is one sample: it copies the sample's gradient rows
 # together and packs its values into its worker's scratch (pack, as for the weight
-# gradients), runs gemm_tn (G x F in registers over K), then scales the result while it is
-# in cache. Samples are
+# gradients) times the scale (K x F multiplications, not G x F), and runs gemm_tn (G x F in
+# registers over K). Samples are
 # independent and each is computed the same way whatever the thread count, so the results
 # are bitwise identical for every count.
 
@@ -39,11 +39,19 @@ cdef struct PerSampleCall:
     int next_sample
 
 
+cdef inline void _scale(floating *x, Py_ssize_t n, floating scale) noexcept nogil:
+    """``x[:n] *= scale`` (nothing when scale is 1)."""
+    cdef Py_ssize_t e
+    if scale != 1:
+        for e in range(n):
+            x[e] = x[e] * scale
+
+
 cdef void _sample_products(const PerSampleCall *ps, floating *like, Py_ssize_t b,
                            floating *packed, floating *rows) noexcept nogil:
     """``out[b]`` and ``bias[b]`` of one sample (``packed``, ``rows``: the worker's
     scratch for the packed values and the sample's gradient rows)."""
-    cdef Py_ssize_t G = ps.G, F = ps.F, K = ps.K, k, g, e
+    cdef Py_ssize_t G = ps.G, F = ps.F, K = ps.K, k, g
     cdef floating *out = <floating *>ps.out + b * G * F
     cdef floating *bias = NULL
     cdef const floating *grads = <const floating *>ps.grads + b * ps.grads_b
@@ -66,18 +74,17 @@ cdef void _sample_products(const PerSampleCall *ps, floating *like, Py_ssize_t b
     if ps.first_grads != NULL and F > 0:
         pack(<const floating *>ps.first_values + b * ps.first_values_b, F, False, 1, 0, F,
              packed)
+        _scale(packed, packed_len(F, 1, packed), scale)
         gemm_tn(G, F, 1, <const floating *>ps.first_grads + b * ps.first_grads_b, G, packed,
                 out, F, False)
         started = True
     if K > 0 and F > 0:
         pack(<const floating *>ps.values + b * ps.values_b, ps.values_k, False, K, 0, F, packed)
+        _scale(packed, packed_len(F, K, packed), scale)
         gemm_tn(G, F, K, rows, G, packed, out, F, started)
         started = True
     if not started:
         memset(out, 0, G * F * sizeof(floating))
-    elif scale != 1:
-        for e in range(G * F):
-            out[e] = out[e] * scale
 
 
 cdef void _per_sample_worker(PerSampleCall *ps, floating *like, int worker) noexcept nogil:
