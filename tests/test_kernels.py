@@ -700,8 +700,9 @@ def _per_sample_case(rng, dtype, K, B, G, F):
     return grads, values, first_grads, first_values
 
 
+# (K, B, G, F); K = 150 crosses gemm_tn's blocks of 128 steps.
 PER_SAMPLE_SHAPES = [(50, 6, 512, 32), (7, 3, 20, 5), (1, 2, 8, 3), (0, 2, 8, 3), (5, 1, 4, 1),
-                     (9, 4, 33, 17), (3, 0, 8, 3), (3, 2, 8, 0)]
+                     (9, 4, 33, 17), (3, 0, 8, 3), (3, 2, 8, 0), (150, 3, 40, 24)]
 
 
 @pytest.mark.parametrize("build", _dispatch.available_builds())
@@ -734,17 +735,18 @@ def _per_sample_sweep(kernels, dtype):
                 want += np.einsum("bg,bf->bgf", fg.astype(np.float64), fv)
                 bound += np.einsum("bg,bf->bgf", np.abs(fg.astype(np.float64)), np.abs(fv))
             results = []
-            for n_threads in (1, 2, 5):
+            for n_threads, scale in ((1, -2.5), (2, -2.5), (5, -2.5), (2, 1.0)):
                 out = np.full((B, G, F), np.nan, dtype)
                 bias = np.full((B, G), np.nan, dtype)
-                kernels.per_sample_products(grads, values, out, -2.5, n_threads,
+                kernels.per_sample_products(grads, values, out, scale, n_threads,
                                             fg if first else None, fv if first else None, bias)
-                err = np.abs(out - -2.5 * want) / (2.5 * bound + np.finfo(dtype).tiny)
+                err = np.abs(out - scale * want) / (abs(scale) * bound + np.finfo(dtype).tiny)
                 assert float(err.max(initial=0)) < (K + 2) * 2 * eps, (K, B, G, F, first)
-                np.testing.assert_allclose(bias, -2.5 * g64.sum(0), rtol=(K + 1) * eps,
+                np.testing.assert_allclose(bias, scale * g64.sum(0), rtol=(K + 1) * eps,
                                            atol=(K + 1) * 4 * eps * np.abs(g64).sum(0).max(
                                                initial=0))
-                results.append((out.tobytes(), bias.tobytes()))
+                if scale != 1:
+                    results.append((out.tobytes(), bias.tobytes()))
             assert results[1:] == results[:-1], ("bits differ between thread counts",
                                                  K, B, G, F)
 
@@ -789,6 +791,12 @@ def test_per_sample_products_refuse_bad_arrays():
     readonly = out.copy()
     readonly.flags.writeable = False
     cases.append(((grads, values, readonly), "out"))
+    # Outputs that overlap an input: written while other samples still read it.
+    shared = np.zeros(3 * 8 * 5 + 4 * 3 * 8, np.float32)
+    cases.append(((shared[96:192].reshape(4, 3, 8), values, shared[:120].reshape(3, 8, 5)),
+                  "out: overlaps grads"))
+    cases.append(((grads, values, out, 1.0, 1, None, None, out.reshape(-1)[:24].reshape(3, 8)),
+                  "bias: overlaps out"))
     for args, name in cases:
         args = args + (1.0, 1)[len(args) - 3:] if len(args) < 5 else args
         with pytest.raises(ValueError, match=name):

@@ -288,11 +288,11 @@ PG_NAME(gemm_tn)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t
     }
     if (PG_MR >= 12 && (lda * (ptrdiff_t)sizeof(PG_T)) % 4096 != 0) {
         /* Panel by panel, every block of rows reading a in place: a panel stays in cache
-           while the blocks pass over it. Only with blocks of 12 rows or more (AVX-512):
-           a block of 6 (AVX2, the baseline) reads a third of each line of a it fetches on
-           every pass, and copying its values together first runs the weight gradients
-           15-25 % faster there (tools/backward_tasks.py --avx2-proxy, braun and
-           large-256; CHANGELOG). */
+           while the blocks pass over it. Only in the builds whose register block has 12
+           rows (AVX-512): with blocks of at most 6 (AVX2, the baseline), each pass reads
+           24 bytes (float32) or 48 (float64) of every 64-byte line of a it fetches, and
+           copying the values together first runs the weight gradients 15-25 % faster
+           there (tools/backward_tasks.py --avx2-proxy, braun and large-256; CHANGELOG). */
         for (ptrdiff_t p = 0; p < npanel; p++) {
             int ncols = (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
             ptrdiff_t m0 = 0;
@@ -305,9 +305,10 @@ PG_NAME(gemm_tn)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t
         }
         return;
     }
-    /* Blocks of fewer than 12 rows, or rows of a a multiple of 4 KiB apart (which all
-       fall in the same few cache sets): block by block, PG_TN_KC steps of its values of a
-       are copied together first, then multiplied by every panel. */
+    /* Builds whose register block has fewer than 12 rows, or rows of a a multiple of
+       4 KiB apart (which all fall in the same few cache sets): block by block, PG_TN_KC
+       steps of its values of a are copied together first, then multiplied by every
+       panel. */
     for (ptrdiff_t k0 = 0; k0 < K; k0 += PG_TN_KC) {
         ptrdiff_t kc = K - k0 < PG_TN_KC ? K - k0 : PG_TN_KC;
         int acc = accumulate || k0 > 0;

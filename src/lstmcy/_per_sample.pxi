@@ -13,12 +13,13 @@
 # ------
 # A sample's product is a small GEMM (G = 4H rows, F columns, K = T steps): a batched
 # product of a library spends more on each call's set-up and its packing than on the
-# arithmetic at such sizes. Here a task is one sample: it copies the sample's gradient rows
-# together and packs its values into its worker's scratch (pack, as for the weight
-# gradients) times the scale (K x F multiplications, not G x F), and runs gemm_tn (G x F in
-# registers over K). Samples are
-# independent and each is computed the same way whatever the thread count, so the results
-# are bitwise identical for every count.
+# arithmetic at such sizes. Here a task is one sample, on lstmcy's pool (or on torch's
+# OpenMP threads, for lstmcy.torch's calls): it copies the sample's gradient rows together
+# and packs its values times the scale (K x F multiplications, not G x F) into its
+# worker's scratch (pack, as for the weight gradients), and runs gemm_tn (G x F in
+# registers over K). Samples are independent and each is computed the same way whatever
+# the thread count, so the results are bitwise identical for every count. The outputs may
+# overlap no input: a sample's results are written while other samples' inputs are read.
 
 cdef struct PerSampleCall:
     Py_ssize_t K, B, G, F
@@ -146,14 +147,14 @@ def per_sample_products(grads, values, out, double scale, int n_threads, first_g
     values : ndarray [K, B, F]
         Same dtype and layout rules.
     out : ndarray [B, G, F]
-        C-contiguous, written.
+        C-contiguous, written; overlapping no other argument.
     scale : float
     n_threads : int
         Threads of lstmcy's pool (the results do not depend on it).
     first_grads, first_values : ndarray [B, G] and [B, F], or None
         A first term of each sum (both or neither; rows contiguous).
     bias : ndarray [B, G] or None
-        C-contiguous, written.
+        C-contiguous, written; overlapping no other argument.
     flush_denormals : bool
         Subnormal numbers flushed to zero during the call (lstmcy._engine.fpmode).
     """
@@ -185,6 +186,14 @@ def per_sample_products(grads, values, out, double scale, int n_threads, first_g
                 or not bias.flags.writeable):
             raise ValueError("bias: expected a writeable C-contiguous ndarray")
         ps.bias = <char *>_strided_data(bias, (B, G), dtype, "bias")
+    # The outputs are written while other samples' inputs are still read.
+    for name, written in (("out", out), ("bias", bias)):
+        for other_name, other in (("grads", grads), ("values", values),
+                                  ("first_grads", first_grads),
+                                  ("first_values", first_values), ("out", out)):
+            if (written is not None and other is not None and other is not written
+                    and np.may_share_memory(written, other)):
+                raise ValueError(f"{name}: overlaps {other_name}")
     if B == 0 or G == 0:
         return
     if F == 0:
