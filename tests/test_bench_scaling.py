@@ -68,3 +68,31 @@ def test_the_json_names_the_machine_and_the_commit_and_keeps_the_contention_run(
     assert doc["machine"] and doc["results"][0]["case"] == "fused"
     assert "lstmcy" in doc  # a commit, or None outside a git checkout
     assert doc["contention"] == {"results": ["kept"]}
+
+
+def _backward_tasks():
+    tools = os.path.join(os.path.dirname(BENCH), "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    import backward_tasks
+    return backward_tasks
+
+
+@pytest.mark.parametrize("name", ["packed-dx", "units"])
+def test_backward_tasks_split_a_backward_by_kind_of_task(name):
+    """tools/backward_tasks.py: per layer call, the kinds of task that ran (the products
+    among them), each kind's busy time, and no more busy time than the threads had."""
+    tasks = _backward_tasks()
+    case = CASES[name]
+    rows = tasks.split(case, threads=2, repeats=1)
+    assert [layer for layer, _, _ in rows] == list(reversed(range(case.L)))
+    for layer, span, busy in rows:
+        assert span > 0
+        ran = {kind for kind, seconds in busy.items() if seconds > 0}
+        assert "weights (dW, db)" in ran and "dx" in ran
+        assert ran & {"recurrence", "unit step"}
+        assert set(busy) == set(tasks.TASK_NAMES.values())
+        # Medians of separate runs: a little slack over threads x makespan.
+        assert sum(busy.values()) <= 2 * span * 1.5
+        assert tasks.product_flops(case, layer, "dx") > 0
+        assert tasks.product_flops(case, layer, "gather") is None
