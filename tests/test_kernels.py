@@ -323,9 +323,10 @@ rng = np.random.default_rng(5)
 worst, bad = 0.0, []
 for dtype in (np.float32, np.float64):
     # M rows of dW (a 4 KiB multiple apart for 1024 float32 / 512 float64: the copied
-    # path), n columns (partial panels), K summed rows (more than one pass of 128).
+    # path), n columns (partial panels), K summed rows (more than one pass of 128; at most
+    # 128 over 8 panels or more: the copied path too on AVX-512).
     for K, M, n in [(1, 1, 1), (7, 5, 3), (130, 37, 67), (300, 26, 290), (129, 1024, 40),
-                    (140, 512, 33)]:
+                    (140, 512, 33), (100, 40, 300), (128, 29, 520)]:
         a = rng.standard_normal((K, M)).astype(dtype)
         b = rng.standard_normal((K, n)).astype(dtype)
         c0 = rng.standard_normal((M, n)).astype(dtype)
@@ -352,6 +353,12 @@ for dtype in (np.float32, np.float64):
             kernels._gemm_tn(a[:, :M - 3].copy(), b, part, True)
             if part.tobytes() != whole[:M - 3].tobytes():
                 bad.append(("rows", np.dtype(dtype).name, K, M, n))
+        # fewer columns (fewer panels: the other loop order where K <= 128): the same bits
+        if n > 64:
+            cols = c0[:, :64].copy()
+            kernels._gemm_tn(a, b[:, :64].copy(), cols, True)
+            if cols.tobytes() != whole[:, :64].tobytes():
+                bad.append(("columns", np.dtype(dtype).name, K, M, n))
 print(worst, bad)
 """
 

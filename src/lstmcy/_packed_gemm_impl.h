@@ -267,6 +267,9 @@ PG_NAME(gemm)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t ld
 /* Steps of k per pass of a block of rows over the panels, when its values of a are copied
    together first (see gemm_tn). */
 #define PG_TN_KC 128
+/* Panels a product of at most PG_TN_KC steps needs for its blocks' values of a to be
+   copied together (see gemm_tn). */
+#define PG_TN_COPY_PANELS 8
 
 /* c[M, n] = a[K, M]^T @ packed[K, n] (accumulate: c + ...): a row-major as it lies (the
    gate gradients of a chunk of rows, for a block of gate rows), packed by pack (the
@@ -286,13 +289,20 @@ PG_NAME(gemm_tn)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t
                 c[i * ldc + j] = 0;
         return;
     }
-    if (PG_MR >= 12 && (lda * (ptrdiff_t)sizeof(PG_T)) % 4096 != 0) {
+    if (PG_MR >= 12 && (lda * (ptrdiff_t)sizeof(PG_T)) % 4096 != 0
+            && (K > PG_TN_KC || npanel < PG_TN_COPY_PANELS)) {
         /* Panel by panel, every block of rows reading a in place: a panel stays in cache
            while the blocks pass over it. Only in the builds whose register block has 12
            rows (AVX-512): with blocks of at most 6 (AVX2, the baseline), each pass reads
            24 bytes (float32) or 48 (float64) of every 64-byte line of a it fetches, and
            copying the values together first runs the weight gradients 15-25 % faster
-           there (tools/backward_tasks.py --avx2-proxy, braun and large-256; CHANGELOG). */
+           there (tools/backward_tasks.py --avx2-proxy, braun and large-256; CHANGELOG).
+           With 12-row blocks, a product of at most PG_TN_KC steps over PG_TN_COPY_PANELS
+           panels or more copies too: each block's values are copied once and serve every
+           panel, and the panels are read as one stream (weight gradients of chunks of at
+           most 128 rows 15 % faster, deepbench-512 and ptb-medium; fewer panels, as in
+           the per-sample products of narrow inputs, run faster in place;
+           tools/backward_tasks.py, CHANGELOG). */
         for (ptrdiff_t p = 0; p < npanel; p++) {
             int ncols = (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
             ptrdiff_t m0 = 0;
@@ -305,10 +315,10 @@ PG_NAME(gemm_tn)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t
         }
         return;
     }
-    /* Builds whose register block has fewer than 12 rows, or rows of a a multiple of
-       4 KiB apart (which all fall in the same few cache sets): block by block, PG_TN_KC
-       steps of its values of a are copied together first, then multiplied by every
-       panel. */
+    /* Builds whose register block has fewer than 12 rows, rows of a a multiple of 4 KiB
+       apart (which all fall in the same few cache sets), or a short product over many
+       panels: block by block, PG_TN_KC steps of its values of a are copied together
+       first, then multiplied by every panel. */
     for (ptrdiff_t k0 = 0; k0 < K; k0 += PG_TN_KC) {
         ptrdiff_t kc = K - k0 < PG_TN_KC ? K - k0 : PG_TN_KC;
         int acc = accumulate || k0 > 0;
@@ -328,6 +338,7 @@ PG_NAME(gemm_tn)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t
     }
 }
 #undef PG_TN_KC
+#undef PG_TN_COPY_PANELS
 
 static ptrdiff_t PG_NAME(packed_len)(ptrdiff_t n, ptrdiff_t K)
 {
