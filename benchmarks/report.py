@@ -565,7 +565,8 @@ def small_calls_section(doc):
 
 def large_shapes_section(doc):
     """Markdown of the ``large_shapes`` section of a headline run's file (``run.py --shapes
-    braun,large-256,deepbench-512 --section large_shapes``, run beside the AVX2 proxy)."""
+    braun,large-256,deepbench-512,ptb-medium --section large_shapes``, run beside the AVX2
+    proxy)."""
     return _later_run(doc, "Large shapes, measured again (`benchmarks/run.py`)",
                       "The large float32 shapes on this machine's own code paths, measured "
                       "within minutes of the AVX2 proxy below.")
