@@ -8,6 +8,8 @@ parts) and the packing pieces depend on the thread count and must not change a b
 corner cases included (one step per chunk, a first chunk covering the whole sequence, a
 dx piece per step, a block per 16 gate rows, a group per row, more groups than rows).
 """
+import functools
+
 import numpy as np
 import pytest
 
@@ -32,10 +34,11 @@ BACKWARD = [(1, 1, 16, 1, 1, False), (1, 3, 64, 2, 2, True), (2, 5, 32, 3, 1, Fa
             (3, 3, 1000, 4, 3, True), (1000, 1000, 16, 2, 1, True), (4, 4, 48, 1, 100, False),
             (2, 7, 64, 5, 2, True), (6, 1, 16, 7, 5, True), (5, 2, 80, 2, 1, False),
             (1, 1, 1000, 30, 1, False)]
-# (split, piece_steps, fused_input) of the forward; the backward's recurrence is split the
-# same way
-FORWARD = [(_schedule.SPLIT_ROWS, 1, False), (_schedule.SPLIT_ROWS, 5, True),
-           (_schedule.SPLIT_UNITS, 2, True), (_schedule.SPLIT_UNITS, 1000, False)]
+# (split, piece_steps, fused_input, packed_projection) of the forward; the backward's
+# recurrence is split the same way
+FORWARD = [(_schedule.SPLIT_ROWS, 1, False, False), (_schedule.SPLIT_ROWS, 5, True, False),
+           (_schedule.SPLIT_UNITS, 2, True, False), (_schedule.SPLIT_UNITS, 1000, False, False),
+           (_schedule.SPLIT_ROWS, 3, False, True), (_schedule.SPLIT_UNITS, 4, False, True)]
 THREADS = (1, 2, 3, 4, 8)
 
 
@@ -44,7 +47,7 @@ def schedules(backward, forward):
     (``forward``'s, for both) still follows the thread count (a group or part per thread,
     down to one row or to empty parts)."""
     first, chunk, block_rows, lanes, dx_steps, packed_dx = backward
-    split, piece_steps, fused_input = forward
+    split, piece_steps, fused_input, packed_projection = forward
 
     def split_of(B, D, n_threads, projected):
         per_direction = max(1, n_threads // D)
@@ -54,7 +57,7 @@ def schedules(backward, forward):
 
     def fwd(T, B, I, H, D, n_threads, projected=False, itemsize=4):
         return _schedule.ForwardSchedule(*split_of(B, D, n_threads, projected), piece_steps,
-                                         n_threads, fused_input)
+                                         n_threads, fused_input, packed_projection)
 
     def bwd(T, B, I, H, D, n_threads, projected=False, small_gemms=False):
         return _schedule.BackwardSchedule(*split_of(B, D, n_threads, projected), first, chunk,
@@ -90,7 +93,8 @@ def check_thread_counts(call, counts):
     check_against_reference(call, one)
 
 
-FORWARD_IDS = [f"{'units' if s else 'rows'}-piece{p}{'-fused' if f else ''}" for s, p, f in FORWARD]
+FORWARD_IDS = [f"{'units' if s else 'rows'}-piece{p}{'-fused' if f else ''}"
+               f"{'-packed-projection' if q else ''}" for s, p, f, q in FORWARD]
 
 
 @pytest.mark.parametrize("forward", FORWARD, ids=FORWARD_IDS)
@@ -110,7 +114,8 @@ def test_bit_fixing_fields_are_a_function_of_the_shape():
         for itemsize in (4, 8):
             forward = {n: _schedule.forward_schedule(*shape, n, itemsize=itemsize)
                        for n in (1, 2, 3, 8, 64)}
-            assert len({(s.piece_steps, s.fused_input) for s in forward.values()}) == 1
+            assert len({(s.piece_steps, s.fused_input, s.packed_projection)
+                        for s in forward.values()}) == 1
         for small_gemms in (False, True):
             backward = {n: _schedule.backward_schedule(*shape, n, small_gemms=small_gemms)
                         for n in (1, 2, 3, 8, 64)}
@@ -217,7 +222,7 @@ BAD = [("backward", dict(first=0)), ("backward", dict(chunk=0)), ("backward", di
        ("backward", dict(dx_steps=0)), ("backward", dict(groups=0)), ("backward", dict(pack_pieces=0)),
        ("backward", dict(split=7)),
        ("forward", dict(piece_steps=0)), ("forward", dict(groups=0)), ("forward", dict(pack_pieces=0)),
-       ("forward", dict(split=7))]
+       ("forward", dict(split=7)), ("forward", dict(fused_input=True, packed_projection=True))]
 
 
 @pytest.mark.parametrize("kind, bad", BAD, ids=[f"{k}-{next(iter(b))}" for k, b in BAD])
@@ -310,3 +315,23 @@ def test_the_packed_dx_rule():
     for n_threads in (1, 2, 8):
         assert _schedule.backward_schedule(100, 64, 125, 320, 1, n_threads).packed_dx
         assert not _schedule.backward_schedule(50, 8, 64, 64, 1, n_threads).packed_dx
+
+
+def test_the_packed_projection_rule():
+    # The forward's projection pieces from w_ih^T packed once where the layer is wide
+    # enough, x's product is not fused and there is more than one piece; a function of
+    # the shape.
+    rule = _schedule.packed_projection
+    assert rule(64, 128) and rule(512, 512) and rule(650, 650)
+    assert not rule(63, 512) and not rule(512, 127) and not rule(32, 128)
+    assert not rule(512, 512, itemsize=8)
+    for n_threads in (1, 2, 8):
+        fs = functools.partial(_schedule.forward_schedule, n_threads=n_threads)
+        for T, B, I, H, D in [(25, 32, 512, 512, 1), (35, 20, 650, 650, 2),
+                              (90, 3, 64, 128, 2)]:
+            assert fs(T, B, I, H, D).packed_projection and not fs(T, B, I, H, D).fused_input
+            assert not fs(T, B, I, H, D, itemsize=8).packed_projection
+        assert not fs(8, 32, 512, 512, 1).packed_projection      # one piece of 8 steps
+        assert not fs(1, 300, 512, 512, 1).packed_projection     # one step
+        assert not fs(50, 64, 64, 128, 1).packed_projection      # x's product fused
+        assert not fs(100, 64, 32, 128, 1).packed_projection     # I < 64

@@ -55,7 +55,8 @@ def _packed_weights_len(kind, H, P, I, projected, schedule, dtype):
     is_double = dtype == np.float64
     if kind == "forward":
         return _lstm.forward_packed_len(H, P, I, projected, schedule.split, schedule.groups,
-                                        schedule.fused_input, is_double)
+                                        schedule.fused_input, is_double,
+                                        schedule.packed_projection)
     return _lstm.backward_packed_len(H, P, I, projected, schedule.split, schedule.groups,
                                      schedule.packed_dx, is_double)
 

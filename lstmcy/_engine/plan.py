@@ -162,8 +162,8 @@ class LSTMPlan:
                                                            small_gemms=small):
                         largest[name] = max(largest.get(name, 0), math.prod(shape) * of.itemsize)
         # The packed weights: by rows, or by units in up to H / 16 parts (each part's
-        # panels padded apart), with w_ih (the forward's fused_input, the backward's
-        # packed_dx).
+        # panels padded apart), with w_ih (the forward's fused_input, which takes at least
+        # what its packed_projection does, and the backward's packed_dx).
         parts = max(1, H // 16)
         is_double = cdt == np.float64
         largest["w_packed"] = cdt.itemsize * D * max(

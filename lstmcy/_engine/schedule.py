@@ -127,22 +127,34 @@ ALIASED_ROW_BYTES = 4096
 #: a larger w_ih makes the forward slower (docs/benchmarks.md, "Schedule rules").
 FUSED_INPUT_ROWS = 4
 FUSED_INPUT_BYTES = 1 << 20
+#: A float32 forward layer of at least PACKED_PROJECTION_FEATURES input features and
+#: PACKED_PROJECTION_UNITS units whose x product is not fused and takes more than one
+#: projection piece projects with lstmcy's own product from w_ih^T packed once per call
+#: (``packed_projection``), where each BLAS call of a piece packs w_ih anew; in float64
+#: OpenBLAS's projection was faster (docs/benchmarks.md, "Schedule rules"). With one piece
+#: OpenBLAS packs w_ih once too, and the bits stay those of a one-step call
+#: (``LSTMPlan.step``).
+PACKED_PROJECTION_FEATURES = 64
+PACKED_PROJECTION_UNITS = 128
 
 # The kernels' split of a forward recurrence (lstmcy._layer.Split).
 SPLIT_ROWS = 0
 SPLIT_UNITS = 1
 
 ForwardSchedule = namedtuple("ForwardSchedule",
-                             "split groups piece_steps pack_pieces fused_input",
-                             defaults=(False,))
+                             "split groups piece_steps pack_pieces fused_input packed_projection",
+                             defaults=(False, False))
 ForwardSchedule.__doc__ = """The schedule of one forward layer call.
 
 split : SPLIT_ROWS or SPLIT_UNITS
 groups : row groups (or unit parts) per direction
 piece_steps : steps per projection piece (shape only)
-pack_pieces : pieces of the packing of w_hh per direction
+pack_pieces : pieces of each packing of a weight matrix per direction (rows split, or
+    packed_projection)
 fused_input : x's product inside the recurrence's packed GEMM, not a BLAS projection
     (shape only; see FUSED_INPUT_ROWS)
+packed_projection : the projection pieces by lstmcy's own product from w_ih^T packed once
+    (shape only; see PACKED_PROJECTION_FEATURES)
 """
 BackwardSchedule = namedtuple(
     "BackwardSchedule",
@@ -230,9 +242,10 @@ def forward_schedule(T, B, I, H, D, n_threads, projected=False, itemsize=4):
     projection; ``itemsize``: bytes of the computed floats)."""
     piece_steps = max(1, min(max(T, 1), math.ceil(PROJECTION_ROWS / max(B, 1))))
     split, groups = _split(B, H, D, n_threads, FORWARD_GROUP_ROW_UNITS, projected)
-    pack_pieces = _pack_pieces(4 * H, n_threads) if split == SPLIT_ROWS else 1
-    return ForwardSchedule(split, groups, piece_steps, pack_pieces,
-                           fused_input(B, I, H, itemsize))
+    fused = fused_input(B, I, H, itemsize)
+    packed = not fused and T > piece_steps and packed_projection(I, H, itemsize)
+    pack_pieces = _pack_pieces(4 * H, n_threads) if split == SPLIT_ROWS or packed else 1
+    return ForwardSchedule(split, groups, piece_steps, pack_pieces, fused, packed)
 
 
 def fused_input(B, I, H, itemsize=4):
@@ -283,6 +296,14 @@ def panel_weights(I, P, projected=False):
     """Whether a backward layer of ``I`` input features and h of size ``P`` adds its weight
     gradients with lstmcy's own product (shape only; see PANEL_WEIGHTS_COLUMNS)."""
     return not projected and I + P >= PANEL_WEIGHTS_COLUMNS
+
+
+def packed_projection(I, H, itemsize=4):
+    """Whether a forward layer of ``I`` input features and ``H`` units in floats of
+    ``itemsize`` bytes, whose x product is not fused and takes more than one piece,
+    projects from w_ih^T packed once (shape only; see PACKED_PROJECTION_FEATURES)."""
+    return (itemsize == 4 and I >= PACKED_PROJECTION_FEATURES
+            and H >= PACKED_PROJECTION_UNITS)
 
 
 def packed_dx(I, H):

@@ -2,9 +2,11 @@
 #
 # Tasks, in the order threads take them (ForwardCall.tasks):
 #   1. TASK_PACK: pieces of w_hh^T packed for the recurrent products (split by rows; with
-#      the units split each part packs its own columns in its first step).
+#      the units split each part packs its own columns in its first step), and of w_ih^T
+#      for fused_input (rows split) or packed_projection.
 #   2. TASK_PROJECT: gates = x @ w_ih^T for a range of steps, both directions (one BLAS
-#      GEMM each), in the order the recurrences need them (two directions: from both ends).
+#      GEMM each, or with packed_projection lstmcy's packed product from w_ih^T packed
+#      once), in the order the recurrences need them (two directions: from both ends).
 #      With fused_input it only gathers the piece's x rows where they are not in packed
 #      order (x_packed).
 #   3. TASK_RECURRENCE (split by rows): a group of batch rows (a block of consecutive rows,
@@ -27,10 +29,14 @@
 # fused_input (a function of the shape, _schedule.fused_input) takes x's product inside the
 # recurrence: each step's rows multiply w_ih^T's packed panels from cache, where a BLAS
 # projection writes every row's gates to memory and the recurrence reads them back.
+# packed_projection (also the shape's, _schedule.packed_projection) keeps the projection
+# but multiplies w_ih^T packed once by the pack tasks, where each BLAS call of a piece
+# would pack it anew.
 #
 # Bits: every product of a row, or of a column, is the same whichever rows or columns
-# share its packed GEMM call, and the projection pieces are a function of the shape. So the
-# results are bitwise identical for any number of threads, groups or parts, and either split.
+# share its packed GEMM call, and the projection pieces and their product are functions of
+# the shape. So the results are bitwise identical for any number of threads, groups or
+# parts, and either split.
 
 
 cdef inline floating *_h_source(const ForwardCall *fc, floating *like, Py_ssize_t d,
@@ -228,9 +234,16 @@ cdef void _project(const ForwardCall *fc, floating *like, Py_ssize_t piece) noex
         return
     a = _x_rows(fc, like, r0, &lda)
     for d in range(fc.D):
-        gemm(NoTrans, Trans, <int>(r1 - r0), <int>G4, <int>I, <floating>1, a, <int>lda,
-             <floating *>fc.w_ih[d], <int>I, <floating>0,
-             <floating *>fc.gates[d] + r0 * fc.ldg, <int>fc.ldg)
+        if fc.packed_projection and I > 0:
+            # The pack tasks precede every projection piece in the list: their threads
+            # are running them, and wait for nothing.
+            job_wait(&fc.pack_done[d], fc.packs_per_direction, fc.spin_ns)
+            packed_gemm(r1 - r0, G4, I, a, lda, <floating *>fc.w_packed[d] + fc.ih_offset,
+                        <floating *>fc.gates[d] + r0 * fc.ldg, fc.ldg, False)
+        else:
+            gemm(NoTrans, Trans, <int>(r1 - r0), <int>G4, <int>I, <floating>1, a, <int>lda,
+                 <floating *>fc.w_ih[d], <int>I, <floating>0,
+                 <floating *>fc.gates[d] + r0 * fc.ldg, <int>fc.ldg)
 
 
 cdef void _pack_piece(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t piece,
@@ -268,8 +281,7 @@ cdef void _recurrence_rows(const ForwardCall *fc, floating *like, Py_ssize_t d,
     if fc.fused_input:
         packed_x = <floating *>fc.w_packed[d] + fc.ih_offset
     if fc.H > 0:
-        job_wait(&fc.pack_done[d], <int>(fc.pack_pieces * (1 + fc.projected + fc.fused_input)),
-                 fc.spin_ns)
+        job_wait(&fc.pack_done[d], fc.packs_per_direction, fc.spin_ns)
     for s in range(T):
         t = T - 1 - s if d == 1 else s
         piece = t // fc.piece_steps

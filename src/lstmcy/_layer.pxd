@@ -112,10 +112,12 @@ cdef struct ForwardCall:
     char *r_rows[2]                 # workspace [N, H]: o * tanh(c_t) (projected)
     char *x_packed                  # workspace [N, I]
     char *w_packed[2]               # workspace: packed w_hh^T, then w_hr^T (projected),
-                                    # then w_ih^T (fused_input)
+                                    # then w_ih^T (fused_input or packed_projection)
     Py_ssize_t hr_offset            # where w_hr^T starts in w_packed
-    Py_ssize_t ih_offset            # where w_ih^T starts in w_packed (fused_input)
+    Py_ssize_t ih_offset            # where w_ih^T starts in w_packed
     bint fused_input                # x @ w_ih^T in the recurrence's product, not projected
+    bint packed_projection          # the projection pieces from w_ih^T packed once (all
+                                    # 4H columns in panels, either split), not by BLAS
     # schedule (a function of the shape, but for groups and split: of the thread count)
     Split split
     Py_ssize_t groups               # row groups or unit parts per direction
@@ -123,7 +125,8 @@ cdef struct ForwardCall:
                                     # row_start[g + 1]) (rows split)
     Py_ssize_t piece_steps          # steps per projection piece
     Py_ssize_t n_pieces
-    Py_ssize_t pack_pieces          # pieces of the packing of w_hh per direction (rows split)
+    Py_ssize_t pack_pieces          # pieces of each packing task's matrix per direction
+    int packs_per_direction         # TASK_PACK tasks per direction (pack_done's full count)
     # the tasks, in the order threads take them, and the synchronisation (per call)
     Task *tasks
     int n_tasks

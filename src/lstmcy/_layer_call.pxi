@@ -53,7 +53,7 @@ cdef class ForwardLayer:
     schedule : ForwardSchedule
         ``split`` (0 rows, 1 units), ``groups`` (row groups or unit parts per
         direction), ``piece_steps`` (steps per projection piece), ``pack_pieces``,
-        ``fused_input``.
+        ``fused_input``, ``packed_projection``.
     workspace : tuple of ndarray
         ``(gates [D, N, ldg], r_rows [D, N, H], x_packed [N, I], w_packed)``: the gates,
         4H of each row of ``ldg >= 4H``; with a projection o * tanh(c) of every row (else
@@ -194,12 +194,15 @@ cdef int _forward_setup(ForwardLayer layer, tuple sizes, bint training, bint x_r
     cdef Py_ssize_t piece_steps = schedule.piece_steps
     cdef Py_ssize_t pack_pieces = schedule.pack_pieces
     cdef bint fused_input = schedule.fused_input
+    cdef bint packed_projection = schedule.packed_projection
+    cdef bint packs[3]  # which matrices TASK_PACK packs (PackedMatrix order)
     cdef Py_ssize_t n_pieces, plen, n_tasks, n_matrices, d, j, g, q, which
     _need(T >= 0 and B >= 0 and N >= 0 and I >= 0 and H >= 0 and 1 <= D <= 2
           and 0 <= P <= H and N <= T * B, "sizes must be (T, B, N, D, I, H, P), D 1 or 2, "
           "N <= T*B and P <= H")
     if not (groups >= 1 and piece_steps >= 1 and pack_pieces >= 1
-            and (split == SPLIT_ROWS or (split == SPLIT_UNITS and not projected))):
+            and (split == SPLIT_ROWS or (split == SPLIT_UNITS and not projected))
+            and not (fused_input and packed_projection)):
         raise ValueError(f"bad schedule {schedule!r}")  # formatted only when raised
     _need(_dims(&gates.shape[0], D, N, -1) and gates.shape[2] >= 4 * H,
           "gates must be [D, N, ldg], ldg >= 4H")
@@ -207,7 +210,7 @@ cdef int _forward_setup(ForwardLayer layer, tuple sizes, bint training, bint x_r
     _need(x_rows_packed or (x_packed.shape[0] >= N and x_packed.shape[1] == I),
           "x_packed must be [N, I]")
     plen = forward_packed_len(H, P, I, projected, split, groups, fused_input,
-                              floating is double)
+                              floating is double, packed_projection)
     _need(w_packed.shape[0] >= D * plen, "w_packed is too small")
     n_pieces = _count(T, piece_steps)
 
@@ -225,6 +228,7 @@ cdef int _forward_setup(ForwardLayer layer, tuple sizes, bint training, bint x_r
     fc.hr_offset = packed_len(4 * H, P, <floating *>NULL)
     fc.ih_offset = _forward_ih_offset(H, P, projected, split, groups, floating is double)
     fc.fused_input = fused_input
+    fc.packed_projection = packed_projection
     for d in range(D):
         fc.gates[d] = _data3(gates, d)
         fc.r_rows[d] = _data3(r_rows, d) if projected else NULL
@@ -241,9 +245,16 @@ cdef int _forward_setup(ForwardLayer layer, tuple sizes, bint training, bint x_r
     if layer.empty:
         return 0
 
-    # The task list: packing (rows split), the projection pieces in the order the
-    # recurrences use them (two directions: from both ends), the row groups.
-    n_matrices = 1 + projected + fused_input  # w_hh, w_hr, w_ih
+    # The task list: packing (w_hh^T and w_hr^T with the rows split, whose unit parts
+    # pack their own columns; w_ih^T for fused_input with the rows split, or for
+    # packed_projection), the projection pieces in the order the recurrences use them
+    # (two directions: from both ends), the row groups.
+    packs[<int>PACK_W_HH] = split == SPLIT_ROWS and H > 0
+    packs[<int>PACK_W_HR] = split == SPLIT_ROWS and H > 0 and projected
+    packs[<int>PACK_W_IH] = H > 0 and I > 0 and (
+        (split == SPLIT_ROWS and fused_input) or packed_projection)
+    n_matrices = packs[0] + packs[1] + packs[2]
+    fc.packs_per_direction = <int>(pack_pieces * n_matrices)
     n_tasks = D * pack_pieces * n_matrices + n_pieces + D * groups
     layer.n_unit_claims = D * T * groups if split == SPLIT_UNITS else 0
     layer.tasks = <Task *>calloc(n_tasks, sizeof(Task))
@@ -255,11 +266,9 @@ cdef int _forward_setup(ForwardLayer layer, tuple sizes, bint training, bint x_r
             or layer.unit_claims == NULL or layer.sync == NULL):
         raise MemoryError()  # __dealloc__ frees what was allocated
     n_tasks = 0
-    if split == SPLIT_ROWS and H > 0:
-        for d in range(D):
-            for which in range(3):
-                if (which == PACK_W_HR and not projected) or (which == PACK_W_IH and not fused_input):
-                    continue
+    for d in range(D):
+        for which in range(3):
+            if packs[which]:
                 for q in range(pack_pieces):
                     _add_task(layer.tasks, &n_tasks, TASK_PACK, d, q, which)
     for j in range(n_pieces):

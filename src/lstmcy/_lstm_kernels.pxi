@@ -257,16 +257,19 @@ cdef Py_ssize_t _forward_ih_offset(Py_ssize_t H, Py_ssize_t P, bint projected, i
 
 
 def forward_packed_len(Py_ssize_t H, Py_ssize_t P, Py_ssize_t I, bint projected, int split,
-                       Py_ssize_t groups, bint fused_input, bint is_double):
+                       Py_ssize_t groups, bint fused_input, bint is_double,
+                       bint packed_projection=False):
     """Elements of one direction's packed weights in a forward: w_hh^T for the rows split
     (then w_hr^T with a projection), or each of ``groups`` unit parts' columns; then with
-    ``fused_input`` w_ih^T (``I`` input features) in the same way."""
+    ``fused_input`` w_ih^T (``I`` input features) in the same way, or with
+    ``packed_projection`` w_ih^T's 4H columns in panels (either split; never more than
+    ``fused_input`` takes)."""
     cdef Py_ssize_t n = _forward_ih_offset(H, P, projected, split, groups, is_double)
-    if not fused_input:
-        return n
-    if split == SPLIT_ROWS:
+    if fused_input and split == SPLIT_UNITS:
+        return n + _units_packed(H, groups, I, is_double)
+    if fused_input or packed_projection:
         return n + _packed(4 * H, I, is_double)
-    return n + _units_packed(H, groups, I, is_double)
+    return n
 
 
 cdef Py_ssize_t _backward_ih_offset(Py_ssize_t H, Py_ssize_t P, bint projected, int split,
