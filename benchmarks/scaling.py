@@ -145,6 +145,9 @@ def graph(call, T):
                            and int(entries[m][I]) == i - 1)
             if i == 0:
                 deps[n].extend(packs[d])
+        elif kind == PROJECT and getattr(schedule, "packed_projection", False):
+            # from w_ih^T packed once: every direction's pack tasks first
+            deps[n].extend(m for direction in sorted(packs) for m in packs[direction])
         elif kind == WEIGHTS:
             deps[n].extend(chunk_ends[d, i])
         elif kind == DX:

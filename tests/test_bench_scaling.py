@@ -1,10 +1,11 @@
 """The scaling model of ``benchmarks/scaling.py`` runs on the kernels' current schedules.
 
 The model rebuilds each call's task graph from its trace, so a new kind of schedule (the
-forward's input product inside the recurrence, dx from a packed w_ih, a units split) must
-not break it. Small cases of each kind go through the model; the predictions must be
-those of a replay of the traced work: N workers take at least 1/N of it (each count is
-traced with its own schedule, so the counts' work differs a little).
+forward's input product inside the recurrence, its projection from a packed w_ih, dx from
+a packed w_ih, a units split) must not break it. Small cases of each kind go through the
+model; the predictions must be those of a replay of the traced work: N workers take at
+least 1/N of it (each count is traced with its own schedule, so the counts' work differs
+a little).
 """
 import json
 import math
@@ -31,6 +32,8 @@ CASES = {
     "packed-dx": Case("packed-dx", 4, 4, 64, 128, 2, bidirectional=True),
     # two rows: too thin for row groups, the recurrence split by units
     "units": Case("units", 4, 2, 16, 384, 1),
+    # the projection from w_ih^T packed once (packed_projection): two pieces of 128 steps
+    "packed-projection": Case("packed-projection", 130, 2, 64, 128, 1),
 }
 
 
@@ -57,6 +60,7 @@ def test_the_cases_cover_the_schedules_they_name():
     assert forward(CASES["fused"], 2).fused_input
     assert _schedule.packed_dx(CASES["packed-dx"].I, CASES["packed-dx"].H)
     assert forward(CASES["units"], 8).split == _schedule.SPLIT_UNITS
+    assert forward(CASES["packed-projection"], 2).packed_projection
 
 
 def test_the_json_names_the_machine_and_the_commit_and_keeps_the_contention_run(tmp_path):

@@ -166,6 +166,10 @@ GRID = [
 GRID_IDS = ["f32-packed-H56", "f64-2-layers-batch-first", "f32-H24", "f64-bi-padded-dropout",
             "f32-bi-one-row", "f64-3-layers-padded-nobias", "f32-bi-packed-wide-dW",
             "f32-bi-packed-projection", "f32-packed-projection"]
+# float32 against the float64-exact reference: rounding grows with each gate's sum (I + H
+# terms) and along the recurrence (90 steps of 2 layers); the projection's products give
+# the same bits as OpenBLAS's on these configurations.
+FLOAT32_RTOL = {"f32-bi-packed-projection": 2e-4, "f32-packed-projection": 4e-5}
 
 
 @pytest.mark.parametrize("split", ["default", "rows", "units"])
@@ -200,9 +204,7 @@ def test_thread_counts_and_splits_give_the_same_bits(cfg, split, monkeypatch, re
     from lstmcy import reference
 
     expected = reference.lstm_forward(*call.fwd_args, **call.fwd_kwargs)[:3]
-    # float32: rounding grows with the terms of each gate's sum (I + H) and along the
-    # recurrence (T steps of L layers)
-    rtol = 1e-12 if cfg.dtype == np.float64 else 1e-5 * max(1.0, (cfg.I + cfg.H) / 128,
-                                                             cfg.T * cfg.L / 8)
+    rtol = (1e-12 if cfg.dtype == np.float64
+            else FLOAT32_RTOL.get(GRID_IDS[GRID.index(cfg)], 1e-5))
     for name, a, e in zip(("y", "h_n", "c_n"), first, expected):
         np.testing.assert_allclose(a, e, rtol=rtol, atol=rtol * float(np.max(np.abs(e))), err_msg=name)

@@ -367,7 +367,7 @@ print(worst, bad)
 def test_weight_gradient_product_matches_numpy(build):
     """The weight gradients' own product, c (+)= a^T b with b in panels, on every build:
     against a float64 product (in units of eps of sum |a||b|), and the same bits when K is
-    cut into accumulating pieces or the rows are fewer (the other loop order)."""
+    cut into accumulating pieces, or the rows or columns are fewer (the other loop order)."""
     out = subprocess.run([sys.executable, "-c", _GEMM_TN], check=True, capture_output=True,
                          text=True, env=dict(os.environ, LSTMCY_KERNELS=build))
     worst, bad = out.stdout.split(" ", 1)

@@ -6,8 +6,9 @@ call's schedule. Two kinds of decision are made here, and kept apart:
 * **What fixes the bits** is a function of the shape alone (and of whether the BLAS has
   a path for small products, a fact of the process: see SMALL_GEMM): the forward's
   projection pieces, the backward's chunks of steps, its blocks of dW rows and its dx
-  pieces (each is one BLAS call, and BLAS rounds a product by how it is cut). Results
-  therefore never depend on the thread count.
+  pieces (each is one BLAS call or one of lstmcy's own products, and a product's rounding
+  depends on how it is cut), and which product takes them. Results therefore never depend
+  on the thread count.
 * **How many threads, and how the recurrence is split** between them (row groups, or unit
   parts for a batch too thin for row groups) depends on the thread count too, and never
   changes a result: a row's or a column's recurrent products are the same whichever rows
@@ -66,7 +67,8 @@ FORWARD_GROUP_ROW_UNITS = 256
 MIN_UNIT_PART_FLOPS = 1e6
 UNIT_SPLIT_ROWS = 32
 HEAVY_UNITS = 512
-#: Rows (steps x batch) of one projection piece of the forward (a BLAS GEMM of 4H columns).
+#: Rows (steps x batch) of one projection piece of the forward (a GEMM of 4H columns: a BLAS
+#: call, or lstmcy's packed product with packed_projection).
 PROJECTION_ROWS = 256
 #: The backward's chunks of steps: about this many rows, and at least T / MAX_CHUNKS steps.
 CHUNK_ROWS = 64

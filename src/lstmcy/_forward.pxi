@@ -209,20 +209,28 @@ cdef inline void _step_range(Py_ssize_t piece, Py_ssize_t piece_steps, Py_ssize_
     t_hi[0] = t_lo[0] + piece_steps if t_lo[0] + piece_steps < T else T
 
 
-cdef void _project(const ForwardCall *fc, floating *like, Py_ssize_t piece) noexcept nogil:
+cdef long long _project(const ForwardCall *fc, floating *like, Py_ssize_t piece) noexcept nogil:
     """TASK_PROJECT: gates[d] = x @ w_ih[d]^T over the packed rows of the piece's steps
-    (with fused_input only the gathering of x's rows, where they are not packed)."""
+    (with fused_input only the gathering of x's rows, where they are not packed). Returns
+    when the work started (for the trace: after the wait for w_ih^T's packing)."""
     cdef Py_ssize_t I = fc.I
     cdef Py_ssize_t G4 = 4 * fc.H
     cdef Py_ssize_t t_lo, t_hi, r0, r1, t, b, j, d, lda
     cdef const floating *a
     cdef const floating *x_row
     cdef floating *dst
+    cdef long long start
+    if fc.packed_projection and I > 0 and G4 > 0:
+        # The pack tasks precede every projection piece in the list: their threads are
+        # running them, and wait for nothing.
+        for d in range(fc.D):
+            job_wait(&fc.pack_done[d], fc.packs_per_direction, fc.spin_ns)
+    start = trace_start(&fc.trace)
     _step_range(piece, fc.piece_steps, fc.steps.T, &t_lo, &t_hi)
     r0 = fc.steps.start[t_lo]
     r1 = fc.steps.start[t_hi - 1] + fc.steps.sizes[t_hi - 1]
     if r1 == r0 or G4 == 0:
-        return
+        return start
     if not fc.x_rows_packed:
         for t in range(t_lo, t_hi):
             for b in range(fc.steps.sizes[t]):
@@ -231,19 +239,17 @@ cdef void _project(const ForwardCall *fc, floating *like, Py_ssize_t piece) noex
                 for j in range(I):
                     dst[j] = x_row[j]
     if fc.fused_input:
-        return
+        return start
     a = _x_rows(fc, like, r0, &lda)
     for d in range(fc.D):
         if fc.packed_projection and I > 0:
-            # The pack tasks precede every projection piece in the list: their threads
-            # are running them, and wait for nothing.
-            job_wait(&fc.pack_done[d], fc.packs_per_direction, fc.spin_ns)
             packed_gemm(r1 - r0, G4, I, a, lda, <floating *>fc.w_packed[d] + fc.ih_offset,
                         <floating *>fc.gates[d] + r0 * fc.ldg, fc.ldg, False)
         else:
             gemm(NoTrans, Trans, <int>(r1 - r0), <int>G4, <int>I, <floating>1, a, <int>lda,
                  <floating *>fc.w_ih[d], <int>I, <floating>0,
                  <floating *>fc.gates[d] + r0 * fc.ldg, <int>fc.ldg)
+    return start
 
 
 cdef void _pack_piece(const ForwardCall *fc, floating *like, Py_ssize_t d, Py_ssize_t piece,
@@ -358,7 +364,7 @@ cdef void _forward_worker(ForwardCall *fc, floating *like, int worker) noexcept 
             event_add(&fc.pack_done[task.d], 1)
             trace_task(&fc.trace, TASK_PACK, task.d, task.i, task.j, worker, start, k)
         elif task.kind == TASK_PROJECT:
-            _project(fc, like, task.i)
+            start = _project(fc, like, task.i)
             event_set(&fc.piece_done[task.i], 1)
             trace_task(&fc.trace, TASK_PROJECT, 0, task.i, 0, worker, start, k)
         else:

@@ -35,7 +35,7 @@ cdef enum PackedMatrix:
     # The weight matrix a TASK_PACK task packs (its j).
     PACK_W_HH = 0
     PACK_W_HR = 1          # the projection (projected calls)
-    PACK_W_IH = 2          # the forward's fused_input, the backward's packed_dx
+    PACK_W_IH = 2          # the forward's fused_input or packed_projection, the backward's packed_dx
 
 
 cdef struct Task:
