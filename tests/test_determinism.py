@@ -156,10 +156,9 @@ GRID = [
     Config(T=7, B=10, I=200, H=64, L=2, bidirectional=True, layout="packed",
            dtype=np.dtype(np.float32), lengths_seed=11),
     # the forward's projection pieces from w_ih^T packed once (packed_projection: float32,
-    # I >= 64, H >= 128, x's product not fused, more than one piece): fewer than 4 rows
-    # (pieces of 86 steps), both layers and directions; a w_ih^T over 1 MiB (pieces of 8
-    # steps)
-    Config(T=90, B=3, I=64, H=128, L=2, bidirectional=True, layout="packed",
+    # I >= 64, H >= 128, x's product not fused, more than one piece): w_ih^T over 1 MiB,
+    # both directions (the second layer's input product fused), and one direction
+    Config(T=34, B=8, I=520, H=128, L=2, bidirectional=True, layout="packed",
            dtype=np.dtype(np.float32), lengths_seed=12),
     Config(T=10, B=32, I=256, H=264, layout="batch_first", dtype=np.dtype(np.float32)),
 ]
@@ -167,9 +166,10 @@ GRID_IDS = ["f32-packed-H56", "f64-2-layers-batch-first", "f32-H24", "f64-bi-pad
             "f32-bi-one-row", "f64-3-layers-padded-nobias", "f32-bi-packed-wide-dW",
             "f32-bi-packed-projection", "f32-packed-projection"]
 # float32 against the float64-exact reference: rounding grows with each gate's sum (I + H
-# terms) and along the recurrence (90 steps of 2 layers); the projection's products give
-# the same bits as OpenBLAS's on these configurations.
-FLOAT32_RTOL = {"f32-bi-packed-projection": 2e-4, "f32-packed-projection": 4e-5}
+# terms) and along the recurrence (34 steps of 2 layers). The optimised build is 5.6e-5
+# and 1.3e-5 from the reference there, relative to the largest output (with OpenBLAS's
+# projection: 5.7e-5 and 1.3e-5).
+FLOAT32_RTOL = {"f32-bi-packed-projection": 3e-4, "f32-packed-projection": 1e-4}
 
 
 @pytest.mark.parametrize("split", ["default", "rows", "units"])
