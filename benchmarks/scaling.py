@@ -145,7 +145,7 @@ def graph(call, T):
                            and int(entries[m][I]) == i - 1)
             if i == 0:
                 deps[n].extend(packs[d])
-        elif kind == PROJECT and getattr(schedule, "packed_projection", False):
+        elif kind == PROJECT and call["kind"] == "forward" and schedule.packed_projection:
             # from w_ih^T packed once: every direction's pack tasks first
             deps[n].extend(m for direction in sorted(packs) for m in packs[direction])
         elif kind == WEIGHTS:
