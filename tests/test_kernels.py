@@ -318,7 +318,8 @@ def test_packed_sum_of_two_products_is_one_running_sum(build):
 
 _GEMM_TN = r"""
 import numpy as np
-from lstmcy._engine.dispatch import kernels
+from lstmcy._engine.dispatch import KERNELS, cpu_vendor_family, kernels
+from lstmcy._engine.schedule import weights_rows_in_place
 rng = np.random.default_rng(5)
 worst, bad = 0.0, []
 for dtype in (np.float32, np.float64):
@@ -359,6 +360,14 @@ for dtype in (np.float32, np.float64):
             kernels._gemm_tn(a, b[:, :64].copy(), cols, True)
             if cols.tobytes() != whole[:, :64].tobytes():
                 bad.append(("columns", np.dtype(dtype).name, K, M, n))
+        # either setting of the core (reading a's rows in place or copying them): the same bits
+        for on in (True, False):
+            kernels.set_weights_rows_in_place(on)
+            other = c0.copy()
+            kernels._gemm_tn(a, b, other, True)
+            if other.tobytes() != whole.tobytes():
+                bad.append(("in place" if on else "copied", np.dtype(dtype).name, K, M, n))
+        kernels.set_weights_rows_in_place(weights_rows_in_place(KERNELS, *cpu_vendor_family()))
 print(worst, bad)
 """
 
@@ -367,7 +376,8 @@ print(worst, bad)
 def test_weight_gradient_product_matches_numpy(build):
     """The weight gradients' own product, c (+)= a^T b with b in panels, on every build:
     against a float64 product (in units of eps of sum |a||b|), and the same bits when K is
-    cut into accumulating pieces, or the rows or columns are fewer (the other loop order)."""
+    cut into accumulating pieces, when the rows or columns are fewer (the other loop order
+    where the core reads rows in place), and with either setting of the core."""
     out = subprocess.run([sys.executable, "-c", _GEMM_TN], check=True, capture_output=True,
                          text=True, env=dict(os.environ, LSTMCY_KERNELS=build))
     worst, bad = out.stdout.split(" ", 1)

@@ -11,6 +11,7 @@ PyTorch by amounts below the smallest normal number, and with IEEE subnormals ke
 must match as everything else does.
 """
 
+import os
 import warnings
 import zlib
 
@@ -250,9 +251,11 @@ def _activations_of(pre):
 
 # Pre-activations around the points where float64 sigmoid and tanh become exactly 0 or 1
 # (in PyTorch: 1 + exp(-x) rounds to 1 from 53 ln2 on; exp(-x) overflows below -709.78;
-# its tanh reaches 1 at 19.0615474654685), each with its neighbouring doubles.
+# its tanh reaches 1 at 19.0615474654685, or with MKL's AVX-512 code at 19.0615556159497:
+# lstmcy._engine.saturation), each with its neighbouring doubles.
 ENDS = [36.73680056967711, 37.0, 37.42994775023705, -708.3964185322642, -708.7429921225441,
-        -709.782712893384, -709.0, 19.061547465398498, 19.06154746543, 19.061547465468465]
+        -709.782712893384, -709.0, 19.061547465398498, 19.06154746543, 19.061547465468465,
+        19.06155, 19.061555615949707]
 PROBES = sorted({v for end in ENDS for v in (np.nextafter(end, -np.inf), end,
                                               np.nextafter(end, np.inf))})
 
@@ -273,6 +276,37 @@ def test_float64_activations_saturate_where_pytorchs_do(flush):
         for v, a, b in zip(PROBES, ours, theirs):
             assert (a == 1) == (b == 1) and (a == 0) == (b == 0), f"{name}({v!r}): {a!r}, torch {b!r}"
             assert abs(a - b) <= max(2.3e-16 * abs(b), 2.3e-308), f"{name}({v!r}): {a!r}, torch {b!r}"
+
+
+def test_the_tanh_saturation_point_follows_mkls_code():
+    # PyTorch's float64 tanh is MKL's; its AVX-512 code, run on Intel CPUs with AVX-512
+    # unless MKL_ENABLE_INSTRUCTIONS names an older set, reaches 1 later.
+    from lstmcy._engine.saturation import TANH_ONE_FROM, TANH_ONE_FROM_MKL_AVX512, tanh_one_from
+    assert tanh_one_from("GenuineIntel", True) == TANH_ONE_FROM_MKL_AVX512
+    assert tanh_one_from("GenuineIntel", True, "avx512_e1") == TANH_ONE_FROM_MKL_AVX512
+    assert tanh_one_from("GenuineIntel", True, "AVX2") == TANH_ONE_FROM
+    assert tanh_one_from("GenuineIntel", False) == TANH_ONE_FROM
+    assert tanh_one_from("AuthenticAMD", True) == TANH_ONE_FROM
+    assert tanh_one_from(None, None) == TANH_ONE_FROM
+    assert TANH_ONE_FROM < TANH_ONE_FROM_MKL_AVX512
+    assert np.tanh(np.nextafter(TANH_ONE_FROM, 0)) == 1.0  # both after the correctly rounded
+
+
+@pytest.mark.parametrize("point", ["intel-avx512", "elsewhere"])
+def test_the_kernels_tanh_saturates_at_the_point_they_are_set_to(point):
+    from lstmcy._engine import dispatch, saturation
+    at = (saturation.TANH_ONE_FROM_MKL_AVX512 if point == "intel-avx512"
+          else saturation.TANH_ONE_FROM)
+    dispatch.kernels.set_tanh_one_from(at)
+    try:
+        _, tanh = _activations_of([np.nextafter(at, 0), at])
+    finally:
+        dispatch.kernels.set_tanh_one_from(saturation.tanh_one_from(
+            dispatch.cpu_vendor_family()[0], dispatch.cpu_features().get("AVX512F"),
+            os.environ.get("MKL_ENABLE_INSTRUCTIONS")))
+    assert tanh[0] == 1 - 2.0 ** -53 and tanh[1] == 1.0
+    with pytest.raises(ValueError, match="x: expected a point between 19 and 20"):
+        dispatch.kernels.set_tanh_one_from(float("nan"))
 
 
 def _scaled_normal_case(seed, scale):

@@ -9,6 +9,8 @@ corner cases included (one step per chunk, a first chunk covering the whole sequ
 dx piece per step, a block per 16 gate rows, a group per row, more groups than rows).
 """
 import functools
+import platform
+import sys
 
 import numpy as np
 import pytest
@@ -315,6 +317,26 @@ def test_the_packed_dx_rule():
     for n_threads in (1, 2, 8):
         assert _schedule.backward_schedule(100, 64, 125, 320, 1, n_threads).packed_dx
         assert not _schedule.backward_schedule(50, 8, 64, 64, 1, n_threads).packed_dx
+
+
+def test_the_weights_rows_in_place_rule():
+    # A fact of the core, not of a call: the AVX-512 build on AMD's family 0x19 (Zen 4)
+    # reads the gate gradients in place; other cores and builds copy them (the same bits,
+    # tests/test_kernels.py), and so does a CPU the operating system does not name.
+    rule = _schedule.weights_rows_in_place
+    assert rule("avx512", "AuthenticAMD", 0x19)
+    assert not rule("avx2", "AuthenticAMD", 0x19) and not rule("baseline", "AuthenticAMD", 0x19)
+    assert not rule("avx512", "GenuineIntel", 6) and not rule("avx512", "AuthenticAMD", 0x1A)
+    assert not rule("avx512", None, None)
+
+
+def test_the_cpu_is_named_where_the_os_says():
+    from lstmcy._engine.dispatch import cpu_vendor_family
+    vendor, family = cpu_vendor_family()
+    if sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64"):
+        assert vendor in ("GenuineIntel", "AuthenticAMD", "HygonGenuine") and family > 0
+    else:
+        assert (vendor is None) == (family is None)
 
 
 def test_the_packed_projection_rule():

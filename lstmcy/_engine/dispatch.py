@@ -5,9 +5,20 @@
 give bitwise identical results; the baseline one rounds the recurrent products and the
 activations' polynomials without fused multiply-adds, so it agrees with them to rounding.
 ``LSTMCY_KERNELS=baseline|avx2|avx512`` forces a build (for testing).
+
+A loaded build is told two facts of the CPU: the one its products' speed depends on
+beyond the instruction set (``set_weights_rows_in_place``; the rule is
+:func:`lstmcy._engine.schedule.weights_rows_in_place`; results do not depend on it), and
+where PyTorch's float64 tanh reaches 1 on it (``set_tanh_one_from``;
+:func:`lstmcy._engine.saturation.tanh_one_from`).
 """
 import importlib
 import os
+import platform
+import re
+
+from lstmcy._engine.saturation import tanh_one_from
+from lstmcy._engine.schedule import weights_rows_in_place
 
 # (name, CPU features it needs), best first. numpy reports features the OS has enabled.
 _BUILDS = (
@@ -24,6 +35,25 @@ def cpu_features():
         except (ImportError, AttributeError):
             continue
     return {}
+
+
+def cpu_vendor_family():
+    """(vendor, family) of this CPU as CPUID gives them, e.g. ``("AuthenticAMD", 25)``, or
+    ``(None, None)`` where the operating system does not say."""
+    try:
+        with open("/proc/cpuinfo") as f:  # Linux: the first processor's lines
+            info = {}
+            for line in f:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                info[key.strip()] = value.strip()
+        return info.get("vendor_id"), int(info["cpu family"]) if "cpu family" in info else None
+    except (OSError, ValueError):
+        pass
+    # Windows: "AMD64 Family 25 Model 97 Stepping 2, AuthenticAMD"
+    found = re.search(r"Family (\d+) .*, (\w+)$", platform.processor() or "")
+    return (found.group(2), int(found.group(1))) if found else (None, None)
 
 
 def available_builds():
@@ -44,13 +74,19 @@ def load(name=None):
     """The kernel module ``name`` (default: ``$LSTMCY_KERNELS`` or the best available)."""
     name = name or os.environ.get("LSTMCY_KERNELS") or available_builds()[0]
     if name == "baseline":
-        return importlib.import_module("lstmcy._lstm")
-    if name not in dict(_BUILDS):
+        module = importlib.import_module("lstmcy._lstm")
+    elif name not in dict(_BUILDS):
         raise ValueError(f"LSTMCY_KERNELS must be one of baseline, avx2, avx512; got {name!r}")
-    if name not in available_builds():
+    elif name not in available_builds():
         raise ImportError(f"the {name} build of lstmcy's kernels cannot run on this CPU "
                           f"or was not built")
-    return importlib.import_module(f"lstmcy._lstm_{name}")
+    else:
+        module = importlib.import_module(f"lstmcy._lstm_{name}")
+    vendor, family = cpu_vendor_family()
+    module.set_weights_rows_in_place(weights_rows_in_place(name, vendor, family))
+    module.set_tanh_one_from(tanh_one_from(vendor, cpu_features().get("AVX512F"),
+                                           os.environ.get("MKL_ENABLE_INSTRUCTIONS")))
+    return module
 
 
 kernels = load()

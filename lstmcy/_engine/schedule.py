@@ -107,6 +107,16 @@ LANE_BYTES = 32 << 20
 #: a last panel of a few columns would cost a whole panel's work (docs/benchmarks.md,
 #: "Schedule rules").
 PANEL_WEIGHTS_COLUMNS = 256
+#: The cores whose AVX-512 weight-gradient product reads a block of gate-gradient rows in
+#: place, panel by panel, for chunks of more than 128 rows or products of fewer than 8
+#: panels (``pg_tn_rows_in_place`` in _packed_gemm.h): (vendor, CPU family) pairs. AMD's
+#: family 0x19 (Zen 4, whose 512-bit multiply-adds run as two 256-bit halves) ran braun's
+#: and large-256's weight gradients at 101-104 GF/s a thread in place against 87-92
+#: copied. Elsewhere every block's rows are copied together first: on Intel's AVX-512
+#: cores (two 512-bit multiply-add ports) 164-179 GF/s against 129-136 in place, and in
+#: the AVX2 builds 93-104 against 79-87 (tools/backward_tasks.py, 2 threads;
+#: docs/benchmarks.md, "Schedule rules").
+WEIGHTS_ROWS_IN_PLACE_CORES = frozenset({("AuthenticAMD", 0x19)})
 #: A backward layer of at least PACKED_DX_FEATURES input features and PACKED_DX_UNITS
 #: units takes dx = dgates @ w_ih with lstmcy's own product (``packed_dx``): w_ih is packed
 #: once per call, by the first thread to reach a dx piece, and every piece multiplies it
@@ -298,6 +308,15 @@ def panel_weights(I, P, projected=False):
     """Whether a backward layer of ``I`` input features and h of size ``P`` adds its weight
     gradients with lstmcy's own product (shape only; see PANEL_WEIGHTS_COLUMNS)."""
     return not projected and I + P >= PANEL_WEIGHTS_COLUMNS
+
+
+def weights_rows_in_place(kernels, vendor, family):
+    """Whether the ``kernels`` build (``"avx512"``, ``"avx2"``, ``"baseline"``) on a CPU of
+    ``vendor`` (CPUID's, e.g. ``"GenuineIntel"``; None if unknown) and ``family`` reads the
+    gate gradients in place in the weight-gradient product where that measured faster (a
+    fact of the process, not of a call; see WEIGHTS_ROWS_IN_PLACE_CORES). The results'
+    bits are the same either way."""
+    return kernels == "avx512" and (vendor, family) in WEIGHTS_ROWS_IN_PLACE_CORES
 
 
 def packed_projection(I, H, itemsize=4):

@@ -20,10 +20,11 @@
 # sigmoid is exactly 1 from SIGMOID_ONE_FROM = 53 ln2 on (where 1 + exp(-x) rounds to 1),
 # at least the smallest normal number above SIGMOID_NONZERO_FROM (where exp(-x) has not
 # yet overflowed, so PyTorch's result is not 0; a subnormal would be flushed), and tanh
-# is not 1 below TANH_ONE_FROM (PyTorch's tanh reaches 1 about 7e-11 later than the
-# correctly rounded one). Each moves results by at most one ulp, or below the smallest
-# normal number, and only within those windows; the end points were bisected on
-# torch.sigmoid and torch.tanh (float64, every CPU capability), and
+# is not 1 below tanh_one_from (PyTorch's tanh reaches 1 later than the correctly rounded
+# one, by how much depends on the CPU: lstmcy/_engine/saturation.py gives the point, which
+# the kernel module's set_tanh_one_from sets once per process at import). Each moves
+# results by at most one ulp, or below the smallest normal number, and only within those
+# windows; the end points were bisected on torch.sigmoid and torch.tanh (float64), and
 # tests/test_nonfinite.py checks them against PyTorch.
 #
 # The exp serves only these, on arguments <= 0 (or NaN). Its 2**n is one factor built from
@@ -148,13 +149,16 @@ cdef extern from *:
     """
     #define LSTMCY_SIGMOID_ONE_FROM 36.73680056967711     /* the first double above 53 ln2 */
     #define LSTMCY_SIGMOID_NONZERO_FROM -709.782712893384  /* exp(-x) is finite from here */
-    #define LSTMCY_TANH_ONE_FROM 19.061547465468465
+    /* PyTorch's float64 tanh is 1 from here on: set at import (set_tanh_one_from) */
+    static double lstmcy_tanh_one_from = 19.061547465468465;
+    static inline void lstmcy_set_tanh_one_from(double x) { lstmcy_tanh_one_from = x; }
     #define LSTMCY_SMALLEST_NORMAL 2.2250738585072014e-308
     #define LSTMCY_BELOW_ONE 0.99999999999999988898        /* 1 - 2**-53 */
     """
     const double SIGMOID_ONE_FROM "LSTMCY_SIGMOID_ONE_FROM"
     const double SIGMOID_NONZERO_FROM "LSTMCY_SIGMOID_NONZERO_FROM"
-    const double TANH_ONE_FROM "LSTMCY_TANH_ONE_FROM"
+    double tanh_one_from "lstmcy_tanh_one_from"
+    void set_tanh_one_from "lstmcy_set_tanh_one_from"(double x) noexcept nogil
     const double SMALLEST_NORMAL "LSTMCY_SMALLEST_NORMAL"
     const double BELOW_ONE "LSTMCY_BELOW_ONE"
 
@@ -191,6 +195,6 @@ cdef inline floating fast_tanh(floating x) noexcept nogil:
     # correctly rounded value does.
     large = <floating>1 - <floating>2 * _sigmoid_of_nonpositive(-(ax + ax))
     if floating is double:  # PyTorch's tanh is not yet 1 (see the top of this file)
-        large = BELOW_ONE if large == 1.0 and ax < TANH_ONE_FROM else large
+        large = BELOW_ONE if large == 1.0 and ax < tanh_one_from else large
     # NaN fails the comparison and takes the large branch, which propagates it.
     return copysign_(small if ax < <floating>0.625 else large, x)

@@ -220,7 +220,8 @@ cdef long long _project(const ForwardCall *fc, floating *like, Py_ssize_t piece)
     cdef const floating *x_row
     cdef floating *dst
     cdef long long start
-    if fc.packed_projection and I > 0 and G4 > 0:
+    cdef bint from_packed = fc.packed_projection and I > 0 and G4 > 0
+    if from_packed:
         # The pack tasks precede every projection piece in the list: their threads are
         # running them, and wait for nothing.
         for d in range(fc.D):
@@ -242,7 +243,7 @@ cdef long long _project(const ForwardCall *fc, floating *like, Py_ssize_t piece)
         return start
     a = _x_rows(fc, like, r0, &lda)
     for d in range(fc.D):
-        if fc.packed_projection and I > 0:
+        if from_packed:
             packed_gemm(r1 - r0, G4, I, a, lda, <floating *>fc.w_packed[d] + fc.ih_offset,
                         <floating *>fc.gates[d] + r0 * fc.ldg, fc.ldg, False)
         else:

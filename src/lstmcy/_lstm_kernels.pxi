@@ -35,7 +35,7 @@ import numpy as np
 
 from lstmcy._blas cimport gemm, NoTrans, Trans
 from lstmcy._cell cimport backward_cell, forward_cell, forward_cell_inference
-from lstmcy._fastmath cimport fast_sigmoid, fast_tanh
+from lstmcy._fastmath cimport fast_sigmoid, fast_tanh, set_tanh_one_from as _set_tanh_one_from
 from lstmcy._layer cimport (
     BackwardCall, ForwardCall, PackedMatrix, PACK_W_HH, PACK_W_HR, PACK_W_IH, RowTable, Saved,
     SPLIT_ROWS, SPLIT_UNITS, Split, Task, TaskKind, Trace,
@@ -43,7 +43,8 @@ from lstmcy._layer cimport (
     TASK_UNIT_STEP, TASK_WEIGHTS, TRACE_FIELDS, UnitsCall, row_of, trace_start, trace_task,
     unit_range, units_packed_offset)
 from lstmcy._packed_gemm cimport (gemm_tn, pack, packed_gemm, packed_gemm2, packed_len,
-                                  panel_width, pg_d_packed_len, pg_s_packed_len)
+                                  panel_width, pg_d_packed_len, pg_s_packed_len,
+                                  pg_set_tn_rows_in_place)
 from lstmcy._sync cimport (claim, compare_exchange, event_add, event_get, event_set,
                            flush_denormals_mode, load_acquire, lstmcy_event,
                            restore_fp_mode, store_release, take_next)
@@ -290,6 +291,23 @@ def backward_packed_len(Py_ssize_t H, Py_ssize_t P, Py_ssize_t I, bint projected
     P) with a projection, then with ``packed_dx`` w_ih (its ``I`` columns, K = 4H)."""
     cdef Py_ssize_t n = _backward_ih_offset(H, P, projected, split, groups, is_double)
     return n + (_packed(I, 4 * H, is_double) if packed_dx else 0)
+
+
+def set_tanh_one_from(double x):
+    """Make the float64 tanh exactly 1 from ``x`` on (below it, 1 - 2**-53 at most), as
+    PyTorch's is on this CPU (lstmcy._engine.saturation); the float32 tanh is unchanged.
+    Process-wide: set it at import, or in a test while no call runs."""
+    if not 19.0 < x < 20.0:  # around where the correctly rounded tanh reaches 1
+        raise ValueError(f"x: expected a point between 19 and 20, got {x!r}")
+    _set_tanh_one_from(x)
+
+
+def set_weights_rows_in_place(bint on):
+    """Let the weight-gradient product read the gate gradients in place where its rule
+    allows (``on``; a fact of the core: see lstmcy._engine.schedule.weights_rows_in_place),
+    or copy every block's rows together first. Process-wide: set it at import, or in a
+    test while no call runs. Results are bitwise the same either way."""
+    pg_set_tn_rows_in_place(on)
 
 
 def packed_elements(Py_ssize_t n, Py_ssize_t k, bint is_double):

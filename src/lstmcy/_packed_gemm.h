@@ -143,6 +143,17 @@ pg_d_transpose(const double *w, ptrdiff_t ldw, ptrdiff_t K, int width, int nr,
     }
 }
 
+/* Whether gemm_tn may read a block's rows of a in place, on the builds whose register
+   block has 12 rows (see gemm_tn): a property of the core, set once per process by the
+   kernel module's set_weights_rows_in_place before any product runs (the rule:
+   lstmcy/_engine/schedule.py, weights_rows_in_place). */
+static int pg_tn_rows_in_place = 0;
+
+static void pg_set_tn_rows_in_place(int on)
+{
+    pg_tn_rows_in_place = on;
+}
+
 #define PG_T float
 #define PG_NAME(x) pg_s_##x
 #define PG_MR PG_MR_

@@ -23,6 +23,7 @@ cdef extern from "_packed_gemm.h" nogil:
                       const double *packed, double *c, Py_ssize_t ldc, int accumulate)
     Py_ssize_t pg_s_packed_len(Py_ssize_t n, Py_ssize_t K)
     Py_ssize_t pg_d_packed_len(Py_ssize_t n, Py_ssize_t K)
+    void pg_set_tn_rows_in_place(int on)
 
 
 cdef inline void pack(const floating *w, Py_ssize_t ldw, bint trans, Py_ssize_t K,

@@ -289,20 +289,15 @@ PG_NAME(gemm_tn)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t
                 c[i * ldc + j] = 0;
         return;
     }
-    if (PG_MR >= 12 && (lda * (ptrdiff_t)sizeof(PG_T)) % 4096 != 0
+    if (pg_tn_rows_in_place && PG_MR >= 12 && (lda * (ptrdiff_t)sizeof(PG_T)) % 4096 != 0
             && (K > PG_TN_KC || npanel < PG_TN_COPY_PANELS)) {
         /* Panel by panel, every block of rows reading a in place: a panel stays in cache
-           while the blocks pass over it. Only in the builds whose register block has 12
-           rows (AVX-512): with blocks of at most 6 (AVX2, the baseline), each pass reads
-           24 bytes (float32) or 48 (float64) of every 64-byte line of a it fetches, and
-           copying the values together first runs the weight gradients 15-25 % faster
-           there (tools/backward_tasks.py --avx2-proxy, braun and large-256; CHANGELOG).
-           With 12-row blocks, a product of at most PG_TN_KC steps over PG_TN_COPY_PANELS
-           panels or more copies too: each block's values are copied once and serve every
-           panel, and the panels are read as one stream (weight gradients of chunks of at
-           most 128 rows 15 % faster, deepbench-512 and ptb-medium; fewer panels, as in
-           the per-sample products of narrow inputs, run faster in place;
-           tools/backward_tasks.py, CHANGELOG). */
+           while the blocks pass over it. Only where the core is set to (AVX-512 on AMD's
+           Zen 4, pg_tn_rows_in_place), and there only for products of more than
+           PG_TN_KC steps or fewer than PG_TN_COPY_PANELS panels, where it measured faster
+           than copying (the rule and its measurements: schedule.weights_rows_in_place).
+           Elsewhere each pass reads a few bytes of every cache line of a it fetches, a
+           row apart, and the copy below runs faster. */
         for (ptrdiff_t p = 0; p < npanel; p++) {
             int ncols = (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
             ptrdiff_t m0 = 0;
@@ -315,10 +310,9 @@ PG_NAME(gemm_tn)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t
         }
         return;
     }
-    /* Builds whose register block has fewer than 12 rows, rows of a a multiple of 4 KiB
-       apart (which all fall in the same few cache sets), or a short product over many
-       panels: block by block, PG_TN_KC steps of its values of a are copied together
-       first, then multiplied by every panel. */
+    /* Block by block, PG_TN_KC steps of its values of a are copied together first, then
+       multiplied by every panel: each block's values are fetched once and serve every
+       panel, and the panels are read as one stream. */
     for (ptrdiff_t k0 = 0; k0 < K; k0 += PG_TN_KC) {
         ptrdiff_t kc = K - k0 < PG_TN_KC ? K - k0 : PG_TN_KC;
         int acc = accumulate || k0 > 0;

@@ -138,6 +138,12 @@ cdef const char *_strided_data(object array, tuple shape, object dtype, str name
     return <const char *><size_t>array.__array_interface__["data"][0]
 
 
+cdef _check_output(a, str name):
+    """Raise ValueError unless ``a`` is an ndarray the kernels may write as it lies."""
+    if not isinstance(a, np.ndarray) or not a.flags.c_contiguous or not a.flags.writeable:
+        raise ValueError(f"{name}: expected a writeable C-contiguous ndarray")
+
+
 def per_sample_products(grads, values, out, double scale, int n_threads, first_grads=None,
                         first_values=None, bias=None, bint flush_denormals=True):
     """Per-sample sums of products: ``out[b] = scale * (first_grads[b]^T first_values[b] +
@@ -174,8 +180,7 @@ def per_sample_products(grads, values, out, double scale, int n_threads, first_g
     memset(&ps, 0, sizeof(ps))
     ps.grads = _strided_data(grads, (K, B, G), dtype, "grads")
     ps.values = _strided_data(values, (K, B, F), dtype, "values")
-    if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError("out: expected a writeable C-contiguous ndarray")
+    _check_output(out, "out")
     ps.out = <char *>_strided_data(out, (B, G, F), dtype, "out")
     if (first_grads is None) != (first_values is None):
         raise ValueError("first_grads and first_values: give both or neither")
@@ -185,9 +190,7 @@ def per_sample_products(grads, values, out, double scale, int n_threads, first_g
         ps.first_grads_b = _element_stride(first_grads, 0, itemsize, "first_grads")
         ps.first_values_b = _element_stride(first_values, 0, itemsize, "first_values")
     if bias is not None:
-        if (not isinstance(bias, np.ndarray) or not bias.flags.c_contiguous
-                or not bias.flags.writeable):
-            raise ValueError("bias: expected a writeable C-contiguous ndarray")
+        _check_output(bias, "bias")
         ps.bias = <char *>_strided_data(bias, (B, G), dtype, "bias")
     # The outputs are written while other samples' inputs are still read.
     for name, written in (("out", out), ("bias", bias)):
@@ -197,12 +200,8 @@ def per_sample_products(grads, values, out, double scale, int n_threads, first_g
             if (written is not None and other is not None and other is not written
                     and np.may_share_memory(written, other)):
                 raise ValueError(f"{name}: overlaps {other_name}")
-    if B == 0 or G == 0:
-        return
-    if F == 0:
-        if bias is None:
-            return
-        ps.F = 0  # (no product: the bias sums only)
+    if B == 0 or G == 0 or (F == 0 and bias is None):
+        return  # (F == 0 with a bias: the bias sums only)
     ps.K, ps.B, ps.G, ps.F = K, B, G, F
     ps.grads_k = _element_stride(grads, 0, itemsize, "grads")
     ps.grads_b = _element_stride(grads, 1, itemsize, "grads")
