@@ -3,11 +3,14 @@
 The machine may be shared, so the implementations of one case are timed in
 rounds: each round runs every implementation once (in a rotating order), so a
 burst of outside load hits all of them alike, and the median over rounds is
-reported. Each timed batch is preceded by an untimed warm-up of at least
-``warm_time`` seconds of the same implementation: it absorbs the hand-over
-between thread pools (OpenBLAS pthreads and PyTorch's OpenMP threads keep
-spinning for a while after their last call and would otherwise steal a core from
-the next implementation).
+reported. Each timed batch is preceded by a garbage collection, then by an
+untimed warm-up of at least ``warm_time`` seconds of the same implementation,
+immediately before it: the warm-up absorbs the hand-over between thread pools
+(OpenBLAS pthreads and PyTorch's OpenMP threads keep spinning for a while after
+their last call and would otherwise steal a core from the next implementation)
+and brings the implementation's data back into cache after the collection, which
+walks the whole heap (about 100 ms with PyTorch and Opacus loaded; a training
+step timed right after it ran 30-50 % slower than in a loop of steps).
 """
 import gc
 import math
@@ -73,8 +76,8 @@ def measure(functions, repeats=7, min_time=0.05, warm_time=0.02, max_number=1000
             order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
                 fn = functions[name]
-                _warm(fn, warm_time)
                 gc.collect()
+                _warm(fn, warm_time)
                 gc.disable()
                 try:
                     elapsed, cpu = run_batch(fn, numbers[name])
