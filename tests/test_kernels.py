@@ -66,6 +66,7 @@ def _every_float32(lo, hi):
 
 
 PYTORCH_SIGMOID_ONE_FROM = 36.73680056967711  # 1 + exp(-x) rounds to 1 from here on
+CORRECTLY_ROUNDED_TANH_ONE_FROM = 19.061547465398498  # the first double whose tanh rounds to 1
 
 _SATURATED = {  # name: (test hook, true function, start of the saturated end)
     "sigmoid": ("_vector_sigmoid", _true_sigmoid, 0.0),
@@ -97,10 +98,19 @@ def test_saturated_ends_are_correctly_rounded(name, dtype, build):
     getattr(kernels, hook)(x, got)
     if dtype == np.float64:
         # In float64 the ends follow PyTorch's (src/lstmcy/_fastmath.pxd): sigmoid is
-        # exactly 1 from 53 ln2 on, tanh is 1 - 2**-53 in a window just below 19.0615...;
-        # there they are one ulp from correctly rounded, by design.
+        # exactly 1 from 53 ln2 on, tanh is 1 - 2**-53 in a window from the correctly
+        # rounded point to PyTorch's on this CPU (kernels.get_tanh_one_from()); there they
+        # are one ulp from correctly rounded, by design.
+        if name == "tanh":  # and the window itself, densely
+            window = np.linspace(CORRECTLY_ROUNDED_TANH_ONE_FROM, kernels.get_tanh_one_from(),
+                                 1001)
+            inside = np.empty_like(window)
+            kernels._vector_tanh(window, inside)
+            np.testing.assert_array_equal(inside[:-1], 1 - 2.0 ** -53)
+            assert inside[-1] == 1.0
         pytorch_end = (x >= PYTORCH_SIGMOID_ONE_FROM if name == "sigmoid"
-                       else (np.abs(x) >= 19.061547465398498) & (np.abs(x) < 19.061547465468465))
+                       else (np.abs(x) >= CORRECTLY_ROUNDED_TANH_ONE_FROM)
+                       & (np.abs(x) < kernels.get_tanh_one_from()))
         if name == "sigmoid":
             np.testing.assert_array_equal(got[pytorch_end], 1.0)
         x, got = x[~pytorch_end], got[~pytorch_end]
@@ -318,8 +328,7 @@ def test_packed_sum_of_two_products_is_one_running_sum(build):
 
 _GEMM_TN = r"""
 import numpy as np
-from lstmcy._engine.dispatch import KERNELS, cpu_vendor_family, kernels
-from lstmcy._engine.schedule import weights_rows_in_place
+from lstmcy._engine.dispatch import KERNELS, kernels, set_cpu_facts
 rng = np.random.default_rng(5)
 worst, bad = 0.0, []
 for dtype in (np.float32, np.float64):
@@ -348,13 +357,15 @@ for dtype in (np.float32, np.float64):
             kernels._gemm_tn(a[h:].copy(), b[h:].copy(), split, True)
         if whole.tobytes() != split.tobytes():
             bad.append(("split K", np.dtype(dtype).name, K, M, n))
-        # fewer rows (another stride, the other loop order): each row's bits unchanged
+        # fewer rows (another stride: the other loop order where the core reads rows in
+        # place): each row's bits unchanged
         if M > 3:
             part = c0[:M - 3].copy()
             kernels._gemm_tn(a[:, :M - 3].copy(), b, part, True)
             if part.tobytes() != whole[:M - 3].tobytes():
                 bad.append(("rows", np.dtype(dtype).name, K, M, n))
-        # fewer columns (fewer panels: the other loop order where K <= 128): the same bits
+        # fewer columns (fewer panels: the other loop order where the core reads rows in
+        # place and K <= 128): the same bits
         if n > 64:
             cols = c0[:, :64].copy()
             kernels._gemm_tn(a, b[:, :64].copy(), cols, True)
@@ -367,7 +378,7 @@ for dtype in (np.float32, np.float64):
             kernels._gemm_tn(a, b, other, True)
             if other.tobytes() != whole.tobytes():
                 bad.append(("in place" if on else "copied", np.dtype(dtype).name, K, M, n))
-        kernels.set_weights_rows_in_place(weights_rows_in_place(KERNELS, *cpu_vendor_family()))
+        set_cpu_facts(kernels, KERNELS)
 print(worst, bad)
 """
 

@@ -288,8 +288,8 @@ def test_the_tanh_saturation_point_follows_mkls_code():
     assert tanh_one_from("GenuineIntel", False) == TANH_ONE_FROM
     assert tanh_one_from("AuthenticAMD", True) == TANH_ONE_FROM
     assert tanh_one_from(None, None) == TANH_ONE_FROM
-    assert TANH_ONE_FROM < TANH_ONE_FROM_MKL_AVX512
-    assert np.tanh(np.nextafter(TANH_ONE_FROM, 0)) == 1.0  # both after the correctly rounded
+    assert 19.061547465398498 < TANH_ONE_FROM < TANH_ONE_FROM_MKL_AVX512  # both after the
+    # correctly rounded point, the first double whose tanh rounds to 1
 
 
 @pytest.mark.parametrize("point", ["intel-avx512", "elsewhere"])
@@ -301,12 +301,14 @@ def test_the_kernels_tanh_saturates_at_the_point_they_are_set_to(point):
     try:
         _, tanh = _activations_of([np.nextafter(at, 0), at])
     finally:
-        dispatch.kernels.set_tanh_one_from(saturation.tanh_one_from(
-            dispatch.cpu_vendor_family()[0], dispatch.cpu_features().get("AVX512F"),
-            os.environ.get("MKL_ENABLE_INSTRUCTIONS")))
+        dispatch.set_cpu_facts(dispatch.kernels, dispatch.KERNELS)
     assert tanh[0] == 1 - 2.0 ** -53 and tanh[1] == 1.0
-    with pytest.raises(ValueError, match="x: expected a point between 19 and 20"):
-        dispatch.kernels.set_tanh_one_from(float("nan"))
+    for bad in (float("nan"), 19.0, 19.061547465398494, 20.0):
+        with pytest.raises(ValueError, match="x: expected a point from 19.061547465398498"):
+            dispatch.kernels.set_tanh_one_from(bad)
+    assert dispatch.kernels.get_tanh_one_from() == saturation.tanh_one_from(
+        dispatch.cpu_vendor_family()[0], dispatch.cpu_features().get("AVX512F"),
+        os.environ.get("MKL_ENABLE_INSTRUCTIONS"))
 
 
 def _scaled_normal_case(seed, scale):

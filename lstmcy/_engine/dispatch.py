@@ -38,8 +38,8 @@ def cpu_features():
 
 
 def cpu_vendor_family():
-    """(vendor, family) of this CPU as CPUID gives them, e.g. ``("AuthenticAMD", 25)``, or
-    ``(None, None)`` where the operating system does not say."""
+    """(vendor, family) of this CPU as CPUID gives them, e.g. ``("AuthenticAMD", 25)``;
+    each None where the operating system does not say."""
     try:
         with open("/proc/cpuinfo") as f:  # Linux: the first processor's lines
             info = {}
@@ -82,11 +82,18 @@ def load(name=None):
                           f"or was not built")
     else:
         module = importlib.import_module(f"lstmcy._lstm_{name}")
+    set_cpu_facts(module, name)
+    return module
+
+
+def set_cpu_facts(module, name):
+    """Tell the kernel build ``module`` (named ``name``: baseline, avx2, avx512) the facts
+    of this CPU it needs (see the top of this module); what :func:`load` does, and what a
+    test that changed them puts back."""
     vendor, family = cpu_vendor_family()
     module.set_weights_rows_in_place(weights_rows_in_place(name, vendor, family))
     module.set_tanh_one_from(tanh_one_from(vendor, cpu_features().get("AVX512F"),
                                            os.environ.get("MKL_ENABLE_INSTRUCTIONS")))
-    return module
 
 
 kernels = load()

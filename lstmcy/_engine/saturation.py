@@ -3,12 +3,14 @@
 In float64 the kernels' sigmoid and tanh give exactly 0 or 1 where PyTorch's do, because
 there an exact 0 or 1 decides whether an infinity in the backward gives NaN or Inf
 (``src/lstmcy/_fastmath.pxd``). PyTorch's float64 tanh on x86-64 is MKL's, and MKL runs
-code of its own on Intel CPUs with AVX-512 (unless ``MKL_ENABLE_INSTRUCTIONS`` names an
-older set) that reaches 1 later than its code elsewhere; its sigmoid reaches 1 at the
-same point everywhere. The points were bisected on ``torch.tanh`` (torch 2.13, MKL
-2024.2, float64) on an Intel Xeon with AVX-512, with MKL's AVX-512 code and with
-``MKL_ENABLE_INSTRUCTIONS=AVX2``, and on an AMD EPYC (Zen 4); ``tests/test_nonfinite.py``
-checks the one this machine gets against PyTorch.
+code of its own on Intel CPUs with AVX-512 that reaches 1 later than its code
+elsewhere; its sigmoid reaches 1 at the same point everywhere. The points were bisected
+on ``torch.tanh`` (torch 2.13, MKL 2024.2, float64) on an Intel Xeon with AVX-512, with
+MKL's AVX-512 code and with ``MKL_ENABLE_INSTRUCTIONS=AVX2``, and on an AMD EPYC (Zen 4);
+``tests/test_nonfinite.py`` checks the one this machine gets against PyTorch. The rule
+follows ``MKL_ENABLE_INSTRUCTIONS`` (a value not starting with AVX512 is taken as MKL's
+older code, as measured for AVX2); other settings that pin MKL's code path (such as
+``MKL_CBWR``) and PyTorch builds without MKL are not followed.
 """
 
 #: The first double whose float64 tanh is exactly 1 in PyTorch: MKL's code on AMD CPUs,

@@ -113,9 +113,9 @@ PANEL_WEIGHTS_COLUMNS = 256
 #: family 0x19 (Zen 4, whose 512-bit multiply-adds run as two 256-bit halves) ran braun's
 #: and large-256's weight gradients at 101-104 GF/s a thread in place against 87-92
 #: copied. Elsewhere every block's rows are copied together first: on Intel's AVX-512
-#: cores (two 512-bit multiply-add ports) 164-179 GF/s against 129-136 in place, and in
-#: the AVX2 builds 93-104 against 79-87 (tools/backward_tasks.py, 2 threads;
-#: docs/benchmarks.md, "Schedule rules").
+#: cores (two 512-bit multiply-add ports) braun 160-165 GF/s against 117-133 in place and
+#: large-256 166-181 against 130-144, and in the AVX2 builds 93-104 against 79-87
+#: (tools/backward_tasks.py, 2 threads; docs/benchmarks.md, "Schedule rules").
 WEIGHTS_ROWS_IN_PLACE_CORES = frozenset({("AuthenticAMD", 0x19)})
 #: A backward layer of at least PACKED_DX_FEATURES input features and PACKED_DX_UNITS
 #: units takes dx = dgates @ w_ih with lstmcy's own product (``packed_dx``): w_ih is packed

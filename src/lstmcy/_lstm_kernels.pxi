@@ -1,5 +1,5 @@
 # The LSTM kernels, compiled once per instruction set (the _lstm*.pyx that include this
-# file; lstmcy/_dispatch.py picks one at import).
+# file; lstmcy/_engine/dispatch.py picks one at import and tells it the CPU's facts).
 #
 # Design
 # ------
@@ -26,7 +26,10 @@
 #                                   per kind of layer call (struct, buffers, tasks, checks)
 #   _step_call.pxi                  StepForward: one cell step in the calling thread
 #   _per_sample.pxi                 per-sample weight gradients (sums over a sequence's steps)
-#   this file                       the helpers of the entry points, sizes, probes for tests
+#   this file                       the helpers of the entry points, sizes, the two
+#                                   process-wide settings of the CPU's facts
+#                                   (set_weights_rows_in_place, set_tanh_one_from),
+#                                   probes for tests
 
 from cython cimport floating
 from libc.stdlib cimport calloc, free
@@ -35,7 +38,8 @@ import numpy as np
 
 from lstmcy._blas cimport gemm, NoTrans, Trans
 from lstmcy._cell cimport backward_cell, forward_cell, forward_cell_inference
-from lstmcy._fastmath cimport fast_sigmoid, fast_tanh, set_tanh_one_from as _set_tanh_one_from
+from lstmcy._fastmath cimport (fast_sigmoid, fast_tanh, tanh_one_from,
+                               set_tanh_one_from as _set_tanh_one_from)
 from lstmcy._layer cimport (
     BackwardCall, ForwardCall, PackedMatrix, PACK_W_HH, PACK_W_HR, PACK_W_IH, RowTable, Saved,
     SPLIT_ROWS, SPLIT_UNITS, Split, Task, TaskKind, Trace,
@@ -297,9 +301,17 @@ def set_tanh_one_from(double x):
     """Make the float64 tanh exactly 1 from ``x`` on (below it, 1 - 2**-53 at most), as
     PyTorch's is on this CPU (lstmcy._engine.saturation); the float32 tanh is unchanged.
     Process-wide: set it at import, or in a test while no call runs."""
-    if not 19.0 < x < 20.0:  # around where the correctly rounded tanh reaches 1
-        raise ValueError(f"x: expected a point between 19 and 20, got {x!r}")
+    # From the first double whose correctly rounded tanh is 1: below it "exactly 1 from x
+    # on" could not hold.
+    if not 19.061547465398498 <= x < 20.0:
+        raise ValueError(f"x: expected a point from 19.061547465398498 (where the correctly "
+                         f"rounded tanh reaches 1) to 20, got {x!r}")
     _set_tanh_one_from(x)
+
+
+def get_tanh_one_from():
+    """The point from which the float64 tanh is exactly 1 (see set_tanh_one_from)."""
+    return tanh_one_from
 
 
 def set_weights_rows_in_place(bint on):

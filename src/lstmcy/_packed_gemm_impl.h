@@ -268,7 +268,8 @@ PG_NAME(gemm)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t ld
    together first (see gemm_tn). */
 #define PG_TN_KC 128
 /* Panels a product of at most PG_TN_KC steps needs for its blocks' values of a to be
-   copied together (see gemm_tn). */
+   copied together where the core reads them in place otherwise (see gemm_tn; the
+   measurements: docs/benchmarks.md, "Schedule rules"). */
 #define PG_TN_COPY_PANELS 8
 
 /* c[M, n] = a[K, M]^T @ packed[K, n] (accumulate: c + ...): a row-major as it lies (the
@@ -295,9 +296,10 @@ PG_NAME(gemm_tn)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t
            while the blocks pass over it. Only where the core is set to (AVX-512 on AMD's
            Zen 4, pg_tn_rows_in_place), and there only for products of more than
            PG_TN_KC steps or fewer than PG_TN_COPY_PANELS panels, where it measured faster
-           than copying (the rule and its measurements: schedule.weights_rows_in_place).
-           Elsewhere each pass reads a few bytes of every cache line of a it fetches, a
-           row apart, and the copy below runs faster. */
+           than copying (schedule.weights_rows_in_place; docs/benchmarks.md, "Schedule
+           rules"), and never for rows of a a multiple of 4 KiB apart, which all fall in
+           the same few cache sets. Elsewhere each pass reads a few bytes of every cache
+           line of a it fetches, a row apart, and the copy below runs faster. */
         for (ptrdiff_t p = 0; p < npanel; p++) {
             int ncols = (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
             ptrdiff_t m0 = 0;
