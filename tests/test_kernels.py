@@ -11,6 +11,7 @@ import pytest
 import lstmcy
 from lstmcy import reference
 from lstmcy._engine import dispatch as _dispatch
+from lstmcy._engine.saturation import CORRECTLY_ROUNDED_TANH_ONE_FROM
 
 
 def _special_and_sweep(dtype):
@@ -66,7 +67,6 @@ def _every_float32(lo, hi):
 
 
 PYTORCH_SIGMOID_ONE_FROM = 36.73680056967711  # 1 + exp(-x) rounds to 1 from here on
-CORRECTLY_ROUNDED_TANH_ONE_FROM = 19.061547465398498  # the first double whose tanh rounds to 1
 
 _SATURATED = {  # name: (test hook, true function, start of the saturated end)
     "sigmoid": ("_vector_sigmoid", _true_sigmoid, 0.0),

@@ -281,15 +281,15 @@ def test_float64_activations_saturate_where_pytorchs_do(flush):
 def test_the_tanh_saturation_point_follows_mkls_code():
     # PyTorch's float64 tanh is MKL's; its AVX-512 code, run on Intel CPUs with AVX-512
     # unless MKL_ENABLE_INSTRUCTIONS names an older set, reaches 1 later.
-    from lstmcy._engine.saturation import TANH_ONE_FROM, TANH_ONE_FROM_MKL_AVX512, tanh_one_from
+    from lstmcy._engine.saturation import (CORRECTLY_ROUNDED_TANH_ONE_FROM, TANH_ONE_FROM,
+                                           TANH_ONE_FROM_MKL_AVX512, tanh_one_from)
     assert tanh_one_from("GenuineIntel", True) == TANH_ONE_FROM_MKL_AVX512
     assert tanh_one_from("GenuineIntel", True, "avx512_e1") == TANH_ONE_FROM_MKL_AVX512
     assert tanh_one_from("GenuineIntel", True, "AVX2") == TANH_ONE_FROM
     assert tanh_one_from("GenuineIntel", False) == TANH_ONE_FROM
     assert tanh_one_from("AuthenticAMD", True) == TANH_ONE_FROM
     assert tanh_one_from(None, None) == TANH_ONE_FROM
-    assert 19.061547465398498 < TANH_ONE_FROM < TANH_ONE_FROM_MKL_AVX512  # both after the
-    # correctly rounded point, the first double whose tanh rounds to 1
+    assert CORRECTLY_ROUNDED_TANH_ONE_FROM < TANH_ONE_FROM < TANH_ONE_FROM_MKL_AVX512
 
 
 @pytest.mark.parametrize("point", ["intel-avx512", "elsewhere"])
@@ -303,8 +303,10 @@ def test_the_kernels_tanh_saturates_at_the_point_they_are_set_to(point):
     finally:
         dispatch.set_cpu_facts(dispatch.kernels, dispatch.KERNELS)
     assert tanh[0] == 1 - 2.0 ** -53 and tanh[1] == 1.0
-    for bad in (float("nan"), 19.0, 19.061547465398494, 20.0):
-        with pytest.raises(ValueError, match="x: expected a point from 19.061547465398498"):
+    below = np.nextafter(saturation.CORRECTLY_ROUNDED_TANH_ONE_FROM, 0)
+    for bad in (float("nan"), 19.0, below, 20.0):
+        with pytest.raises(ValueError, match="x: expected a point from "
+                           + repr(saturation.CORRECTLY_ROUNDED_TANH_ONE_FROM)):
             dispatch.kernels.set_tanh_one_from(bad)
     assert dispatch.kernels.get_tanh_one_from() == saturation.tanh_one_from(
         dispatch.cpu_vendor_family()[0], dispatch.cpu_features().get("AVX512F"),

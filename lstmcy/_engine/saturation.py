@@ -13,9 +13,12 @@ older code, as measured for AVX2); other settings that pin MKL's code path (such
 ``MKL_CBWR``) and PyTorch builds without MKL are not followed.
 """
 
+#: The first double whose correctly rounded float64 tanh is 1 (no point of PyTorch's is
+#: below it; ``set_tanh_one_from`` refuses one that is).
+CORRECTLY_ROUNDED_TANH_ONE_FROM = 19.061547465398498
 #: The first double whose float64 tanh is exactly 1 in PyTorch: MKL's code on AMD CPUs,
-#: on CPUs without AVX-512 and under MKL_ENABLE_INSTRUCTIONS=AVX2 (about 7e-11 above the
-#: correctly rounded tanh's point, 19.061547465398498).
+#: on CPUs without AVX-512 and under MKL_ENABLE_INSTRUCTIONS=AVX2 (about 7e-11 above
+#: CORRECTLY_ROUNDED_TANH_ONE_FROM).
 TANH_ONE_FROM = 19.061547465468465
 #: The same with MKL's AVX-512 code (Intel CPUs with AVX-512F).
 TANH_ONE_FROM_MKL_AVX512 = 19.061555615949707

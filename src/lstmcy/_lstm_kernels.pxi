@@ -301,8 +301,8 @@ def set_tanh_one_from(double x):
     """Make the float64 tanh exactly 1 from ``x`` on (below it, 1 - 2**-53 at most), as
     PyTorch's is on this CPU (lstmcy._engine.saturation); the float32 tanh is unchanged.
     Process-wide: set it at import, or in a test while no call runs."""
-    # From the first double whose correctly rounded tanh is 1: below it "exactly 1 from x
-    # on" could not hold.
+    # From the first double whose correctly rounded tanh is 1 (saturation's
+    # CORRECTLY_ROUNDED_TANH_ONE_FROM): below it "exactly 1 from x on" could not hold.
     if not 19.061547465398498 <= x < 20.0:
         raise ValueError(f"x: expected a point from 19.061547465398498 (where the correctly "
                          f"rounded tanh reaches 1) to 20, got {x!r}")
