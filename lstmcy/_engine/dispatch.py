@@ -12,6 +12,7 @@ beyond the instruction set (``set_weights_rows_in_place``; the rule is
 where PyTorch's float64 tanh reaches 1 on it (``set_tanh_one_from``;
 :func:`lstmcy._engine.saturation.tanh_one_from`).
 """
+import functools
 import importlib
 import os
 import platform
@@ -37,9 +38,11 @@ def cpu_features():
     return {}
 
 
+@functools.lru_cache(maxsize=1)
 def cpu_vendor_family():
     """(vendor, family) of this CPU as CPUID gives them, e.g. ``("AuthenticAMD", 25)``;
-    each None where the operating system does not say."""
+    each None where the operating system does not say (read once: every build loaded
+    asks)."""
     try:
         with open("/proc/cpuinfo") as f:  # Linux: the first processor's lines
             info = {}
