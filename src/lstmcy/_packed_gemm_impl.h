@@ -189,23 +189,33 @@ PG_NAME(pack)(const PG_T *w, ptrdiff_t ldw, int trans, ptrdiff_t K, ptrdiff_t n0
               ptrdiff_t n, PG_T *out)
 {
     ptrdiff_t npanel = (n + PG_NR - 1) / PG_NR;
-    for (ptrdiff_t p = 0; p < npanel; p++) {
-        PG_T *dst = out + p * K * PG_NR;
-        int width = (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
-        if (trans) {  /* column j of the panel is row n0 + col of W: read it contiguously */
-            PG_NAME(transpose)(w + (n0 + p * PG_NR) * ldw, ldw, K, width, PG_NR, dst);
-            for (int j = width; j < PG_NR; j++)
-                for (ptrdiff_t k = 0; k < K; k++)
-                    dst[k * PG_NR + j] = 0;
-        } else {  /* row k of the panel is a contiguous piece of row k of W */
-            for (ptrdiff_t k = 0; k < K; k++) {
-                const PG_T *src = w + k * ldw + n0 + p * PG_NR;
-                for (int j = 0; j < width; j++)
-                    dst[k * PG_NR + j] = src[j];
-                for (int j = width; j < PG_NR; j++)
-                    dst[k * PG_NR + j] = 0;
+    if (!trans) {
+        /* Row k of every panel is a contiguous piece of row k of W: W is read once, row
+           by row as it lies, each row's pieces going to row k of every panel (a panel at a
+           time would read a few cache lines of each row of W, a row apart, and runs up to
+           twice as long where W is not in L2; docs/benchmarks.md, "Schedule rules"). */
+        ptrdiff_t full = n / PG_NR;
+        int rest = (int)(n - full * PG_NR);
+        for (ptrdiff_t k = 0; k < K; k++) {
+            const PG_T *src = w + k * ldw + n0;
+            for (ptrdiff_t p = 0; p < full; p++)
+                memcpy(out + (p * K + k) * PG_NR, src + p * PG_NR, PG_NR * sizeof(PG_T));
+            if (rest > 0) {
+                PG_T *dst = out + (full * K + k) * PG_NR;
+                for (int j = 0; j < PG_NR; j++)
+                    dst[j] = j < rest ? src[full * PG_NR + j] : 0;
             }
         }
+        return;
+    }
+    for (ptrdiff_t p = 0; p < npanel; p++) {
+        /* column j of the panel is row n0 + col of W: read it contiguously */
+        PG_T *dst = out + p * K * PG_NR;
+        int width = (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
+        PG_NAME(transpose)(w + (n0 + p * PG_NR) * ldw, ldw, K, width, PG_NR, dst);
+        for (int j = width; j < PG_NR; j++)
+            for (ptrdiff_t k = 0; k < K; k++)
+                dst[k * PG_NR + j] = 0;
     }
 }
 
@@ -264,6 +274,19 @@ PG_NAME(gemm)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t ld
     PG_NAME(gemm2)(M, n, K, a, lda, packed, 0, NULL, 0, NULL, c, ldc, accumulate);
 }
 
+/* Asks the cache for c[r, :ncols] for r < mr (rows ldc apart, every cache line of each),
+   to be written: the sums a later call of gemm_tn's copying loop starts from. */
+static inline void
+PG_NAME(prefetch_rows)(int mr, const PG_T *c, ptrdiff_t ldc, int ncols)
+{
+    for (int r = 0; r < mr; r++) {
+        const char *row = (const char *)(c + r * ldc);
+        for (int off = 0; off < ncols * (int)sizeof(PG_T); off += 64)
+            __builtin_prefetch(row + off, 1, 3);
+        __builtin_prefetch(c + r * ldc + ncols - 1, 1, 3);
+    }
+}
+
 /* Steps of k per pass of a block of rows over the panels, when its values of a are copied
    together first (see gemm_tn). */
 #define PG_TN_KC 128
@@ -271,6 +294,13 @@ PG_NAME(gemm)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t ld
    copied together where the core reads them in place otherwise (see gemm_tn; the
    measurements: docs/benchmarks.md, "Schedule rules"). */
 #define PG_TN_COPY_PANELS 8
+/* Panels ahead whose sums gemm_tn's copying loop asks the cache for: a block of rows'
+   sums outgrow L2 when the gradients' accumulators do (a block of 256 gate rows of a
+   1,300-column dW is 1.3 MB, read and written again for every chunk), and without the
+   prefetch each call waits for its sums from L3. 12 / PG_MR panels: about the same time
+   ahead on every build, a call of PG_MR rows taking time in proportion to PG_MR (the
+   measurements: docs/benchmarks.md, "Schedule rules"). */
+#define PG_TN_PREFETCH (12 / PG_MR)
 
 /* c[M, n] = a[K, M]^T @ packed[K, n] (accumulate: c + ...): a row-major as it lies (the
    gate gradients of a chunk of rows, for a block of gate rows), packed by pack (the
@@ -326,6 +356,11 @@ PG_NAME(gemm_tn)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t
                     apack[k * mr + r] = a[(k0 + k) * lda + m0 + r];
             for (ptrdiff_t p = 0; p < npanel; p++) {
                 int ncols = (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
+                ptrdiff_t ahead = p + PG_TN_PREFETCH;
+                if (acc && ahead < npanel)
+                    PG_NAME(prefetch_rows)(mr, c + m0 * ldc + ahead * PG_NR, ldc,
+                                           (int)(n - ahead * PG_NR < PG_NR ? n - ahead * PG_NR
+                                                                           : PG_NR));
                 PG_NAME(rows)(1, mr, kc, apack, mr, packed + (p * K + k0) * PG_NR, 0, NULL,
                               0, NULL, c + m0 * ldc + p * PG_NR, ldc, ncols, acc);
             }
@@ -335,6 +370,7 @@ PG_NAME(gemm_tn)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t
 }
 #undef PG_TN_KC
 #undef PG_TN_COPY_PANELS
+#undef PG_TN_PREFETCH
 
 static ptrdiff_t PG_NAME(packed_len)(ptrdiff_t n, ptrdiff_t K)
 {
