@@ -29,8 +29,8 @@ cdef extern from "_packed_gemm.h" nogil:
 cdef inline void pack(const floating *w, Py_ssize_t ldw, bint trans, Py_ssize_t K,
                       Py_ssize_t n0, Py_ssize_t n, floating *out) noexcept nogil:
     """Pack columns ``[n0, n0 + n)`` of ``op(W)`` (``W^T`` when ``trans``; ``K`` rows) into
-    ``out``, panel by panel; a panel's columns and their place in ``out`` depend only on
-    the panel's index, so pieces of the columns may be packed apart (see panel_width)."""
+    ``out`` in panels; a panel's columns and their place in ``out`` depend only on the
+    panel's index, so pieces of the columns may be packed apart (see panel_width)."""
     if floating is float:
         pg_s_pack(w, ldw, trans, K, n0, n, out)
     else:

@@ -298,8 +298,8 @@ PG_NAME(prefetch_rows)(int mr, const PG_T *c, ptrdiff_t ldc, int ncols)
    sums outgrow L2 when the gradients' accumulators do (a block of 256 gate rows of a
    1,300-column dW is 1.3 MB, read and written again for every chunk), and without the
    prefetch each call waits for its sums from L3. 12 / PG_MR panels: about the same time
-   ahead on every build, a call of PG_MR rows taking time in proportion to PG_MR (the
-   measurements: docs/benchmarks.md, "Schedule rules"). */
+   ahead on the AVX2 and AVX-512 builds, whose calls of PG_MR rows take time in proportion
+   to PG_MR (the measurements: docs/benchmarks.md, "Schedule rules"). */
 #define PG_TN_PREFETCH (12 / PG_MR)
 
 /* c[M, n] = a[K, M]^T @ packed[K, n] (accumulate: c + ...): a row-major as it lies (the
