@@ -11,6 +11,13 @@
 #define PG_EVERY_MR(CASE) CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6)
 #endif
 
+/* Columns of panel p of an n-column matrix: PG_NR, or fewer in the last panel. */
+static inline int
+PG_NAME(panel_cols)(ptrdiff_t n, ptrdiff_t p)
+{
+    return (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
+}
+
 /* c[:PG_NR] = (lo, hi), or c[:PG_NR] += (lo, hi) when accumulating: one full panel's
    columns of one row. */
 static inline __attribute__((always_inline)) void
@@ -188,7 +195,6 @@ static void
 PG_NAME(pack)(const PG_T *w, ptrdiff_t ldw, int trans, ptrdiff_t K, ptrdiff_t n0,
               ptrdiff_t n, PG_T *out)
 {
-    ptrdiff_t npanel = (n + PG_NR - 1) / PG_NR;
     if (!trans) {
         /* Row k of every panel is a contiguous piece of row k of W: W is read once, row
            by row as it lies, each row's pieces going to row k of every panel (a panel at a
@@ -208,10 +214,11 @@ PG_NAME(pack)(const PG_T *w, ptrdiff_t ldw, int trans, ptrdiff_t K, ptrdiff_t n0
         }
         return;
     }
+    ptrdiff_t npanel = (n + PG_NR - 1) / PG_NR;
     for (ptrdiff_t p = 0; p < npanel; p++) {
         /* column j of the panel is row n0 + col of W: read it contiguously */
         PG_T *dst = out + p * K * PG_NR;
-        int width = (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
+        int width = PG_NAME(panel_cols)(n, p);
         PG_NAME(transpose)(w + (n0 + p * PG_NR) * ldw, ldw, K, width, PG_NR, dst);
         for (int j = width; j < PG_NR; j++)
             for (ptrdiff_t k = 0; k < K; k++)
@@ -251,7 +258,7 @@ PG_NAME(gemm2)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t l
         }
     }
     for (; p < npanel; p++) {
-        int ncols = (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
+        int ncols = PG_NAME(panel_cols)(n, p);
         const PG_T *panel = packed + p * K * PG_NR;
         const PG_T *panel2 = K2 > 0 ? packed2 + p * K2 * PG_NR : NULL;
         ptrdiff_t m0 = 0;
@@ -331,7 +338,7 @@ PG_NAME(gemm_tn)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t
            the same few cache sets. Elsewhere each pass reads a few bytes of every cache
            line of a it fetches, a row apart, and the copy below runs faster. */
         for (ptrdiff_t p = 0; p < npanel; p++) {
-            int ncols = (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
+            int ncols = PG_NAME(panel_cols)(n, p);
             ptrdiff_t m0 = 0;
             for (ptrdiff_t blk = 0; blk < nblock; blk++) {
                 int mr = (int)((M - m0) / (nblock - blk));
@@ -355,12 +362,11 @@ PG_NAME(gemm_tn)(ptrdiff_t M, ptrdiff_t n, ptrdiff_t K, const PG_T *a, ptrdiff_t
                 for (int r = 0; r < mr; r++)
                     apack[k * mr + r] = a[(k0 + k) * lda + m0 + r];
             for (ptrdiff_t p = 0; p < npanel; p++) {
-                int ncols = (int)(n - p * PG_NR < PG_NR ? n - p * PG_NR : PG_NR);
+                int ncols = PG_NAME(panel_cols)(n, p);
                 ptrdiff_t ahead = p + PG_TN_PREFETCH;
                 if (acc && ahead < npanel)
                     PG_NAME(prefetch_rows)(mr, c + m0 * ldc + ahead * PG_NR, ldc,
-                                           (int)(n - ahead * PG_NR < PG_NR ? n - ahead * PG_NR
-                                                                           : PG_NR));
+                                           PG_NAME(panel_cols)(n, ahead));
                 PG_NAME(rows)(1, mr, kc, apack, mr, packed + (p * K + k0) * PG_NR, 0, NULL,
                               0, NULL, c + m0 * ldc + p * PG_NR, ldc, ncols, acc);
             }
