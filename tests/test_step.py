@@ -51,7 +51,7 @@ def test_step_is_bitwise_the_full_path(B, I, H, dtype, n_threads):
     dh = rng.standard_normal((B, H)).astype(dtype)
     dc = rng.standard_normal((B, H)).astype(dtype)
     for want_dx, want_dparams in [(True, True), (False, True), (True, False)]:
-        dx, dh0, dc0, dw_ih, dw_hh, db = _step.backward(
+        dx, dh0, dc0, dparams = _step.backward(
             plan, shape, x, h, c, params[0], params[1], saved, dh, dc, want_dx, want_dparams)
         fdx, fdh0, fdc0, fdparams = _engine.backward(
             p, full_saved, dh[None], None, dc[None],
@@ -62,10 +62,12 @@ def test_step_is_bitwise_the_full_path(B, I, H, dtype, n_threads):
         else:
             assert dx is None
         if want_dparams:
+            assert dparams.shape == (4 * H * (I + H + 1),)
+            dw_ih, dw_hh, db = _step.split_dparams(dparams, I, H)
             for ours, full in zip((dw_ih, dw_hh, db, db), fdparams):
-                assert np.array_equal(ours, full)
+                assert ours.shape == full.shape and np.array_equal(ours, full)
         else:
-            assert dw_ih is None and dw_hh is None and db is None
+            assert dparams is None
     # No output gradients: zeros for dh, dc.
     _, dh0, dc0, *_ = _step.backward(plan, shape, x, h, c, params[0], params[1], saved,
                                      None, None, False, False)

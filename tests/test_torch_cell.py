@@ -63,14 +63,35 @@ def test_unrolled_steps_match_nn_lstmcell_float64(bias, batch, with_states):
         assert_close(a, b, what=name)
 
 
+def _names(node):
+    return [None if fn is None else type(fn).__name__ for fn, _ in node.next_functions]
+
+
 def test_one_autograd_node_per_step():
+    """A step is one node; every step of a module sends its parameters' gradients through
+    the module's one parameters node, whose edges are the parameters' own."""
     ours, _ = cell_pair()
     x = torch.randn(2, 5, dtype=F64, requires_grad=True)
     h, c = ours(x)
     assert type(h.grad_fn).__name__ == "_CellStepBackward"
     assert h.grad_fn is c.grad_fn
-    assert {type(fn).__name__ for fn, _ in h.grad_fn.next_functions if fn is not None} <= {
-        "AccumulateGrad"}
+    # x, h0, c0 (zeros: no node), the parameters' node.
+    assert _names(h.grad_fn) == ["AccumulateGrad", None, None, "_StepParametersBackward"]
+    params_node = h.grad_fn.next_functions[3][0]
+    assert [fn.variable for fn, _ in params_node.next_functions] == list(ours.parameters())
+    h2, _ = ours(x, (h, c))
+    assert h2.grad_fn.next_functions[3][0] is params_node
+    assert h2.grad_fn.next_functions[1][0] is h.grad_fn
+    # Another parameter, or another requires_grad flag: another parameters node.
+    ours.bias_hh.requires_grad_(False)
+    h3, _ = ours(x, (h2, c))
+    other = h3.grad_fn.next_functions[3][0]
+    assert other is not params_node
+    assert _names(other) == ["AccumulateGrad", "AccumulateGrad", "AccumulateGrad", None]
+    ours.weight_ih = nn.Parameter(ours.weight_ih.detach().clone())
+    h4, _ = ours(x, (h3, c))
+    assert h4.grad_fn.next_functions[3][0] is not other
+    assert h4.grad_fn.next_functions[3][0].next_functions[0][0].variable is ours.weight_ih
 
 
 def _general(module, x, hx):
@@ -78,7 +99,7 @@ def _general(module, x, hx):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
-@pytest.mark.parametrize("batch", [1, 3, 64])
+@pytest.mark.parametrize("batch", [1, 3, 64, 512])
 @pytest.mark.parametrize("bias", [True, False])
 def test_fast_step_is_bitwise_the_general_route(dtype, batch, bias):
     ours, _ = cell_pair(16, 32, bias=bias, dtype=dtype)
@@ -98,7 +119,11 @@ def test_fast_step_is_bitwise_the_general_route(dtype, batch, bias):
     fast, general = results
     for a, b in zip(fast, general):
         assert torch.equal(a, b)
-    # The small steps ran on the kernel objects (the largest on the layer calls).
+    # The small steps ran on the kernel objects (the larger on the layer calls: B = 64
+    # its backward, B = 512 both).
+    if batch == 512:
+        assert ours._step_kernel is None
+        return
     plan = ours._step_kernel[3]
     key = (batch, 16, 32, np.dtype(str(dtype).split(".")[1]), True, True)
     assert (key in plan._step_kernels) == (batch < 64)
@@ -168,6 +193,74 @@ def test_copies_compute_with_their_own_weights():
                 p.mul_(2.0)
             for a, b in zip(twin(x), nn.LSTMCell.forward(twin, x)):
                 assert_close(a, b)
+
+
+def test_copies_train_their_own_parameters():
+    """A copy made after training steps sends its gradients to its own parameters (the
+    original's parameters tensor is not copied)."""
+    import copy
+    ours, _ = cell_pair()
+    x = torch.randn(2, 5, dtype=F64)
+    ours(x)[0].sum().backward()
+    before = [p.grad.clone() for p in ours.parameters()]
+    twin = copy.deepcopy(ours)
+    twin.zero_grad(set_to_none=True)
+    h, _ = twin(x)
+    h.sum().backward()
+    assert all(p.grad is not None for p in twin.parameters())
+    assert all(torch.equal(p.grad, b) for p, b in zip(ours.parameters(), before))
+
+
+def test_parameter_hooks_see_the_steps_sum_once():
+    """As with nn.LSTMCell: a hook on a parameter runs once per backward pass, on the sum
+    of every step's gradient; a retained graph's second pass adds the same again."""
+    ours, ref = cell_pair()
+    xs = torch.randn(4, 2, 5, dtype=F64)
+    calls = {id(m): [] for m in (ours, ref)}
+    for module in (ours, ref):
+        module.weight_hh.register_hook(lambda g, k=id(module): calls[k].append(g.clone()))
+        h = c = torch.zeros(2, 7, dtype=F64)
+        for x in xs:
+            h, c = module(x, (h, c))
+        loss = (h ** 2).sum() + c.sum()
+        loss.backward(retain_graph=True)
+        first = module.weight_hh.grad.clone()
+        loss.backward()
+        assert_close(module.weight_hh.grad, 2 * first)
+    assert len(calls[id(ours)]) == len(calls[id(ref)]) == 2
+    for a, b in zip(calls[id(ours)], calls[id(ref)]):
+        assert_close(a, b)
+
+
+def test_threads_train_one_cell_at_once():
+    """Threads unrolling and differentiating one module at once (its parameters' node and
+    kernel objects shared) each get the gradients of a run alone, bitwise."""
+    import threading
+    ours, _ = cell_pair(8, 16, dtype=torch.float32)
+    xs = torch.randn(6, 3, 8)
+
+    def gradients():
+        h = c = torch.zeros(3, 16)
+        for x in xs:
+            h, c = ours(x, (h, c))
+        return torch.autograd.grad((h ** 2).sum() + c.sum(), list(ours.parameters()))
+
+    expected = gradients()
+    failures = []
+
+    def work():
+        for _ in range(50):
+            if not all(torch.equal(a, b) for a, b in zip(gradients(), expected)):
+                failures.append("differs")
+                return
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a training thread did not finish"
+    assert not failures
 
 
 def test_in_place_change_before_backward_is_refused():
@@ -245,6 +338,26 @@ def test_second_derivatives_and_gradcheck():
         assert_close(a, b)
     assert torch.autograd.gradcheck(lambda x, h, c: ours(x, (h, c)), (x, *hx))
     assert torch.autograd.gradgradcheck(lambda x, h, c: ours(x, (h, c)), (x, *hx))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_second_derivatives_through_the_parameters(bias):
+    """A penalty on the parameters' gradients of three unrolled steps (the steps'
+    parameter gradients differentiable through the parameters node), as nn.LSTMCell's."""
+    ours, ref = cell_pair(3, 4, bias=bias)
+    gen = torch.Generator().manual_seed(8)
+    xs = torch.randn(3, 2, 3, generator=gen, dtype=F64, requires_grad=True)
+    results = []
+    for module in (ours, ref):
+        h = c = torch.zeros(2, 4, dtype=F64)
+        for x in xs:
+            h, c = module(x, (h, c))
+        params = list(module.parameters())
+        g = torch.autograd.grad((h ** 2).sum() + c.sum(), params, create_graph=True)
+        penalty = sum((t ** 2).sum() for t in g)
+        results.append(g + torch.autograd.grad(penalty, [xs, *params]))
+    for a, b in zip(*results):
+        assert_close(a, b)
 
 
 def test_torch_func_per_sample_gradients_and_jvp():

@@ -167,13 +167,14 @@ def _one_step_training(lstm, x, hx, grads_out, inputs):
     return (y, h_n, c_n) + grads
 
 
-@pytest.mark.parametrize("B, I, H", SIZES + [(64, 16, 32)])
+@pytest.mark.parametrize("B, I, H", SIZES + [(64, 16, 32), (512, 16, 32)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("batch_first", [False, True])
 @pytest.mark.parametrize("bias", [True, False])
 def test_lstm_one_step_training_is_the_eager_route(B, I, H, dtype, batch_first, bias):
-    """A one-step call with gradients runs as the cell's autograd node, with the eager
-    route's values and gradients, bitwise (B = 64: its backward on the layer call)."""
+    """A one-step call with gradients runs as one autograd node, with the eager route's
+    values and gradients, bitwise (B = 64: its backward on the layer call; B = 512: its
+    forward too)."""
     torch.manual_seed(4)
     lstm = lt.LSTM(I, H, bias=bias, batch_first=batch_first, dtype=dtype)
     gen = torch.Generator().manual_seed(5)
@@ -192,7 +193,11 @@ def test_lstm_one_step_training_is_the_eager_route(B, I, H, dtype, batch_first, 
             for a, b in zip(ours, full):
                 assert a.shape == b.shape and torch.equal(a, b)
     y, (h_n, c_n) = lstm(x, hx)
-    assert type(h_n.grad_fn.next_functions[0][0]).__name__ == "_CellStepBackward"
+    # One node, whose outputs are the call's three tensors.
+    assert type(h_n.grad_fn).__name__ == ("_BatchFirstStepBackward" if batch_first
+                                          else "_SequenceStepBackward")
+    assert y.grad_fn is h_n.grad_fn is c_n.grad_fn
+    assert y.shape == x.shape[:2] + (H,) and h_n.shape == c_n.shape == (1, B, H)
     assert y.data_ptr() != h_n.data_ptr()  # two tensors, as aten::lstm's
     with torch.no_grad():
         y.mul_(2)

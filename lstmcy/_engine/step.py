@@ -29,8 +29,8 @@ from lstmcy._engine.validation import _NATIVE_FLOATS as _FLOATS
 from lstmcy._engine.validation import _cached, check_problem, to_compute
 
 __all__ = ["StepShape", "step_shape", "fits_step_kernel", "fits_step_backward", "step_kernel",
-           "step_backward_kernel", "forward", "backward", "backward_on_kernel", "plan_step",
-           "one_step_inference"]
+           "step_backward_kernel", "forward", "backward", "backward_on_kernel", "split_dparams",
+           "plan_step", "one_step_inference"]
 
 
 class StepShape:
@@ -209,8 +209,9 @@ def backward(plan, shape, x, h0, c0, w_ih, w_hh, saved_block, dh, dc, want_dx, w
     dx : ndarray [B, I] or None
         None unless ``want_dx``.
     dh0, dc0 : ndarray [B, H]
-    dw_ih, dw_hh, db : ndarray [4H, I], [4H, H], [4H] or None
-        None unless ``want_dparams`` (``db`` is the gradient of either bias).
+    dparams : ndarray [4H (I + H + 1)] or None
+        None unless ``want_dparams``: the gradients of ``w_ih``, ``w_hh`` and of either
+        bias, flattened one after the other (:func:`split_dparams` gives them back).
     """
     out = backward_on_kernel(plan, shape, x, h0, c0, w_ih, w_hh, saved_block, dh, dc,
                              want_dx, want_dparams)
@@ -233,10 +234,8 @@ def backward(plan, shape, x, h0, c0, w_ih, w_hh, saved_block, dh, dc, want_dx, w
     dy = _zeros(B, H, dtype) if dh is None else dh
     dx = plan._results.empty((B, I), dtype) if want_dx else _empty((0, I), dtype)
     if want_dparams:
-        grads = plan._results.empty((4 * H * (I + H + 1),), dtype)
-        dw_ih = grads[:4 * H * I].reshape(1, 4 * H, I)
-        dw_hh = grads[4 * H * I:4 * H * (I + H)].reshape(1, 4 * H, H)
-        db = grads[4 * H * (I + H):].reshape(1, 4 * H)
+        dparams = plan._results.empty((4 * H * (I + H + 1),), dtype)
+        dw_ih, dw_hh, db = (grad[np.newaxis] for grad in split_dparams(dparams, I, H))
     else:
         dw_ih, dw_hh, db = _empty((1, 0, I), dtype), _empty((1, 0, H), dtype), \
             _empty((1, 0), dtype)
@@ -247,9 +246,16 @@ def backward(plan, shape, x, h0, c0, w_ih, w_hh, saved_block, dh, dc, want_dx, w
             (h0[np.newaxis], c0[np.newaxis], dh_state, dc_state), saved,
             (dw_ih, dw_hh, db, _empty((1, 0, H), dtype)), (sizes, start))
     _kernel_run(plan, setup, p, args)
-    if not want_dparams:
-        return (dx if want_dx else None), dh_state[0], dc_state[0], None, None, None
-    return (dx if want_dx else None), dh_state[0], dc_state[0], dw_ih[0], dw_hh[0], db[0]
+    return ((dx if want_dx else None), dh_state[0], dc_state[0],
+            dparams if want_dparams else None)
+
+
+def split_dparams(dparams, I, H):
+    """Views ``dw_ih [4H, I]``, ``dw_hh [4H, H]``, ``db [4H]`` of a step's flat parameter
+    gradients ``dparams [4H (I + H + 1)]`` (:func:`backward`'s; an ndarray or a tensor)."""
+    G = 4 * H
+    return (dparams[:G * I].reshape(G, I), dparams[G * I:G * (I + H)].reshape(G, H),
+            dparams[G * (I + H):])
 
 
 _constants = {}

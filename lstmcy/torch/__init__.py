@@ -385,6 +385,7 @@ class LSTM(nn.LSTM):
         # its own.
         state = dict(super().__getstate__())
         state["_step_views"] = state["_step_last"] = state["_step_kernel"] = None
+        state.pop("_step_params", None)  # a non-leaf tensor: kept only for these views
         return state
 
     def _weights(self):
@@ -634,9 +635,10 @@ class LSTM(nn.LSTM):
         return torch.from_numpy(y), (h_n, c_n)
 
     def _training_step(self, input, hx, B, H):
-        """:meth:`_one_step` with gradients (``input`` one step of ``B`` rows): the cell's
-        autograd node on the step of ``input[0]`` (``input[:, 0]`` batch first), or None
-        where the call is not the plain case."""
+        """:meth:`_one_step` with gradients (``input`` one step of ``B`` rows): one
+        autograd node (:class:`lstmcy.torch._cell._SequenceStep`) whose three outputs
+        are ``output``, ``h_n`` and ``c_n``, or None where the call is not the plain
+        case."""
         if self._backward_hooks:  # Opacus's per-sample hooks, among others: the full path
             return None
         weights = self._weights()
@@ -646,12 +648,10 @@ class LSTM(nn.LSTM):
         states = _step.plain_states(hx, input.dtype, (1, B, H))
         if states is None:
             return None
-        h0, c0 = (None, None) if hx is None else (states[0][0], states[1][0])
-        h1, c1 = training_step(self, input[:, 0] if self.batch_first else input[0], h0, c0,
-                               weights, views)
-        # The output is a tensor of its own, as aten::lstm's (h_n is not a view of it).
-        output = h1.unsqueeze(1 if self.batch_first else 0).clone()
-        return output, (h1.unsqueeze(0), c1.unsqueeze(0))
+        h0, c0 = states
+        output, h_n, c_n = training_step(self, input, h0, c0, weights, views,
+                                         bool(self.batch_first))
+        return output, (h_n, c_n)
 
     def _run(self, data, batch_sizes, hx, weights, per_sample=None):
         cfg = _call_config(self, batch_sizes is None)

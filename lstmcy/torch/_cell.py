@@ -43,113 +43,228 @@ def _np(tensor):
                       None)
 
 
-class _CellStep(torch.autograd.Function):
-    """``(x, h0, c0, w_ih, w_hh, b_ih, b_hh) -> (h1, c1)``: one step of lstmcy's forward,
-    its backward from the saved activations.
+class _StepParameters(torch.autograd.Function):
+    """``((I, H), w_ih, w_hh[, b_ih, b_hh]) -> [4H (I + H + 1)]``: the tensor through which
+    a module's training steps send its parameters' gradients.
 
-    ``step`` is ``(shape, x, h0, c0, weights, kernel, plan)``: the step's
-    :class:`~lstmcy._engine.step.StepShape`, numpy views of the tensors (``weights``: the
-    module's two or four), the plan's ``StepForward`` of the shape (None where the step
-    does not fit one) and that plan, whose ``StepBackward`` takes the backward where the
-    step fits one. Elsewhere the step runs as the calling thread's plan's layer call
-    (``lstmcy._engine.step.forward`` / ``backward``), with the same bits."""
+    Each :class:`_CellStep` takes it as one input and returns one gradient for it, the
+    step's ``dparams`` (``dw_ih``, ``dw_hh``, ``db`` flattened:
+    :func:`lstmcy._engine.step.split_dparams`); autograd sums the steps' at this node,
+    whose backward splits the sum into the parameters' gradients (``db`` for either bias).
+
+    Design: one gradient a step for all the parameters costs autograd one output to check
+    and one addition a step, where one a parameter costs four of each and a copy of
+    ``db``. The module keeps the tensor (:func:`_parameters`) while its parameters are
+    the same: the node holds no state, so every backward pass runs it. The tensor's
+    values are never read (one element, expanded): the steps read the parameters
+    themselves, and save them, so that autograd refuses a backward after they change in
+    place.
+    """
 
     @staticmethod
-    def forward(ctx, step, x, h0, c0, w_ih, w_hh, b_ih, b_hh):
-        shape, xa, ha, ca, views, kernel, plan = step
-        out = None
-        if kernel is not None:
-            saved = np.empty(shape.saved_size, shape.dtype)
-            out = kernel.run(xa, (ha, ca), views, len(views), saved, _fpmode._flush)
-        if out is None:  # the layer call
-            bias = (views[2] + views[3] if len(views) == 4
-                    else _step._zeros(1, 4 * shape.H, shape.dtype)[0])
-            previous = _threadpool.use_omp(True)
-            try:
-                out = _step.forward(_thread_plan(), shape, xa, ha, ca, views[0], views[1],
-                                    bias, True)
-            finally:
-                _threadpool.use_omp(previous)
-            saved = out[2]
-        ctx.set_materialize_grads(False)
-        # Saved so that autograd refuses a backward after an in-place change.
-        ctx.save_for_backward(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
-        ctx.step, ctx.saved = step, saved
-        return torch.from_numpy(out[0]), torch.from_numpy(out[1])
+    def forward(ctx, sizes, *weights):
+        ctx.sizes = sizes
+        I, H = sizes
+        return weights[0].new_empty(1).expand(4 * H * (I + H + 1))
+
+    @staticmethod
+    def backward(ctx, dparams):
+        dw_ih, dw_hh, db = _step.split_dparams(dparams, *ctx.sizes)
+        needs = ctx.needs_input_grad  # sizes, w_ih, w_hh[, b_ih, b_hh]
+        grads = (None, dw_ih if needs[1] else None, dw_hh if needs[2] else None)
+        if len(needs) == 3:
+            return grads
+        # The biases' gradients are tensors of their own.
+        return grads + (db if needs[3] else None, db.clone() if needs[4] else None)
+
+
+def _parameters(module, weights, I, H):
+    """``module``'s :class:`_StepParameters` tensor of ``weights`` (its two or four
+    parameters, whose views :func:`lstmcy.torch._step.weight_views` has just checked):
+    the one kept on the module while it is of the same views and ``requires_grad``
+    flags, else a new one (kept, outside inference mode)."""
+    flags = tuple(w.requires_grad for w in weights)
+    views = module._step_views
+    kept = module.__dict__.get("_step_params")
+    if kept is not None and kept[0] is views and kept[1] == flags:
+        return kept[2]
+    params = _StepParameters.apply((I, H), *weights)
+    if not torch.is_inference_mode_enabled():
+        # In the instance's dict, as lstmcy.torch._step.remember's states.
+        module.__dict__["_step_params"] = (views, flags, params)
+    return params
+
+
+class _CellStep(torch.autograd.Function):
+    """``(x, h0, c0, params) -> (h1, c1)``: one step of lstmcy's forward, its backward from
+    the saved activations; ``params`` is the module's :class:`_StepParameters` tensor.
+
+    ``step`` is ``(shape, x, h0, c0, views, kernel, plan, weights)``: the step's
+    :class:`~lstmcy._engine.step.StepShape`, numpy views of the tensors (``views``: the
+    module's two or four parameters'), the plan's ``StepForward`` of the shape (None where
+    the step does not fit one), that plan, whose ``StepBackward`` takes the backward where
+    the step fits one, and the parameters. Elsewhere the step runs as the calling thread's
+    plan's layer call (``lstmcy._engine.step.forward`` / ``backward``), with the same
+    bits."""
+
+    @staticmethod
+    def forward(ctx, step, x, h0, c0, params):
+        return _forward(ctx, _torch_step._CELL, step, x, h0, c0)
 
     @staticmethod
     def backward(ctx, dh, dc):
-        x, h0, c0, w_ih, w_hh, b_ih, b_hh = ctx.saved_tensors
-        needs = ctx.needs_input_grad  # step, x, h0, c0, w_ih, w_hh, b_ih, b_hh
-        want_dx, want_dparams = needs[1], any(needs[4:])
-        if not (any(needs[1:4]) or want_dparams):
-            return (None,) * len(needs)
-        if (torch.is_grad_enabled() or _torch_step._transforms() is not None
-                or (dh is not None and _is_legacy_batched(dh))
-                or (dc is not None and _is_legacy_batched(dc))):
-            return (None,) + _differentiable_backward(
-                ctx.step[0].H, needs[1:], x, h0, c0, w_ih, w_hh, b_ih, b_hh,
-                torch.from_numpy(ctx.saved), dh, dc)
-        shape, xa, ha, ca, views, _, plan = ctx.step
-        dh, dc = None if dh is None else _np(dh), None if dc is None else _np(dc)
-        # The module's plan's kernel object, else the calling thread's plan.
-        out = _step.backward_on_kernel(plan, shape, xa, ha, ca, views[0], views[1], ctx.saved,
-                                       dh, dc, want_dx, want_dparams)
-        if out is None:
-            previous = _threadpool.use_omp(True)
-            try:
-                out = _step.backward(_thread_plan(), shape, xa, ha, ca, views[0], views[1],
-                                     ctx.saved, dh, dc, want_dx, want_dparams)
-            finally:
-                _threadpool.use_omp(previous)
-        dx, dh0, dc0, dw_ih, dw_hh, db = out
-        grads = (None, None if dx is None else torch.from_numpy(dx),
-                 torch.from_numpy(dh0) if needs[2] else None,
-                 torch.from_numpy(dc0) if needs[3] else None,
-                 torch.from_numpy(dw_ih) if needs[4] else None,
-                 torch.from_numpy(dw_hh) if needs[5] else None)
-        if b_ih is None:
-            return grads + (None, None)
-        db_tensor = torch.from_numpy(db) if want_dparams else None
-        return grads + (db_tensor if needs[6] else None,
-                        db_tensor.clone() if needs[7] else None)
+        return _backward(ctx, dh, dc)
 
 
-def training_step(module, x, h0, c0, weights, views):
-    """One step with gradients as one :class:`_CellStep` node: ``(h1, c1)`` ``[B, H]``.
+class _SequenceStep(_CellStep):
+    """:class:`_CellStep` of a one-step sequence call of the LSTM module: ``(x, h0, c0,
+    params) -> (y, h_n, c_n)``, ``x`` ``[1, B, I]`` (:class:`_BatchFirstStep`: ``[B, 1,
+    I]``), the states ``[1, B, H]``, ``y`` a copy of ``h_n`` in ``x``'s layout (the
+    step's arrays in ``step`` have these shapes too)."""
+
+    @staticmethod
+    def forward(ctx, step, x, h0, c0, params):
+        return _forward(ctx, _torch_step._TIME_MAJOR, step, x, h0, c0)
+
+    @staticmethod
+    def backward(ctx, dy, dh_n, dc_n):
+        # h1 is both y and h_n: its gradient is their sum (of two terms: the bits of
+        # either order, as autograd's sum of the two uses of h1 would be).
+        if dy is not None:
+            dy = dy.reshape(dy.shape[0] * dy.shape[1], dy.shape[2])
+        dh = dy if dh_n is None else dh_n[0] if dy is None else dy + dh_n[0]
+        return _backward(ctx, dh, None if dc_n is None else dc_n[0])
+
+
+class _BatchFirstStep(_SequenceStep):
+    """:class:`_SequenceStep` of a batch-first module: ``x`` and ``y`` ``[B, 1, I]``."""
+
+    @staticmethod
+    def forward(ctx, step, x, h0, c0, params):
+        return _forward(ctx, _torch_step._BATCH_FIRST, step, x, h0, c0)
+
+
+def _forward(ctx, layout, step, x, h0, c0):
+    """A step's new tensors: ``(h1, c1)`` for the cell's ``layout``, else ``(y, h_n,
+    c_n)``."""
+    shape, xa, ha, ca, views, kernel, plan, weights = step
+    out = None
+    if kernel is not None:
+        saved = np.empty(shape.saved_size, shape.dtype)
+        out = kernel.run(xa, (ha, ca), views, len(views), saved, _fpmode._flush, layout)
+    if out is None:  # the layer call
+        bias = (views[2] + views[3] if len(views) == 4
+                else _step._zeros(1, 4 * shape.H, shape.dtype)[0])
+        B, I, H = shape.B, shape.I, shape.H
+        previous = _threadpool.use_omp(True)
+        try:
+            h1, c1, saved = _step.forward(_thread_plan(), shape, xa.reshape(B, I),
+                                          ha.reshape(B, H), ca.reshape(B, H), views[0],
+                                          views[1], bias, True)
+        finally:
+            _threadpool.use_omp(previous)
+        out = (h1, c1) if layout == _torch_step._CELL else (
+            h1.reshape(xa.shape[:2] + (H,)), h1.copy()[None], c1[None])
+    ctx.set_materialize_grads(False)
+    # Saved so that autograd refuses a backward after an in-place change (the parameters
+    # too: the backward reads them).
+    ctx.save_for_backward(x, h0, c0, *weights)
+    ctx.step, ctx.saved = step, saved
+    return tuple(torch.from_numpy(a) for a in out)
+
+
+def _backward(ctx, dh, dc):
+    """A step's gradients ``(None, dx, dh0, dc0, dparams)`` from those of its new states
+    ``dh``, ``dc`` ``[B, H]`` (None: zeros), in the shapes of its inputs."""
+    x, h0, c0, *weights = ctx.saved_tensors
+    needs = ctx.needs_input_grad  # step, x, h0, c0, params
+    want_dx, want_dparams = needs[1], needs[4]
+    if not (needs[1] or needs[2] or needs[3] or want_dparams):
+        return (None,) * 5
+    shape = ctx.step[0]
+    B, I, H = shape.B, shape.I, shape.H
+    if (torch.is_grad_enabled() or _torch_step._transforms() is not None
+            or (dh is not None and _is_legacy_batched(dh))
+            or (dc is not None and _is_legacy_batched(dc))):
+        dx, dh0, dc0, dparams = _differentiable_backward(
+            H, needs[1:], x.reshape(B, I), h0.reshape(B, H), c0.reshape(B, H), weights,
+            torch.from_numpy(ctx.saved), dh, dc)
+        return (None, None if dx is None else dx.reshape(x.shape),
+                None if dh0 is None else dh0.reshape(h0.shape),
+                None if dc0 is None else dc0.reshape(c0.shape), dparams)
+    _, xa, ha, ca, views, _, plan, _ = ctx.step
+    xa, ha, ca = xa.reshape(B, I), ha.reshape(B, H), ca.reshape(B, H)
+    dh, dc = None if dh is None else _np(dh), None if dc is None else _np(dc)
+    # The module's plan's kernel object, else the calling thread's plan.
+    out = _step.backward_on_kernel(plan, shape, xa, ha, ca, views[0], views[1], ctx.saved,
+                                   dh, dc, want_dx, want_dparams)
+    if out is None:
+        previous = _threadpool.use_omp(True)
+        try:
+            out = _step.backward(_thread_plan(), shape, xa, ha, ca, views[0], views[1],
+                                 ctx.saved, dh, dc, want_dx, want_dparams)
+        finally:
+            _threadpool.use_omp(previous)
+    dx, dh0, dc0, dparams = out
+    return (None, None if dx is None else torch.from_numpy(dx.reshape(x.shape)),
+            torch.from_numpy(dh0.reshape(h0.shape)) if needs[2] else None,
+            torch.from_numpy(dc0.reshape(c0.shape)) if needs[3] else None,
+            None if dparams is None else torch.from_numpy(dparams))
+
+
+# Function.apply's Python part does, for a Function without setup_context, functorch's
+# check (plain_eager's, made first) and the unwrapping of dead functorch wrappers
+# (training_step's): the autograd node's own apply, bound once, saves that part's
+# microseconds on every step.
+_APPLY = {layout: super(torch.autograd.Function, node).apply
+          for layout, node in ((None, _CellStep), (False, _SequenceStep),
+                               (True, _BatchFirstStep))}
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+
+
+def training_step(module, x, h0, c0, weights, views, batch_first=None):
+    """One step with gradients as one autograd node: ``(h1, c1)`` ``[B, H]``
+    (:class:`_CellStep`), or with ``batch_first`` given ``(y, h_n, c_n)``
+    (:class:`_SequenceStep`).
 
     ``module`` is the cell, or a one-layer, one-direction LSTM module without projection
     stepped at ``T = 1`` (its kernel object is kept on it); ``x [B, I]``, ``h0``, ``c0``
-    ``[B, H]`` (None: zeros) plain CPU tensors of the weights' dtype, ``weights`` the
-    module's two or four parameters and ``views`` their arrays
+    ``[B, H]`` (None: zeros) plain CPU tensors of the weights' dtype (with
+    ``batch_first``: ``x [1, B, I]``, ``[B, 1, I]`` batch first, the states ``[1, B,
+    H]``), ``weights`` the module's two or four parameters and ``views`` their arrays
     (:func:`lstmcy.torch._step.weight_views`): the caller has checked them all, in plain
     eager mode."""
-    B, I, H = x.shape[0], module.input_size, module.hidden_size
-    shape = _step.step_shape(B, I, H, views[0].dtype)
+    I, H = module.input_size, module.hidden_size
+    B = x.shape[0] if batch_first is None or batch_first else x.shape[1]
+    dtype = views[0].dtype
+    shape = _step.step_shape(B, I, H, dtype)
+    x = _unwrap_if_dead(x)
     if h0 is None:
-        h0 = c0 = torch.zeros(B, H, dtype=x.dtype)
+        h0 = c0 = torch.zeros((B, H) if batch_first is None else (1, B, H), dtype=x.dtype)
+    else:
+        h0, c0 = _unwrap_if_dead(h0), _unwrap_if_dead(c0)
     if shape.kernel_key is not None:
-        kernel = _torch_step._kernel(module, B, I, H, views[0].dtype)
+        kernel = _torch_step._kernel(module, B, I, H, dtype)
         plan = module._step_kernel[3]
     else:
         kernel, plan = None, _thread_plan()
-    b_ih, b_hh = (weights[2], weights[3]) if len(weights) == 4 else (None, None)
-    return _CellStep.apply((shape, _np(x), _np(h0), _np(c0), views, kernel, plan), x, h0, c0,
-                           weights[0], weights[1], b_ih, b_hh)
+    return _APPLY[batch_first]((shape, _np(x), _np(h0), _np(c0), views, kernel, plan, weights),
+                               x, h0, c0, _parameters(module, weights, I, H))
 
 
-def _differentiable_backward(H, needs, x, h0, c0, w_ih, w_hh, b_ih, b_hh, saved, dh, dc):
-    """The step's gradients ``(dx, dh0, dc0, dw_ih, dw_hh, db_ih, db_hh)`` as the LSTM
-    module's eager backward gives them where they must be differentiable or vmapped: the
-    custom operator's backward (second derivatives, ``torch.func``), or the reference for
-    the legacy vmap. ``needs``: whether each of those is wanted."""
-    weights = [w_ih, w_hh] if b_ih is None else [w_ih, w_hh, b_ih, b_hh]
-    cfg = config_of(None, has_bias=b_ih is not None)  # one layer, one direction
+def _differentiable_backward(H, needs, x, h0, c0, weights, saved, dh, dc):
+    """The step's gradients ``(dx, dh0, dc0, dparams)`` as the LSTM module's eager backward
+    gives them where they must be differentiable or vmapped: the custom operator's
+    backward (second derivatives, ``torch.func``), or the reference for the legacy vmap.
+    ``needs``: whether each of those is wanted; ``dparams`` flat, as
+    :class:`_StepParameters` takes it (zeros for a cell without biases' ``db``)."""
+    has_bias = len(weights) == 4
+    cfg = config_of(None, has_bias=has_bias)  # one layer, one direction
     x3, h3, c3 = x.unsqueeze(0), h0.unsqueeze(0), c0.unsqueeze(0)
     # h1 is both the step's output y and h_n: its gradient goes in as dy.
     dy = None if dh is None else dh.unsqueeze(0)
     dc3 = None if dc is None else dc.unsqueeze(0)
-    output_mask = [needs[0], needs[1], needs[2], any(needs[3:])]
+    output_mask = [needs[0], needs[1], needs[2], needs[3]]
     if _lstm_module()._legacy_batched(dh, dc):
         dx, dh0, dc0, dweights = reference.gradients(cfg, H, x3, None, h3, c3,
                                                      weights, (), dy, None, dc3)
@@ -160,10 +275,11 @@ def _differentiable_backward(H, needs, x, h0, c0, w_ih, w_hh, b_ih, b_hh, saved,
     grads = (None if dx is None or not needs[0] else dx[0],
              None if dh0 is None or not needs[1] else dh0[0],
              None if dc0 is None or not needs[2] else dc0[0])
-    if dweights is None:
-        return grads + (None,) * 4
-    dweights = list(dweights) + [None] * (4 - len(dweights))
-    return grads + tuple(g if need else None for g, need in zip(dweights, needs[3:]))
+    if dweights is None or not needs[3]:
+        return grads + (None,)
+    dweights = [torch.zeros_like(w) if g is None else g for g, w in zip(dweights, weights)]
+    db = dweights[2] if has_bias else weights[0].new_zeros(4 * H)
+    return grads + (torch.cat([dweights[0].reshape(-1), dweights[1].reshape(-1), db]),)
 
 
 class LSTMCell(nn.LSTMCell):
@@ -225,6 +341,7 @@ class LSTMCell(nn.LSTMCell):
         state = dict(super().__getstate__())
         state["_step_views"] = state["_step_last"] = None
         state["_step_kernel"] = None
+        state.pop("_step_params", None)  # a non-leaf tensor: kept only for these views
         return state
 
     @property

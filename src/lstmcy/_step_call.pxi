@@ -366,10 +366,11 @@ cdef class StepBackward(BackwardLayer):
 
         Returns
         -------
-        (dx, dh0, dc0, dw_ih, dw_hh, db) or None
+        (dx, dh0, dc0, dparams) or None
             New arrays: ``dx [B, I]`` (None unless ``want_dx``), ``dh0``, ``dc0 [B, H]``,
-            ``dw_ih [4H, I]``, ``dw_hh [4H, H]``, ``db [4H]`` (the gradient of either
-            bias; the three None unless ``want_dparams``).
+            and ``dparams [4H (I + H + 1)]``, the gradients ``dw_ih [4H, I]``, ``dw_hh
+            [4H, H]`` and ``db [4H]`` (that of either bias) flattened one after the other
+            (None unless ``want_dparams``).
         """
         cdef BackwardCall *bc = &self.bc
         cdef Py_ssize_t B = bc.steps.B, I = bc.I, H = bc.H, BH = bc.steps.B * bc.H
@@ -384,7 +385,8 @@ cdef class StepBackward(BackwardLayer):
         cdef char *dh_data = self.zeros
         cdef char *dc_data = self.zeros
         cdef cnp.npy_intp dims[2]
-        cdef object dx_out = None, dw_ih_out = None, dw_hh_out = None, db_out = None
+        cdef object dx_out = None, dparams_out = None
+        cdef char *dparams_data
         cdef cnp.ndarray dh0_out, dc0_out
         cdef unsigned mode = 0
         if (x_data == NULL or h0_data == NULL or c0_data == NULL or w_ih_data == NULL
@@ -414,14 +416,13 @@ cdef class StepBackward(BackwardLayer):
             dx_out = cnp.PyArray_EMPTY(2, dims, typenum, 0)
             bc.dx.data = cnp.PyArray_BYTES(<cnp.ndarray>dx_out)
         if bc.want_dparams:
-            dims[0], dims[1] = 4 * H, I
-            dw_ih_out = cnp.PyArray_EMPTY(2, dims, typenum, 0)
-            dims[1] = H
-            dw_hh_out = cnp.PyArray_EMPTY(2, dims, typenum, 0)
-            db_out = cnp.PyArray_EMPTY(1, dims, typenum, 0)
-            bc.dw_ih[0] = cnp.PyArray_BYTES(<cnp.ndarray>dw_ih_out)
-            bc.dw_hh[0] = cnp.PyArray_BYTES(<cnp.ndarray>dw_hh_out)
-            bc.db[0] = cnp.PyArray_BYTES(<cnp.ndarray>db_out)
+            # One array, as one gradient goes back for all the parameters.
+            dims[0] = 4 * H * (I + H + 1)
+            dparams_out = cnp.PyArray_EMPTY(1, dims, typenum, 0)
+            dparams_data = cnp.PyArray_BYTES(<cnp.ndarray>dparams_out)
+            bc.dw_ih[0] = dparams_data
+            bc.dw_hh[0] = dparams_data + 4 * H * I * item
+            bc.db[0] = dparams_data + 4 * H * (I + H) * item
         bc.steps.sizes = &self.one_step[0]
         bc.steps.start = &self.one_step[1]
         bc.w_ih[0] = w_ih_data
@@ -454,4 +455,4 @@ cdef class StepBackward(BackwardLayer):
         bc.w_ih[0] = bc.w_hh[0] = bc.h0[0] = bc.c0[0] = NULL
         bc.dh_state[0] = bc.dc_state[0] = bc.dw_ih[0] = bc.dw_hh[0] = bc.db[0] = NULL
         memset(&bc.saved[0], 0, sizeof(Saved))
-        return dx_out, dh0_out, dc0_out, dw_ih_out, dw_hh_out, db_out
+        return dx_out, dh0_out, dc0_out, dparams_out
