@@ -211,6 +211,64 @@ def test_copies_train_their_own_parameters():
     assert all(torch.equal(p.grad, b) for p, b in zip(ours.parameters(), before))
 
 
+@pytest.mark.parametrize("change", ["load_state_dict", "float"])
+def test_parameters_swapped_in_place_train(change):
+    """With swapping on, load_state_dict and .to() swap each parameter's TensorImpl under
+    the same object (torch.utils.swap_tensors): the next training step takes the new
+    ones (the last steps' parameters node is not reused). nn.LSTM's parameters cannot be
+    swapped (its weak references to them): the cell's only."""
+    ours, ref = cell_pair()
+    x = torch.randn(2, 5, dtype=F64)
+    previous = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        ours(x)[0].sum().backward()
+        state = {k: v.clone() * 0.5 for k, v in ours.state_dict().items()}
+        if change == "load_state_dict":
+            ours.load_state_dict(state)
+        else:
+            ours.double()
+        ref.load_state_dict(ours.state_dict())
+        for module in (ours, ref):
+            module.zero_grad(set_to_none=True)
+            module(x)[0].sum().backward()
+        for a, b in zip(ours.parameters(), ref.parameters()):
+            assert_close(a.grad, b.grad)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(previous)
+
+
+def test_parameter_gradients_are_tensors_of_their_own():
+    ours, _ = cell_pair()
+    h, c = ours(torch.randn(2, 5, dtype=F64))
+    (h.sum() + c.sum()).backward()
+    storages = {p.grad.untyped_storage().data_ptr() for p in ours.parameters()}
+    assert len(storages) == 4
+    assert all(p.grad.untyped_storage().nbytes() == p.grad.nbytes for p in ours.parameters())
+
+
+@pytest.mark.parametrize("hx", [False, True])
+def test_inference_mode_records_nothing_as_nns(hx):
+    """Under inference mode grad mode may be on (enable_grad), but autograd records
+    nothing: the one-step calls run as inference steps, as nn's."""
+    ours, ref = cell_pair()
+    lstm = lstmcy.torch.LSTM(5, 7, dtype=F64)
+    nn_lstm = nn.LSTM(5, 7, dtype=F64)
+    nn_lstm.load_state_dict(lstm.state_dict())
+    x = torch.randn(2, 5, dtype=F64)
+    state = (torch.randn(2, 7, dtype=F64), torch.randn(2, 7, dtype=F64)) if hx else None
+    with torch.inference_mode(), torch.enable_grad():
+        for module, other, args in (
+                (ours, ref, (x, state)),
+                (lstm, nn_lstm, (x[None], None if state is None
+                                 else tuple(s[None] for s in state)))):
+            mine, theirs = module(*args), other(*args)
+            flat = [t for t in torch.utils._pytree.tree_leaves(mine)]
+            assert not any(t.requires_grad for t in flat)
+            for a, b in zip(flat, torch.utils._pytree.tree_leaves(theirs)):
+                assert_close(a, b)
+
+
 def test_parameter_hooks_see_the_steps_sum_once():
     """As with nn.LSTMCell: a hook on a parameter runs once per backward pass, on the sum
     of every step's gradient; a retained graph's second pass adds the same again."""

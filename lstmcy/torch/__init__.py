@@ -608,8 +608,8 @@ class LSTM(nn.LSTM):
         """A one-step call of a one-layer, one-direction LSTM without projection on the
         step kernel objects: ``(output, (h_n, c_n))``, or None for any other call (which
         runs the full path, with its checks). Inference runs on :mod:`lstmcy.torch._step`,
-        a step with gradients as the cell's autograd node
-        (:func:`lstmcy.torch._cell.training_step`)."""
+        a step that autograd records as one node whose outputs are the call's three
+        tensors (:func:`lstmcy.torch._cell.training_step`)."""
         if (type(input) is not torch.Tensor or input.dim() != 3 or self.num_layers != 1
                 or self.bidirectional or self.proj_size or _forced_route is not None):
             return None
@@ -621,7 +621,7 @@ class LSTM(nn.LSTM):
             return None
         if not _step.plain_eager():
             return None
-        if torch.is_grad_enabled():
+        if _step.recording():
             return self._training_step(input, hx, B, H)
         views = _step.weight_views(self, self._weights())
         if views is None:

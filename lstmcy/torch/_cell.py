@@ -55,8 +55,8 @@ class _StepParameters(torch.autograd.Function):
     Design: one gradient a step for all the parameters costs autograd one output to check
     and one addition a step, where one a parameter costs four of each and a copy of
     ``db``. The module keeps the tensor (:func:`_parameters`) while its parameters are
-    the same: the node holds no state, so every backward pass runs it. The tensor's
-    values are never read (one element, expanded): the steps read the parameters
+    the same: the node holds no state, so every backward pass runs it (the sum's split
+    costs one copy of the parameters a pass). The tensor's values are never read (one element, expanded): the steps read the parameters
     themselves, and save them, so that autograd refuses a backward after they change in
     place.
     """
@@ -69,29 +69,27 @@ class _StepParameters(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dparams):
-        dw_ih, dw_hh, db = _step.split_dparams(dparams, *ctx.sizes)
-        needs = ctx.needs_input_grad  # sizes, w_ih, w_hh[, b_ih, b_hh]
-        grads = (None, dw_ih if needs[1] else None, dw_hh if needs[2] else None)
-        if len(needs) == 3:
-            return grads
-        # The biases' gradients are tensors of their own.
-        return grads + (db if needs[3] else None, db.clone() if needs[4] else None)
+        # Copies: each parameter's gradient a tensor of its own, as autograd's are (a
+        # view's storage would be the whole sum's).
+        parts = _step.split_dparams(dparams, *ctx.sizes)
+        parts = parts if len(ctx.needs_input_grad) == 3 else parts + parts[2:]
+        return (None,) + tuple(g.clone() if need else None
+                               for g, need in zip(parts, ctx.needs_input_grad[1:]))
 
 
 def _parameters(module, weights, I, H):
     """``module``'s :class:`_StepParameters` tensor of ``weights`` (its two or four
     parameters, whose views :func:`lstmcy.torch._step.weight_views` has just checked):
     the one kept on the module while it is of the same views and ``requires_grad``
-    flags, else a new one (kept, outside inference mode)."""
+    flags, else a new one (kept)."""
     flags = tuple(w.requires_grad for w in weights)
     views = module._step_views
     kept = module.__dict__.get("_step_params")
     if kept is not None and kept[0] is views and kept[1] == flags:
         return kept[2]
     params = _StepParameters.apply((I, H), *weights)
-    if not torch.is_inference_mode_enabled():
-        # In the instance's dict, as lstmcy.torch._step.remember's states.
-        module.__dict__["_step_params"] = (views, flags, params)
+    # In the instance's dict, as lstmcy.torch._step.remember's states.
+    module.__dict__["_step_params"] = (views, flags, params)
     return params
 
 
@@ -225,7 +223,7 @@ _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 def training_step(module, x, h0, c0, weights, views, batch_first=None):
     """One step with gradients as one autograd node: ``(h1, c1)`` ``[B, H]``
     (:class:`_CellStep`), or with ``batch_first`` given ``(y, h_n, c_n)``
-    (:class:`_SequenceStep`).
+    (:class:`_SequenceStep`, :class:`_BatchFirstStep`).
 
     ``module`` is the cell, or a one-layer, one-direction LSTM module without projection
     stepped at ``T = 1`` (its kernel object is kept on it); ``x [B, I]``, ``h0``, ``c0``
@@ -362,7 +360,7 @@ class LSTMCell(nn.LSTMCell):
 
     def forward(self, input, hx=None):
         """One step; same arguments and results as :meth:`torch.nn.LSTMCell.forward`."""
-        if not torch.is_grad_enabled() and type(input) is torch.Tensor and input.dim() == 2:
+        if not _torch_step.recording() and type(input) is torch.Tensor and input.dim() == 2:
             # Inference on the step kernel object, which checks the arrays' dtypes and
             # shapes (None: the call is not its case).
             out = _torch_step.cell_step(self, input, hx)
@@ -394,7 +392,7 @@ class LSTMCell(nn.LSTMCell):
         if states is None:
             return None
         h0, c0 = states
-        if torch.is_grad_enabled() and (
+        if _torch_step.recording() and (
                 input.requires_grad or (h0 is not None and (h0.requires_grad or c0.requires_grad))
                 or weights[0].requires_grad or weights[1].requires_grad
                 or (self.bias and (weights[2].requires_grad or weights[3].requires_grad))):

@@ -18,7 +18,7 @@ from lstmcy._engine import step as _step
 from lstmcy._engine.dispatch import kernels as _lstm
 from lstmcy._engine.plan import _thread_plan
 
-__all__ = ["plain_eager", "weight_views", "plain_states", "infer", "cell_step", "remember"]
+__all__ = ["recording", "plain_eager", "weight_views", "plain_states", "infer", "cell_step", "remember"]
 
 _KERNEL_DTYPES = (torch.float32, torch.float64)
 
@@ -30,6 +30,14 @@ _transforms = torch._C._functorch.peek_interpreter_stack
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _function_modes = torch._C._len_torch_function_stack
 _forward_ad = torch.autograd.forward_ad
+_inference_mode = torch.is_inference_mode_enabled
+
+
+def recording():
+    """Whether autograd records a call: grad mode on, outside inference mode (where
+    ``torch.enable_grad`` turns grad mode on but nothing is recorded). Under
+    ``torch.compile``, grad mode alone (Dynamo does not trace the inference-mode query)."""
+    return torch.is_grad_enabled() and (_is_compiling() or not _inference_mode())
 
 
 def plain_eager():
@@ -41,16 +49,21 @@ def plain_eager():
 
 def weight_views(module, weights):
     """Numpy views of ``weights`` (CPU parameters of one dtype), kept on
-    ``module._step_views`` while they are the same tensors over the same memory, of the
-    same shapes (a weight's values may change in place: the views read them). None where
+    ``module._step_views`` while they are the same tensors (objects and TensorImpls) over
+    the same memory, of the same shapes (a weight's values may change in place: the views
+    read them). None where
     a weight is not a plain contiguous CPU parameter of a kernel dtype (so the views are
     C-contiguous and aligned, as the kernels take them)."""
     kept = getattr(module, "_step_views", None)  # modules pickled before it had them
     if kept is not None:
-        tensors, pointers, shapes, views = kept
+        tensors, impls, pointers, shapes, views = kept
         if len(weights) == len(tensors):
-            for w, tensor, pointer, shape in zip(weights, tensors, pointers, shapes):
-                if w is not tensor or w.data_ptr() != pointer or w.shape != shape:
+            # The tensor object and its TensorImpl (torch.utils.swap_tensors, which
+            # load_state_dict and .to() use with swapping on, changes the second alone).
+            for w, tensor, impl, pointer, shape in zip(weights, tensors, impls, pointers,
+                                                       shapes):
+                if (w is not tensor or w._cdata != impl or w.data_ptr() != pointer
+                        or w.shape != shape):
                     break
             else:
                 return views
@@ -59,9 +72,10 @@ def weight_views(module, weights):
         if (type(w) is not nn.Parameter or w.dtype is not dtype or dtype not in _KERNEL_DTYPES
                 or not w.is_cpu or w.layout is not torch.strided or not w.is_contiguous()):
             return None
-    module._step_views = (list(weights), [w.data_ptr() for w in weights],
-                          [w.shape for w in weights], [w.detach().numpy() for w in weights])
-    return module._step_views[3]
+    module._step_views = (list(weights), [w._cdata for w in weights],
+                          [w.data_ptr() for w in weights], [w.shape for w in weights],
+                          [w.detach().numpy() for w in weights])
+    return module._step_views[4]
 
 
 def plain_states(hx, dtype, shape):
