@@ -250,7 +250,7 @@ def test_parameter_gradients_are_tensors_of_their_own():
 @pytest.mark.parametrize("hx", [False, True])
 def test_inference_mode_records_nothing_as_nns(hx):
     """Under inference mode grad mode may be on (enable_grad), but autograd records
-    nothing: the one-step calls run as inference steps, as nn's."""
+    nothing: the calls (one step or a sequence) run as inference, as nn's."""
     ours, ref = cell_pair()
     lstm = lstmcy.torch.LSTM(5, 7, dtype=F64)
     nn_lstm = nn.LSTM(5, 7, dtype=F64)
@@ -261,6 +261,8 @@ def test_inference_mode_records_nothing_as_nns(hx):
         for module, other, args in (
                 (ours, ref, (x, state)),
                 (lstm, nn_lstm, (x[None], None if state is None
+                                 else tuple(s[None] for s in state))),
+                (lstm, nn_lstm, (torch.stack([x, -x, x]), None if state is None
                                  else tuple(s[None] for s in state)))):
             mine, theirs = module(*args), other(*args)
             flat = [t for t in torch.utils._pytree.tree_leaves(mine)]

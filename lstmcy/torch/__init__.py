@@ -678,8 +678,9 @@ class LSTM(nn.LSTM):
                           or (h0 is not None and (h0.requires_grad or c0.requires_grad)))
             # A trace records the operator for use with and without grad (and jit.trace
             # checks it by tracing again under no_grad): keep the activations whenever
-            # something requires grad.
-            needs_grad = needs_grad and (torch.is_grad_enabled() or torch.jit.is_tracing())
+            # something requires grad. Inference mode records nothing, even with grad
+            # mode on.
+            needs_grad = needs_grad and (_step.recording() or torch.jit.is_tracing())
             if per_sample is not None and needs_grad and route == _EAGER:
                 y, h_n, c_n = _run_per_sample(per_sample, cfg, hidden_size, masks, batch_sizes,
                                               data, h0, c0, weights)
