@@ -56,9 +56,9 @@ class _StepParameters(torch.autograd.Function):
     and one addition a step, where one a parameter costs four of each and a copy of
     ``db``. The module keeps the tensor (:func:`_parameters`) while its parameters are
     the same: the node holds no state, so every backward pass runs it (the sum's split
-    costs one copy of the parameters a pass). The tensor's values are never read (one element, expanded): the steps read the parameters
-    themselves, and save them, so that autograd refuses a backward after they change in
-    place.
+    costs one copy of the parameters a pass). The tensor's values are never read (one
+    element, expanded): the steps read the parameters themselves, and save them, so that
+    autograd refuses a backward after they change in place.
     """
 
     @staticmethod
@@ -71,10 +71,10 @@ class _StepParameters(torch.autograd.Function):
     def backward(ctx, dparams):
         # Copies: each parameter's gradient a tensor of its own, as autograd's are (a
         # view's storage would be the whole sum's).
-        parts = _step.split_dparams(dparams, *ctx.sizes)
-        parts = parts if len(ctx.needs_input_grad) == 3 else parts + parts[2:]
-        return (None,) + tuple(g.clone() if need else None
-                               for g, need in zip(parts, ctx.needs_input_grad[1:]))
+        dw_ih, dw_hh, db = _step.split_dparams(dparams, *ctx.sizes)
+        # w_ih, w_hh[, b_ih, b_hh]: zip stops at the weights the module has.
+        return (None,) + tuple(g.clone() if need else None for g, need in
+                               zip((dw_ih, dw_hh, db, db), ctx.needs_input_grad[1:]))
 
 
 def _parameters(module, weights, I, H):
@@ -262,7 +262,7 @@ def _differentiable_backward(H, needs, x, h0, c0, weights, saved, dh, dc):
     # h1 is both the step's output y and h_n: its gradient goes in as dy.
     dy = None if dh is None else dh.unsqueeze(0)
     dc3 = None if dc is None else dc.unsqueeze(0)
-    output_mask = [needs[0], needs[1], needs[2], needs[3]]
+    output_mask = list(needs)
     if _lstm_module()._legacy_batched(dh, dc):
         dx, dh0, dc0, dweights = reference.gradients(cfg, H, x3, None, h3, c3,
                                                      weights, (), dy, None, dc3)

@@ -18,7 +18,8 @@ from lstmcy._engine import step as _step
 from lstmcy._engine.dispatch import kernels as _lstm
 from lstmcy._engine.plan import _thread_plan
 
-__all__ = ["recording", "plain_eager", "weight_views", "plain_states", "infer", "cell_step", "remember"]
+__all__ = ["recording", "plain_eager", "weight_views", "plain_states", "infer", "cell_step",
+           "remember"]
 
 _KERNEL_DTYPES = (torch.float32, torch.float64)
 
@@ -51,9 +52,8 @@ def weight_views(module, weights):
     """Numpy views of ``weights`` (CPU parameters of one dtype), kept on
     ``module._step_views`` while they are the same tensors (objects and TensorImpls) over
     the same memory, of the same shapes (a weight's values may change in place: the views
-    read them). None where
-    a weight is not a plain contiguous CPU parameter of a kernel dtype (so the views are
-    C-contiguous and aligned, as the kernels take them)."""
+    read them). None where a weight is not a plain contiguous CPU parameter of a kernel
+    dtype (so the views are C-contiguous and aligned, as the kernels take them)."""
     kept = getattr(module, "_step_views", None)  # modules pickled before it had them
     if kept is not None:
         tensors, impls, pointers, shapes, views = kept
